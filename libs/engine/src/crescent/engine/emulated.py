@@ -1,0 +1,134 @@
+"""The emulated engine: no model, real timing. Prefill sleeps for the cost model's time;
+decode runs one continuous batch whose step time depends on who is in it. Output tokens are a
+deterministic function of the prompt, so tests can compare runs token for token."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+from crescent.engine.cost_model import CostModel
+
+log = logging.getLogger(__name__)
+
+FINISH_LENGTH = "length"
+FINISH_STOP = "stop"
+FINISH_ABORT = "abort"
+
+
+def emulated_token(previous: int, position: int) -> int:
+    """Lowercase letters with a space every few tokens: readable, deterministic output."""
+    if position % 6 == 5:
+        return ord(" ")
+    return ord("a") + (previous * 131 + position * 31) % 26
+
+
+@dataclass
+class PrefillOutput:
+    first_token: int
+    num_computed_tokens: int
+    num_cached_tokens: int
+    compute_s: float
+
+
+class EmulatedPrefillEngine:
+    """Computes one prompt per call; the worker's queue decides the order."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+
+    def predict_s(self, num_tokens: int, num_cached: int = 0) -> float:
+        return self.cost.prefill_s(num_tokens, num_cached)
+
+    async def prefill(self, token_ids: Sequence[int]) -> PrefillOutput:
+        seconds = self.predict_s(len(token_ids))
+        await asyncio.sleep(seconds)
+        first = emulated_token(sum(token_ids), len(token_ids))
+        return PrefillOutput(first_token=first, num_computed_tokens=len(token_ids),
+                             num_cached_tokens=0, compute_s=seconds)
+
+
+@dataclass
+class DecodeStep:
+    token_ids: list[int]
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Sequence:
+    request_id: str
+    last_token: int
+    context_len: int
+    num_left: int
+    stop_token_ids: frozenset[int]
+    out: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+class EmulatedDecodeEngine:
+    """Continuous batching: each step adds waiting sequences, advances all, drops finished ones."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self._running: dict[str, _Sequence] = {}
+        self._has_work = asyncio.Event()
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_context_tokens(self) -> int:
+        return sum(s.context_len for s in self._running.values())
+
+    def predict_step_s(self, extra_batch: int = 0, extra_context: int = 0) -> float:
+        return self.cost.decode_step_s(self.num_running + extra_batch, self.num_context_tokens + extra_context)
+
+    async def generate(self, request_id: str, token_ids: Sequence[int], first_token: int, max_new_tokens: int,
+                       stop_token_ids: Sequence[int] = ()) -> AsyncIterator[DecodeStep]:
+        """Tokens after `first_token`, one DecodeStep per batch step, until a stop or the limit."""
+        if max_new_tokens < 1:
+            yield DecodeStep([], FINISH_LENGTH)
+            return
+        seq = _Sequence(request_id, first_token, len(token_ids) + 1, max_new_tokens, frozenset(stop_token_ids))
+        self._running[request_id] = seq
+        self._has_work.set()
+        try:
+            while True:
+                step = await seq.out.get()
+                yield step
+                if step.finish_reason is not None:
+                    return
+        finally:
+            self._running.pop(request_id, None)
+
+    def abort(self, request_id: str) -> None:
+        seq = self._running.pop(request_id, None)
+        if seq is not None:
+            seq.out.put_nowait(DecodeStep([], FINISH_ABORT))
+
+    async def run(self) -> None:
+        """The batch loop; runs for the life of the worker."""
+        while True:
+            await self._has_work.wait()
+            if not self._running:
+                self._has_work.clear()
+                continue
+            await asyncio.sleep(self.predict_step_s())
+            for seq in list(self._running.values()):
+                self._advance(seq)
+
+    def _advance(self, seq: _Sequence) -> None:
+        token = emulated_token(seq.last_token, seq.context_len)
+        seq.last_token = token
+        seq.context_len += 1
+        seq.num_left -= 1
+        finish = None
+        if token in seq.stop_token_ids:
+            finish = FINISH_STOP
+        elif seq.num_left == 0:
+            finish = FINISH_LENGTH
+        if finish is not None:
+            self._running.pop(seq.request_id, None)
+        seq.out.put_nowait(DecodeStep([token], finish))

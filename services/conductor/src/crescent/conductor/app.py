@@ -1,0 +1,265 @@
+"""The conductor service: HTTP API in front of the request flow.
+
+Handlers validate, tokenize and check the context before any instance is touched, so bad
+input costs the cluster nothing; after that the flow owns the request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from contextlib import aclosing
+from typing import Any
+
+from aiohttp import web
+from opentelemetry.trace import SpanKind
+
+from crescent.common.errors import RecoverableError, RemoteError, RequestTimeoutError
+from crescent.common.etcd import PrefixMirror
+from crescent.common.messages import InstanceInfo, InstanceLoad, SamplingParams
+from crescent.common.service import Runtime
+from crescent.common.tokenizer import ByteTokenizer
+from crescent.common.tracing import tracer
+from crescent.conductor import metrics
+from crescent.conductor.cluster_view import ClusterView
+from crescent.conductor.flow import FlowTimeouts, NoCapacityError, RequestFlow
+from crescent.conductor.openai_api import (
+    ApiError,
+    GenerationRequest,
+    bad_request,
+    chunk,
+    full_response,
+    parse_chat,
+    parse_completion,
+    usage,
+    usage_chunk,
+)
+from crescent.conductor.settings import ConductorSettings
+from crescent.conductor.text import TextAssembler
+
+log = logging.getLogger(__name__)
+
+
+def _error_response(error: ApiError) -> web.Response:
+    return web.json_response(error.body(), status=error.status, headers=error.headers)
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler: Callable) -> web.StreamResponse:
+    """Every error leaves as an OpenAI-style JSON body, including aiohttp's own 404/405/413."""
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return _error_response(error)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
+        return _error_response(ApiError(exc.status, exc.reason or "error", type_=kind))
+
+
+class Conductor:
+    role = "conductor"
+
+    def __init__(self, settings: ConductorSettings) -> None:
+        self.settings = settings
+        self.tokenizer = ByteTokenizer()
+        self.view = ClusterView(clock=time.monotonic)
+        self._runtime: Runtime | None = None
+        self._flow: RequestFlow | None = None
+        self._num_inflight = 0
+
+    async def start(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        mirror = PrefixMirror(runtime.etcd, runtime.keys.instances(), self.view.apply_registry)
+        await mirror.load()
+        runtime.tasks.spawn("registry-watch", mirror.run())
+        await runtime.bus.subscribe(runtime.subjects.telemetry_all(), InstanceLoad, self.view.apply_load)
+        timeouts = FlowTimeouts(reserve_s=self.settings.reserve_timeout_s, prefill_s=self.settings.prefill_timeout_s,
+                                start_s=self.settings.start_timeout_s, token_gap_s=self.settings.token_timeout_s)
+        self._flow = RequestFlow(runtime.bus, runtime.subjects, self.view, time.monotonic, timeouts,
+                                 self.tokenizer.eos_token_id)
+        app = runtime.http_app
+        app.middlewares.append(openai_errors)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+
+    def instance_info(self) -> InstanceInfo:
+        return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
+                            http_url=self._runtime.http_url, started_at=time.time())
+
+    def health(self) -> dict:
+        now = time.monotonic()
+        return {"live_instances": {role: self.view.count(role, now) for role in ("prefill", "decode", "store")}}
+
+    def load(self) -> InstanceLoad:
+        for role, count in self.health()["live_instances"].items():
+            metrics.INSTANCES.labels(role).set(count)
+        return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
+                            sent_at=time.time(), period_s=self.settings.telemetry_period_s,
+                            num_running=self._num_inflight)
+
+    async def drain(self) -> None:
+        """In-flight responses finish while aiohttp shuts down; nothing else to wait for."""
+
+    async def models(self, request: web.Request) -> web.Response:
+        served = self.view.models(time.monotonic())
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "crescent", "max_model_len": length}
+                for name, length in sorted(served.items())]
+        return web.json_response({"object": "list", "data": data})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, parse_completion, "completions")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, parse_chat, "chat")
+
+    async def _read_json(self, request: web.Request) -> Any:
+        try:
+            return await request.json(loads=json.loads)
+        except json.JSONDecodeError as exc:
+            raise bad_request(f"the body is not valid JSON: {exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise bad_request("the body is not UTF-8") from exc
+
+    def _tokens(self, gen: GenerationRequest) -> tuple[list[int], int]:
+        """Prompt tokens and max_tokens, checked against the model's context."""
+        served = self.view.models(time.monotonic())
+        if gen.model not in served:
+            raise ApiError(404, f"the model '{gen.model}' does not exist or has no live instance",
+                           type_="not_found_error", param="model", code="model_not_found")
+        if gen.prompt_token_ids is not None:
+            token_ids = gen.prompt_token_ids
+            if max(token_ids) >= self.tokenizer.vocab_size:
+                raise bad_request(f"token id {max(token_ids)} is outside the vocabulary "
+                                  f"(size {self.tokenizer.vocab_size})", param="prompt")
+        elif gen.is_chat:
+            token_ids = self.tokenizer.encode(self.tokenizer.apply_chat_template(gen.messages))
+        else:
+            token_ids = self.tokenizer.encode(gen.prompt_text)
+        max_model_len = served[gen.model]
+        max_tokens = gen.max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, min(self.settings.default_max_tokens, max_model_len - len(token_ids)))
+        if len(token_ids) + max_tokens > max_model_len:
+            raise bad_request(
+                f"this model's maximum context length is {max_model_len} tokens; the request asks for "
+                f"{len(token_ids) + max_tokens} ({len(token_ids)} in the prompt, {max_tokens} to generate)",
+                param="messages" if gen.is_chat else "prompt", code="context_length_exceeded")
+        return token_ids, max_tokens
+
+    async def _generate(self, request: web.Request, parse: Callable[[Any], GenerationRequest],
+                        endpoint: str) -> web.StreamResponse:
+        arrived = time.monotonic()
+        gen = parse(await self._read_json(request))
+        token_ids, max_tokens = self._tokens(gen)
+        request_id = ("chatcmpl-" if gen.is_chat else "cmpl-") + secrets.token_hex(12)
+        sampling = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, seed=gen.seed,
+                                  ignore_eos=gen.ignore_eos)
+        metrics.INFLIGHT.inc()
+        self._num_inflight += 1
+        metrics.PROMPT_TOKENS.inc(len(token_ids))
+        outcome = "error"
+        try:
+            with tracer().start_as_current_span("conductor.request", kind=SpanKind.SERVER) as span:
+                span.set_attribute("crescent.request_id", request_id)
+                span.set_attribute("crescent.num_prompt_tokens", len(token_ids))
+                events = self._flow.generate(request_id, gen.model, token_ids, max_tokens, sampling)
+                relay = _Relay(gen, request_id, self.tokenizer, arrived)
+                if gen.stream:
+                    response = await relay.stream(request, events, len(token_ids))
+                else:
+                    response = await relay.collect(events, len(token_ids))
+                outcome = "ok"
+                return response
+        except NoCapacityError as exc:
+            outcome = "unavailable"
+            raise ApiError(503, str(exc), type_="service_unavailable", code="no_capacity",
+                           headers={"Retry-After": "1"}) from exc
+        except RequestTimeoutError as exc:
+            raise ApiError(504, f"the cluster did not answer in time: {exc}", type_="timeout") from exc
+        except (RemoteError, RecoverableError) as exc:
+            raise ApiError(502, f"an instance failed the request: {exc}", type_="upstream_error") from exc
+        finally:
+            metrics.INFLIGHT.dec()
+            self._num_inflight -= 1
+            metrics.REQUESTS.labels(endpoint, outcome).inc()
+            metrics.E2E.observe(time.monotonic() - arrived)
+
+
+class _Relay:
+    """Turns a request's TokenEvents into one HTTP response (SSE or JSON), timing TTFT and TBT."""
+
+    def __init__(self, gen: GenerationRequest, request_id: str, tokenizer: ByteTokenizer, arrived: float) -> None:
+        self.gen = gen
+        self.request_id = request_id
+        self.created = int(time.time())
+        self.text = TextAssembler(tokenizer.stream_decoder(), gen.stop)
+        self._arrived = arrived
+        self._last_token_at: float | None = None
+        self.num_generated = 0
+
+    def _on_tokens(self, num_tokens: int) -> None:
+        now = time.monotonic()
+        if self._last_token_at is None:
+            metrics.TTFT.observe(now - self._arrived)
+        elif num_tokens:
+            metrics.TBT.observe((now - self._last_token_at) / num_tokens)
+        self._last_token_at = now
+        self.num_generated += num_tokens
+        metrics.GENERATED_TOKENS.inc(num_tokens)
+
+    async def collect(self, events, num_prompt_tokens: int) -> web.Response:
+        pieces: list[str] = []
+        finish = None
+        async with aclosing(events):
+            async for event in events:
+                self._on_tokens(len(event.token_ids))
+                pieces.append(self.text.push(event.token_ids))
+                finish = "stop" if self.text.is_stopped else event.finish_reason
+                if finish is not None:
+                    break
+        pieces.append(self.text.finish())
+        body = full_response(self.gen, self.request_id, self.created, "".join(pieces), finish,
+                             usage(num_prompt_tokens, self.num_generated))
+        return web.json_response(body)
+
+    async def stream(self, request: web.Request, events, num_prompt_tokens: int) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        is_prepared = False
+        is_first = True
+        try:
+            async with aclosing(events):
+                async for event in events:
+                    self._on_tokens(len(event.token_ids))
+                    piece = self.text.push(event.token_ids)
+                    finish = "stop" if self.text.is_stopped else event.finish_reason
+                    if finish is not None:
+                        piece += self.text.finish()
+                    if not is_prepared:
+                        await response.prepare(request)
+                        is_prepared = True
+                    await _send(response, chunk(self.gen, self.request_id, self.created, piece, finish, is_first))
+                    is_first = False
+                    if finish is not None:
+                        break
+            if self.gen.include_usage:
+                await _send(response, usage_chunk(self.gen, self.request_id, self.created,
+                                                  usage(num_prompt_tokens, self.num_generated)))
+        except (RecoverableError, ApiError) as exc:
+            if not is_prepared:
+                raise
+            log.warning("stream failed midway", extra={"request_id": self.request_id, "error": str(exc)})
+            await _send(response, {"error": {"message": str(exc), "type": "upstream_error", "param": None,
+                                             "code": None}})
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+async def _send(response: web.StreamResponse, body: dict) -> None:
+    await response.write(b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n")

@@ -1,0 +1,120 @@
+"""The conductor's shadow of the cluster: who is registered (etcd mirror) and how loaded they
+are (telemetry). Nothing here is authoritative; a restarted conductor rebuilds it all.
+
+An instance is live while its registry key exists and its telemetry is fresh: one that misses
+STALE_PERIODS telemetry periods gets no new work even before its lease runs out. Between two
+telemetry messages the conductor counts its own assignments, so a burst of requests does not
+all land on the instance that looked idlest a moment ago.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from crescent.common.codec import decode
+from crescent.common.errors import MessageError
+from crescent.common.etcd import MirrorEvent
+from crescent.common.messages import InstanceInfo, InstanceLoad
+from crescent.conductor.policy.snapshot import InstanceSnapshot
+
+log = logging.getLogger(__name__)
+
+STALE_PERIODS = 3
+
+
+@dataclass
+class InstanceState:
+    info: InstanceInfo
+    registered_at: float
+    load: InstanceLoad | None = None
+    load_received_at: float = 0.0
+    num_assigned_since_load: int = 0
+    kv_assigned_since_load: int = 0
+
+
+@dataclass
+class ClusterView:
+    clock: Callable[[], float]
+    stale_periods: int = STALE_PERIODS
+    default_period_s: float = 0.25
+    instances: dict[tuple[str, str], InstanceState] = field(default_factory=dict)
+
+    def apply_registry(self, event: MirrorEvent) -> None:
+        """A change under instances/<role>/<id> in etcd."""
+        parts = event.key.rstrip("/").split("/")
+        if len(parts) < 2:
+            return
+        role, instance_id = parts[-2], parts[-1]
+        if event.value is None:
+            if self.instances.pop((role, instance_id), None) is not None:
+                log.info("instance left", extra={"role": role, "instance_id": instance_id})
+            return
+        try:
+            info = decode(event.value, InstanceInfo)
+        except MessageError as exc:
+            log.warning("ignoring malformed registry entry", extra={"key": event.key, "error": str(exc)})
+            return
+        known = self.instances.get((role, instance_id))
+        if known is None:
+            log.info("instance joined", extra={"role": role, "instance_id": instance_id, "node": info.node})
+            self.instances[(role, instance_id)] = InstanceState(info=info, registered_at=self.clock())
+        else:
+            known.info = info
+
+    def apply_load(self, load: InstanceLoad) -> None:
+        state = self.instances.get((load.role, load.instance_id))
+        if state is None:
+            log.debug("telemetry from an unregistered instance", extra={"instance_id": load.instance_id})
+            return
+        if min(load.num_queued, load.num_running, load.kv_used_tokens, load.kv_capacity_tokens) < 0 \
+                or load.queue_time_s < 0 or load.period_s <= 0:
+            log.warning("ignoring contradictory telemetry", extra={"instance_id": load.instance_id})
+            return
+        state.load = load
+        state.load_received_at = self.clock()
+        state.num_assigned_since_load = 0
+        state.kv_assigned_since_load = 0
+
+    def is_live(self, state: InstanceState, now: float) -> bool:
+        period = state.load.period_s if state.load else self.default_period_s
+        last_heard = state.load_received_at if state.load else state.registered_at
+        return now - last_heard <= self.stale_periods * period
+
+    def snapshot(self, role: str, model: str, now: float) -> list[InstanceSnapshot]:
+        """Live instances of `role` serving `model`, with this conductor's recent assignments added."""
+        snapshots = []
+        for (r, instance_id), state in self.instances.items():
+            if r != role or state.info.model != model or not self.is_live(state, now):
+                continue
+            load = state.load
+            capacity = load.kv_capacity_tokens if load else state.info.kv_capacity_tokens
+            snapshots.append(InstanceSnapshot(
+                instance_id=instance_id,
+                node=state.info.node,
+                num_queued=(load.num_queued if load else 0) + state.num_assigned_since_load,
+                num_running=load.num_running if load else 0,
+                queue_time_s=load.queue_time_s if load else 0.0,
+                kv_used_tokens=(load.kv_used_tokens if load else 0) + state.kv_assigned_since_load,
+                kv_capacity_tokens=capacity,
+            ))
+        return snapshots
+
+    def note_assignment(self, role: str, instance_id: str, num_tokens: int) -> None:
+        state = self.instances.get((role, instance_id))
+        if state is not None:
+            state.num_assigned_since_load += 1
+            state.kv_assigned_since_load += num_tokens
+
+    def models(self, now: float) -> dict[str, int]:
+        """Models a live prefill instance serves → their smallest max_model_len."""
+        served: dict[str, int] = {}
+        for (role, _), state in self.instances.items():
+            if role == "prefill" and self.is_live(state, now):
+                model = state.info.model
+                served[model] = min(served.get(model, state.info.max_model_len), state.info.max_model_len)
+        return served
+
+    def count(self, role: str, now: float) -> int:
+        return sum(1 for (r, _), s in self.instances.items() if r == role and self.is_live(s, now))

@@ -1,0 +1,16 @@
+"""Prometheus metrics of the conductor (served on /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+REQUESTS = Counter("crescent_requests", "Requests finished, by endpoint and outcome", ["endpoint", "outcome"])
+INFLIGHT = Gauge("crescent_inflight_requests", "Requests being served now")
+TTFT = Histogram("crescent_ttft_seconds", "Time to first token", buckets=_LATENCY_BUCKETS)
+TBT = Histogram("crescent_tbt_seconds", "Time between tokens", buckets=_LATENCY_BUCKETS)
+E2E = Histogram("crescent_request_seconds", "Whole request latency", buckets=_LATENCY_BUCKETS)
+PROMPT_TOKENS = Counter("crescent_prompt_tokens", "Prompt tokens received")
+GENERATED_TOKENS = Counter("crescent_generated_tokens", "Tokens generated")
+INSTANCES = Gauge("crescent_live_instances", "Live instances by role", ["role"])

@@ -1,0 +1,148 @@
+"""Decode worker: reserve → start → stream tokens on tokens.<request_id> → release."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from crescent.common.config import setting
+from crescent.common.errors import ConfigError, RecoverableError
+from crescent.common.messages import (
+    Ack,
+    DecodeCancel,
+    DecodeStart,
+    InstanceInfo,
+    InstanceLoad,
+    Reservation,
+    ReservationReply,
+    TokenChunk,
+)
+from crescent.common.service import Runtime
+from crescent.common.tracing import tracer
+from crescent.decode.admission import KvLedger
+from crescent.engine.emulated import FINISH_ABORT, EmulatedDecodeEngine
+from crescent.engine.settings import EngineSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeSettings(EngineSettings):
+    """Settings of a decode worker: engine settings plus its KV room and drain deadline."""
+
+    kv_capacity_tokens: int = setting(262144, "KV room in tokens (prompt + output) this instance admits")
+    drain_timeout_s: float = setting(30.0, "on SIGTERM, how long running requests may finish before they are aborted")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.kv_capacity_tokens < 1:
+            raise ConfigError(f"kv_capacity_tokens must be >= 1, got {self.kv_capacity_tokens}")
+
+
+class StartRejected(RecoverableError):
+    """No reservation and no KV room for a start."""
+
+
+class DecodeWorker:
+    role = "decode"
+
+    def __init__(self, settings: DecodeSettings) -> None:
+        self.settings = settings
+        self.engine = EmulatedDecodeEngine(settings.cost_model())
+        self.ledger = KvLedger(settings.kv_capacity_tokens)
+        self._generations: dict[str, asyncio.Task] = {}
+        self._runtime: Runtime | None = None
+
+    async def start(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+        subjects, instance_id = runtime.subjects, runtime.instance_id
+        runtime.tasks.spawn("decode-batch", self.engine.run())
+        await runtime.bus.serve(subjects.decode_reserve(instance_id), Reservation, self.reserve)
+        await runtime.bus.serve(subjects.decode_start(instance_id), DecodeStart, self.start_request)
+        await runtime.bus.serve(subjects.decode_cancel(instance_id), DecodeCancel, self.cancel)
+
+    def instance_info(self) -> InstanceInfo:
+        return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
+                            model=self.settings.model, http_url=self._runtime.http_url,
+                            max_model_len=self.settings.max_model_len,
+                            kv_capacity_tokens=self.settings.kv_capacity_tokens, started_at=time.time())
+
+    def health(self) -> dict:
+        return {"num_running": self.engine.num_running, "kv_used_tokens": self.ledger.used_tokens}
+
+    def load(self) -> InstanceLoad:
+        self.ledger.expire(time.monotonic())
+        return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
+                            sent_at=time.time(), period_s=self.settings.telemetry_period_s,
+                            num_queued=len(self.ledger.reserved), num_running=self.engine.num_running,
+                            kv_used_tokens=self.ledger.used_tokens,
+                            kv_capacity_tokens=self.settings.kv_capacity_tokens)
+
+    async def reserve(self, reservation: Reservation) -> ReservationReply:
+        need = reservation.num_prompt_tokens + reservation.max_tokens
+        now = time.monotonic()
+        if need > self.settings.max_model_len:
+            return ReservationReply(request_id=reservation.request_id, accepted=False,
+                                    reason=f"{need} tokens exceed max_model_len {self.settings.max_model_len}")
+        if not self.ledger.can_reserve(need, now):
+            return ReservationReply(request_id=reservation.request_id, accepted=False,
+                                    reason=f"no KV room: {self.ledger.used_tokens} of "
+                                           f"{self.settings.kv_capacity_tokens} tokens in use")
+        self.ledger.reserve(reservation.request_id, need, now + reservation.ttl_s)
+        return ReservationReply(request_id=reservation.request_id, accepted=True)
+
+    async def start_request(self, start: DecodeStart) -> Ack:
+        need = len(start.token_ids) + start.max_tokens
+        with tracer().start_as_current_span("decode.queue") as span:
+            span.set_attribute("crescent.request_id", start.request_id)
+            if start.request_id in self._generations:
+                raise StartRejected(f"request {start.request_id} is already running")
+            if not self.ledger.activate(start.request_id, need, time.monotonic()):
+                raise StartRejected(f"no reservation for {start.request_id} and no KV room")
+        task = asyncio.create_task(self._generate(start), name=f"decode {start.request_id}")
+        self._generations[start.request_id] = task
+        task.add_done_callback(lambda _: self._generations.pop(start.request_id, None))
+        return Ack(request_id=start.request_id)
+
+    async def _generate(self, start: DecodeStart) -> None:
+        subject = self._runtime.subjects.tokens(start.request_id)
+        seq = 0
+        try:
+            with tracer().start_as_current_span("decode.generate") as span:
+                steps = self.engine.generate(start.request_id, start.token_ids, start.first_token,
+                                             start.max_tokens - 1, start.sampling.stop_token_ids)
+                num_tokens = 0
+                async for step in steps:
+                    num_tokens += len(step.token_ids)
+                    await self._runtime.bus.publish(subject, TokenChunk(
+                        request_id=start.request_id, seq=seq, token_ids=step.token_ids,
+                        is_final=step.finish_reason is not None, finish_reason=step.finish_reason))
+                    seq += 1
+                span.set_attribute("crescent.num_generated_tokens", num_tokens)
+        except Exception as exc:
+            log.exception("generation failed", extra={"request_id": start.request_id})
+            await self._runtime.bus.publish(subject, TokenChunk(
+                request_id=start.request_id, seq=seq, token_ids=[], is_final=True,
+                finish_reason=FINISH_ABORT, error=repr(exc)))
+        finally:
+            self.ledger.release(start.request_id)
+
+    async def cancel(self, cancel: DecodeCancel) -> Ack:
+        self.engine.abort(cancel.request_id)
+        if cancel.request_id not in self._generations:
+            self.ledger.release(cancel.request_id)
+        return Ack(request_id=cancel.request_id)
+
+    async def drain(self) -> None:
+        """Let running requests finish within drain_timeout_s, then abort the rest."""
+        running = list(self._generations.values())
+        if not running:
+            return
+        log.info("draining", extra={"num_running": len(running)})
+        _, unfinished = await asyncio.wait(running, timeout=self.settings.drain_timeout_s)
+        for request_id in list(self._generations):
+            self.engine.abort(request_id)
+        if unfinished:
+            await asyncio.wait(unfinished, timeout=5.0)
