@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -35,6 +34,8 @@ from crescent.common.messages import ErrorReply
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+FLUSH_TIMEOUT_S = 5.0
+
 Handler = Callable[[Any], Awaitable[Message | None]]
 
 
@@ -67,28 +68,31 @@ class Bus:
 
     @classmethod
     async def connect(cls, url: str, name: str, timeout_s: float = 10.0) -> Bus:
-        """Connect, retrying until `timeout_s`; afterwards nats-py reconnects forever."""
-        deadline = time.monotonic() + timeout_s
+        """Connect within `timeout_s` or raise UnreachableError; once connected, nats-py
+        reconnects forever (it would also retry the first connection forever, hence the
+        outer deadline)."""
         attempts = 0
-        while True:
+
+        async def on_error(exc: Exception) -> None:
+            nonlocal attempts
             attempts += 1
-            try:
-                client = await nats.connect(
-                    servers=url.split(","),
-                    name=name,
-                    connect_timeout=min(2.0, timeout_s),
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
-                    error_cb=_log_nats_error,
-                    disconnected_cb=_log_disconnected,
-                    reconnected_cb=_log_reconnected,
-                )
-                return cls(client)
-            except Exception as exc:  # nats-py raises several unrelated types here
-                if time.monotonic() + 0.5 >= deadline:
-                    raise UnreachableError("NATS", url, attempts, repr(exc)) from exc
-                await asyncio.sleep(0.5)
+            log.warning("NATS error", extra={"error": repr(exc)})
+
+        try:
+            client = await asyncio.wait_for(nats.connect(
+                servers=url.split(","),
+                name=name,
+                connect_timeout=min(2.0, timeout_s),
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                error_cb=on_error,
+                disconnected_cb=_log_disconnected,
+                reconnected_cb=_log_reconnected,
+            ), timeout_s)
+        except (asyncio.TimeoutError, OSError, nats.errors.Error) as exc:
+            raise UnreachableError("NATS", url, max(attempts, 1), repr(exc)) from exc
+        return cls(client)
 
     @property
     def is_connected(self) -> bool:
@@ -124,6 +128,7 @@ class Bus:
             task.add_done_callback(self._handler_tasks.discard)
 
         await self._client.subscribe(subject, queue=queue, cb=on_message)
+        await self._flush()
 
     async def _handle(self, msg: Msg, request_type: Any, handler: Handler) -> None:
         token = otel_context.attach(tracing.extract_headers(msg.headers))
@@ -157,9 +162,19 @@ class Bus:
                 log.exception("subscriber failed", extra={"subject": msg.subject})
 
         await self._client.subscribe(subject, cb=on_message)
+        await self._flush()
 
     async def stream(self, subject: str, message_type: Any) -> Stream:
-        return Stream(await self._client.subscribe(subject), message_type)
+        subscription = await self._client.subscribe(subject)
+        await self._flush()
+        return Stream(subscription, message_type)
+
+    async def _flush(self) -> None:
+        """Wait until the server has our subscriptions: only then may peers be told to send."""
+        try:
+            await self._client.flush(timeout=FLUSH_TIMEOUT_S)
+        except nats.errors.TimeoutError as exc:
+            raise RequestTimeoutError("flush", FLUSH_TIMEOUT_S) from exc
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Stop taking messages, finish the handlers in flight, close. Safe to call twice."""
@@ -178,10 +193,6 @@ class Bus:
                 task.cancel()
         if not self._client.is_closed:
             await self._client.close()
-
-
-async def _log_nats_error(exc: Exception) -> None:
-    log.warning("NATS error", extra={"error": repr(exc)})
 
 
 async def _log_disconnected() -> None:

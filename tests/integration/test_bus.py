@@ -1,0 +1,123 @@
+"""The NATS bus on a real nats-server."""
+
+import asyncio
+import time
+
+import nats
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from crescent.common import tracing
+from crescent.common.bus import Bus
+from crescent.common.codec import decode
+from crescent.common.errors import NoRespondersError, RemoteError, RequestTimeoutError, UnreachableError
+from crescent.common.messages import Ack, DecodeCancel, ErrorReply, TokenChunk
+
+
+async def test_request_reply_and_remote_errors(infra):
+    server, client = await Bus.connect(infra.nats_url, "server"), await Bus.connect(infra.nats_url, "client")
+    try:
+        async def handle(cancel: DecodeCancel) -> Ack:
+            if cancel.request_id == "boom":
+                raise ValueError("exploded")
+            return Ack(request_id=cancel.request_id)
+
+        await server.serve("x.cancel", DecodeCancel, handle)
+        reply = await client.request("x.cancel", DecodeCancel(request_id="r1"), Ack, timeout_s=2)
+        assert reply == Ack(request_id="r1")
+        with pytest.raises(RemoteError, match="exploded") as info:
+            await client.request("x.cancel", DecodeCancel(request_id="boom"), Ack, timeout_s=2)
+        assert info.value.code == "internal"
+        # The handler's failure did not stop the service.
+        assert await client.request("x.cancel", DecodeCancel(request_id="r2"), Ack, timeout_s=2)
+    finally:
+        await client.drain()
+        await server.drain()
+
+
+async def test_malformed_message_gets_error_reply_and_service_keeps_serving(infra, caplog):
+    server = await Bus.connect(infra.nats_url, "server")
+    raw = await nats.connect(infra.nats_url)
+    try:
+        await server.serve("x.cancel", DecodeCancel, lambda m: _ack(m))
+        reply = await raw.request("x.cancel", b"\x93garbage", timeout=2)
+        error = decode(reply.data, ErrorReply)
+        assert error.code == "bad_message"
+        assert "malformed message" in caplog.text
+        good = await raw.request("x.cancel", b"", timeout=2)
+        assert decode(good.data, ErrorReply).code == "bad_message"
+        client = await Bus.connect(infra.nats_url, "client")
+        assert await client.request("x.cancel", DecodeCancel(request_id="ok"), Ack, timeout_s=2)
+        await client.drain()
+    finally:
+        await raw.close()
+        await server.drain()
+
+
+async def _ack(message: DecodeCancel) -> Ack:
+    return Ack(request_id=message.request_id)
+
+
+async def test_request_deadline_fires(infra):
+    server, client = await Bus.connect(infra.nats_url, "server"), await Bus.connect(infra.nats_url, "client")
+    try:
+        async def slow(message: DecodeCancel) -> Ack:
+            await asyncio.sleep(5)
+            return Ack(request_id=message.request_id)
+
+        await server.serve("x.slow", DecodeCancel, slow)
+        started = time.monotonic()
+        with pytest.raises(RequestTimeoutError) as info:
+            await client.request("x.slow", DecodeCancel(request_id="r"), Ack, timeout_s=0.3)
+        assert time.monotonic() - started < 2
+        assert isinstance(info.value, asyncio.TimeoutError)
+        with pytest.raises(NoRespondersError):
+            await client.request("x.nobody", DecodeCancel(request_id="r"), Ack, timeout_s=2)
+    finally:
+        await client.drain()
+        await server.drain(timeout_s=0.5)
+
+
+async def test_stream_keeps_order_and_times_out(infra):
+    bus = await Bus.connect(infra.nats_url, "both")
+    try:
+        stream = await bus.stream("x.tokens", TokenChunk)
+        for seq in range(50):
+            await bus.publish("x.tokens", TokenChunk(request_id="r", seq=seq, token_ids=[seq]))
+        assert [(await stream.next(2)).seq for _ in range(50)] == list(range(50))
+        with pytest.raises(RequestTimeoutError):
+            await stream.next(0.2)
+        await stream.close()
+    finally:
+        await bus.drain()
+
+
+async def test_trace_context_crosses_the_bus(infra, monkeypatch):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "tracer", lambda: provider.get_tracer("test"))
+    server, client = await Bus.connect(infra.nats_url, "server"), await Bus.connect(infra.nats_url, "client")
+    try:
+        async def handle(message: DecodeCancel) -> Ack:
+            with tracing.tracer().start_as_current_span("server.work"):
+                return Ack(request_id=message.request_id)
+
+        await server.serve("x.traced", DecodeCancel, handle)
+        with tracing.tracer().start_as_current_span("client.call"):
+            await client.request("x.traced", DecodeCancel(request_id="r"), Ack, timeout_s=2)
+    finally:
+        await client.drain()
+        await server.drain()
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    assert spans["server.work"].context.trace_id == spans["client.call"].context.trace_id
+    assert spans["server.work"].parent.span_id == spans["client.call"].context.span_id
+
+
+async def test_unreachable_nats_fails_fast_with_a_clear_error():
+    started = time.monotonic()
+    with pytest.raises(UnreachableError, match="NATS"):
+        await Bus.connect("nats://127.0.0.1:1", "nobody", timeout_s=1.5)
+    assert time.monotonic() - started < 10

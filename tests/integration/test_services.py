@@ -1,0 +1,130 @@
+"""Service processes against real NATS and etcd: registry, telemetry, lifecycle, bad input."""
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+
+import nats
+import pytest
+
+from crescent.cluster.processes import ManagedProcess, ProcessSpec
+from crescent.common.bus import Bus
+from crescent.common.codec import decode
+from crescent.common.etcd import PrefixMirror, connect_etcd
+from crescent.common.messages import ErrorReply, InstanceInfo, InstanceLoad, PrefillJob, PrefillResult
+from crescent.common.naming import Keys, Subjects
+from crescent.conductor.cluster_view import ClusterView
+
+LEASE_TTL_S = 2
+
+
+def service(infra, cluster, role, instance_id, tmp_path, *extra):
+    argv = [sys.executable, "-m", f"crescent.{role}", "--cluster", cluster, "--nats-url", infra.nats_url,
+            "--etcd-url", infra.etcd_url, "--instance-id", instance_id, "--lease-ttl-s", str(LEASE_TTL_S), *extra]
+    if role in ("prefill", "decode"):
+        argv += ["--emulated-time-scale", "0"]
+    process = ManagedProcess(ProcessSpec(name=instance_id, argv=argv), tmp_path / "logs")
+    process.start()
+    return process
+
+
+async def wait_until(predicate, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {timeout_s}s")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def watched(infra, cluster_name):
+    """A ClusterView kept by a real etcd mirror and telemetry, as the conductor keeps it."""
+    etcd = await connect_etcd(infra.etcd_url)
+    bus = await Bus.connect(infra.nats_url, "observer")
+    view = ClusterView(clock=time.monotonic)
+    mirror = PrefixMirror(etcd, Keys(cluster_name).instances(), view.apply_registry)
+    await mirror.load()
+    follower = asyncio.create_task(mirror.run())
+    loads: list[InstanceLoad] = []
+    await bus.subscribe(Subjects(cluster_name).telemetry_all(), InstanceLoad,
+                        lambda load: (loads.append(load), view.apply_load(load)))
+    yield view, loads, bus, etcd
+    follower.cancel()
+    await bus.drain()
+    await etcd.close()
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode", "store"])
+async def test_registers_publishes_telemetry_and_deregisters_on_sigterm(infra, cluster_name, tmp_path, watched,
+                                                                        role):
+    view, loads, _, etcd = watched
+    process = service(infra, cluster_name, role, f"{role}-a", tmp_path)
+    try:
+        await wait_until(lambda: (role, f"{role}-a") in view.instances, 20, "registration")
+        info = view.instances[(role, f"{role}-a")].info
+        assert isinstance(info, InstanceInfo) and info.role == role and info.http_url.startswith("http://")
+        await wait_until(lambda: any(l.instance_id == f"{role}-a" for l in loads), 5, "telemetry")
+        assert view.count(role, time.monotonic()) == 1
+
+        process.signal(signal.SIGTERM)
+        assert process.popen.wait(15) == 0
+        # Deregistration is immediate (lease revoked), not after the TTL.
+        await wait_until(lambda: (role, f"{role}-a") not in view.instances, 1.0, "deregistration")
+    finally:
+        process.stop()
+
+
+async def test_sigkilled_service_leaves_the_view_within_its_lease_ttl(infra, cluster_name, tmp_path, watched):
+    view, _, _, _ = watched
+    process = service(infra, cluster_name, "prefill", "prefill-k", tmp_path)
+    try:
+        await wait_until(lambda: ("prefill", "prefill-k") in view.instances, 20, "registration")
+        process.signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        # Stale telemetry takes it out of scheduling within 3 periods...
+        await wait_until(lambda: view.count("prefill", time.monotonic()) == 0, 2.0, "staleness")
+        # ...and the lease takes it out of the registry within the TTL (+1 s for etcd's expiry tick).
+        await wait_until(lambda: ("prefill", "prefill-k") not in view.instances, LEASE_TTL_S + 1.5, "lease expiry")
+        assert time.monotonic() - killed_at <= LEASE_TTL_S + 1.5
+    finally:
+        process.stop()
+
+
+async def test_malformed_job_gets_an_error_reply_and_the_worker_keeps_serving(infra, cluster_name, tmp_path,
+                                                                              watched):
+    view, _, bus, _ = watched
+    process = service(infra, cluster_name, "prefill", "prefill-m", tmp_path)
+    raw = await nats.connect(infra.nats_url)
+    try:
+        await wait_until(lambda: ("prefill", "prefill-m") in view.instances, 20, "registration")
+        subject = Subjects(cluster_name).prefill_job("prefill-m")
+        reply = await raw.request(subject, b"\xff\x00 not a job", timeout=5)
+        assert decode(reply.data, ErrorReply).code == "bad_message"
+        job = PrefillJob(request_id="r1", model="crescent-emulated", token_ids=[1, 2, 3])
+        result = await bus.request(subject, job, PrefillResult, timeout_s=5)
+        assert result.request_id == "r1" and result.num_computed_tokens == 3
+        assert "rejected malformed message" in process.log_tail(50)
+    finally:
+        await raw.close()
+        process.stop()
+
+
+@pytest.mark.parametrize("unreachable", ["nats", "etcd"])
+def test_unreachable_infrastructure_exits_nonzero_with_a_clear_message(infra, cluster_name, unreachable):
+    nats_url = "nats://127.0.0.1:1" if unreachable == "nats" else infra.nats_url
+    etcd_url = "http://127.0.0.1:1" if unreachable == "etcd" else infra.etcd_url
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "crescent.prefill", "--nats-url", nats_url, "--etcd-url", etcd_url,
+                             "--connect-timeout-s", "2", "--cluster", cluster_name],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode != 0
+    assert f"cannot reach {'NATS' if unreachable == 'nats' else 'etcd'}" in result.stderr
+    assert time.monotonic() - started < 20
+
+
+def test_bad_setting_exits_with_a_message():
+    result = subprocess.run([sys.executable, "-m", "crescent.decode", "--kv-capacity-tokens", "0"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and "kv_capacity_tokens" in result.stderr

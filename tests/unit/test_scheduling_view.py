@@ -1,0 +1,96 @@
+from crescent.common.codec import encode
+from crescent.common.etcd import MirrorEvent
+from crescent.common.messages import InstanceInfo, InstanceLoad
+from crescent.conductor.cluster_view import ClusterView
+from crescent.conductor.policy import least_loaded
+from crescent.conductor.policy.snapshot import InstanceSnapshot
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def register(view, role, instance_id, model="m", **fields):
+    info = InstanceInfo(role=role, instance_id=instance_id, node="n", model=model, **fields)
+    view.apply_registry(MirrorEvent(f"/crescent/c/instances/{role}/{instance_id}", encode(info)))
+
+
+def load(role, instance_id, **fields):
+    return InstanceLoad(role=role, instance_id=instance_id, node="n", sent_at=0, period_s=0.2, **fields)
+
+
+def snap(instance_id, queue_time_s=0.0, num_queued=0, num_running=0, used=0, capacity=100):
+    return InstanceSnapshot(instance_id, "n", num_queued, num_running, queue_time_s, used, capacity)
+
+
+def test_prefill_choice_is_shortest_predicted_queue_then_id():
+    assert least_loaded.choose_prefill([snap("b", 1.0), snap("a", 2.0)]).instance_id == "b"
+    assert least_loaded.choose_prefill([snap("b", 1.0), snap("a", 1.0)]).instance_id == "a"
+    assert least_loaded.choose_prefill([]) is None
+
+
+def test_decode_choice_skips_full_instances():
+    full = snap("a", used=95)
+    roomy = snap("b", num_running=5, used=10)
+    assert least_loaded.choose_decode([full, roomy], 10).instance_id == "b"
+    assert least_loaded.choose_decode([full], 10) is None
+
+
+def test_stale_instances_get_no_work():
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "prefill", "p0")
+    register(view, "prefill", "p1")
+    view.apply_load(load("prefill", "p0"))
+    view.apply_load(load("prefill", "p1"))
+    clock.now += 0.5
+    view.apply_load(load("prefill", "p1"))
+    clock.now += 0.2  # p0 last heard 0.7 s ago > 3 periods of 0.2 s
+    assert [s.instance_id for s in view.snapshot("prefill", "m", clock.now)] == ["p1"]
+
+
+def test_deregistered_instances_leave_the_view():
+    view = ClusterView(clock=Clock())
+    register(view, "decode", "d0")
+    view.apply_registry(MirrorEvent("/crescent/c/instances/decode/d0", None))
+    assert view.snapshot("decode", "m", 100.0) == []
+
+
+def test_contradictory_or_unknown_telemetry_is_ignored():
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "decode", "d0", kv_capacity_tokens=100)
+    view.apply_load(load("decode", "d0", kv_used_tokens=10, kv_capacity_tokens=100))
+    view.apply_load(load("decode", "d0", num_queued=-1))
+    view.apply_load(load("decode", "ghost"))
+    [snapshot] = view.snapshot("decode", "m", clock.now)
+    assert snapshot.kv_used_tokens == 10 and snapshot.num_queued == 0
+    assert ("decode", "ghost") not in view.instances
+
+
+def test_malformed_registry_entry_is_ignored():
+    view = ClusterView(clock=Clock())
+    view.apply_registry(MirrorEvent("/crescent/c/instances/prefill/p0", b"\x00garbage"))
+    assert view.instances == {}
+
+
+def test_own_assignments_count_until_next_telemetry():
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "prefill", "p0")
+    view.note_assignment("prefill", "p0", 100)
+    assert view.snapshot("prefill", "m", clock.now)[0].num_queued == 1
+    view.apply_load(load("prefill", "p0", num_queued=1))
+    assert view.snapshot("prefill", "m", clock.now)[0].num_queued == 1
+
+
+def test_models_lists_smallest_context_per_model():
+    view = ClusterView(clock=Clock())
+    register(view, "prefill", "p0", max_model_len=100)
+    register(view, "prefill", "p1", max_model_len=50)
+    register(view, "prefill", "p2", model="other", max_model_len=10)
+    assert view.models(100.0) == {"m": 50, "other": 10}
