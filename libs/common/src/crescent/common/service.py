@@ -91,7 +91,10 @@ class Runtime:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.settings.host}:{self.http_port}"
+        host = self.settings.advertise_host or self.settings.host
+        if host in ("0.0.0.0", "::"):
+            host = socket.gethostname()
+        return f"http://{host}:{self.http_port}"
 
     async def connect(self) -> None:
         self.status = ServiceStatus.STARTING

@@ -1,0 +1,44 @@
+"""docker-compose.yml describes the dev topology and is valid, checked offline."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+EXPECTED = {"nats", "etcd", "jaeger", "store", "conductor", "prefill-0", "prefill-1", "decode-0", "decode-1"}
+
+
+def services():
+    return yaml.safe_load(COMPOSE.read_text())["services"]
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="the docker CLI is not installed")
+def test_docker_accepts_the_compose_file():
+    result = subprocess.run(["docker", "stack", "config", "-c", str(COMPOSE)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "crescent.conductor" in result.stdout
+
+
+def test_topology_matches_the_design():
+    assert set(services()) == EXPECTED
+    jaeger = services()["jaeger"]
+    assert jaeger["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+    assert any(port.endswith(":4318") for port in jaeger["ports"])
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED - {"nats", "etcd", "jaeger"}))
+def test_each_service_image_installs_the_package_it_runs(name):
+    service = services()[name]
+    module = service["command"][service["command"].index("-m") + 1]
+    packages = service["build"]["args"]["PACKAGES"].split()
+    assert (ROOT / service["build"]["dockerfile"]).exists()
+    for package in packages:
+        assert (ROOT / package / "pyproject.toml").exists(), package
+    role = module.split(".")[1]
+    assert f"services/{role}" in packages
+    assert service["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
