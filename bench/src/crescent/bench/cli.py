@@ -35,10 +35,10 @@ def run(args: argparse.Namespace) -> int:
 
 def format_table(result: dict) -> str:
     cases = result["cases"]
-    metrics = [k for k in cases[0] if k != "case"] if cases else []
-    lines = [f"{result['bench']}", "  ".join(["case".ljust(16)] + [m.rjust(12) for m in metrics])]
+    metrics = list(dict.fromkeys(k for case in cases for k in case if k != "case"))
+    lines = [f"{result['bench']}", "  ".join(["case".ljust(16)] + [m.rjust(13) for m in metrics])]
     for case in cases:
-        cells = [f"{case[m]:12.3f}" if isinstance(case.get(m), float) else str(case.get(m, "")).rjust(12)
+        cells = [f"{case[m]:13.3f}" if isinstance(case.get(m), float) else str(case.get(m, "")).rjust(13)
                  for m in metrics]
         lines.append("  ".join([case["case"].ljust(16)] + cells))
     return "\n".join(lines)

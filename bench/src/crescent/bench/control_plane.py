@@ -1,0 +1,76 @@
+"""`crescent bench control-plane`: what the control path costs, with compute taken out.
+
+The emulated engine runs at time scale 0, so every millisecond measured is HTTP, tokenizing,
+scheduling, NATS hops, the decode batch loop and SSE/JSON relaying. Side by side in one run:
+  http-direct  an aiohttp server answering the same JSON without a cluster (the baseline);
+  1P1D, 4P4D   a real local cluster (all services as processes).
+Latency is measured one request at a time (no queueing); requests/s with `concurrency` in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from crescent.bench.load import run_load
+from crescent.cluster.local import ClusterSpec, LocalCluster
+from crescent.cluster.processes import free_port, is_port_open
+
+MODEL = "crescent-emulated"
+WARMUP_REQUESTS = 20
+
+
+def _measure(url: str, num_requests: int, concurrency: int, max_tokens: int) -> dict:
+    body = {"model": MODEL, "prompt": "Benchmark the control path of Crescent. " * 4, "max_tokens": max_tokens}
+    asyncio.run(run_load(url, body, WARMUP_REQUESTS, 1))
+    serial = asyncio.run(run_load(url, body, max(num_requests // 4, 50), 1))
+    loaded = asyncio.run(run_load(url, body, num_requests, concurrency))
+    if serial.num_errors or loaded.num_errors:
+        raise RuntimeError(f"{url}: {serial.num_errors + loaded.num_errors} requests failed")
+    return {"rps": round(loaded.requests_per_s, 1), "p50_ms": round(serial.percentile_ms(50), 3),
+            "p99_ms": round(serial.percentile_ms(99), 3),
+            "loaded_p50_ms": round(loaded.percentile_ms(50), 3), "loaded_p99_ms": round(loaded.percentile_ms(99), 3)}
+
+
+def _baseline(num_requests: int, concurrency: int, max_tokens: int) -> dict:
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "crescent.bench.echo_server", "--port", str(port)])
+    try:
+        deadline = time.monotonic() + 20
+        while not is_port_open(port):
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the baseline server did not start")
+            time.sleep(0.05)
+        return _measure(f"http://127.0.0.1:{port}/v1/completions", num_requests, concurrency, max_tokens)
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _cluster(num_instances: int, num_requests: int, concurrency: int, max_tokens: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="crescent-bench-") as workdir:
+        spec = ClusterSpec(workdir=Path(workdir), api_port=free_port(), num_prefill=num_instances,
+                           num_decode=num_instances, engine_args=["--emulated-time-scale", "0"],
+                           env={"CRESCENT_LOG_LEVEL": "WARNING"})
+        cluster = LocalCluster(spec)
+        cluster.start(timeout_s=120)
+        try:
+            return _measure(f"{cluster.api_url}/v1/completions", num_requests, concurrency, max_tokens)
+        finally:
+            cluster.stop()
+
+
+def run_control_plane_bench(num_requests: int = 400, concurrency: int = 16, max_tokens: int = 8) -> dict:
+    baseline = _baseline(num_requests, concurrency, max_tokens)
+    cases = [{"case": "http-direct", **baseline}]
+    for num_instances in (1, 4):
+        result = _cluster(num_instances, num_requests, concurrency, max_tokens)
+        result["added_p50_ms"] = round(result["p50_ms"] - baseline["p50_ms"], 3)
+        result["added_p99_ms"] = round(result["p99_ms"] - baseline["p99_ms"], 3)
+        cases.append({"case": f"{num_instances}P{num_instances}D", **result})
+    return {"bench": "control-plane", "cases": cases,
+            "config": {"requests": num_requests, "concurrency": concurrency, "max_tokens": max_tokens}}
