@@ -121,3 +121,25 @@ async def test_unreachable_nats_fails_fast_with_a_clear_error():
     with pytest.raises(UnreachableError, match="NATS"):
         await Bus.connect("nats://127.0.0.1:1", "nobody", timeout_s=1.5)
     assert time.monotonic() - started < 10
+
+
+async def test_bus_reconnects_and_serves_again_after_nats_restarts(infra):
+    server, client = await Bus.connect(infra.nats_url, "server"), await Bus.connect(infra.nats_url, "client")
+    try:
+        await server.serve("x.cancel", DecodeCancel, _ack)
+        assert await client.request("x.cancel", DecodeCancel(request_id="before"), Ack, timeout_s=2)
+        infra.nats.stop()
+        infra.nats.start()
+        infra.nats.wait_ready(30)
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                reply = await client.request("x.cancel", DecodeCancel(request_id="after"), Ack, timeout_s=1)
+                break
+            except (RequestTimeoutError, NoRespondersError):
+                assert time.monotonic() < deadline, "no reply after NATS came back"
+                await asyncio.sleep(0.2)
+        assert reply.request_id == "after" and server.is_connected
+    finally:
+        await client.drain()
+        await server.drain()
