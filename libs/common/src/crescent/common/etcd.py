@@ -64,6 +64,12 @@ class LeasedKeys:
         self._ttl_s = ttl_s
         self._values: dict[str, bytes] = {}
         self._lease: aetcd.leases.Lease | None = None
+        # Owners of other keys under this lease (a store's block metadata) re-put them here.
+        self.on_renew: list[Callable[[], Awaitable[None]]] = []
+
+    @property
+    def lease(self) -> aetcd.leases.Lease | None:
+        return self._lease
 
     async def start(self) -> None:
         self._lease = await self._client.lease(self._ttl_s)
@@ -88,6 +94,8 @@ class LeasedKeys:
         self._lease = await self._client.lease(self._ttl_s)
         for key, value in self._values.items():
             await self._client.put(key.encode(), value, lease=self._lease)
+        for callback in self.on_renew:
+            await callback()
 
     async def revoke(self) -> None:
         """Delete every key now (clean shutdown) rather than waiting for the TTL."""

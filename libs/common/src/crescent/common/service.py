@@ -85,7 +85,7 @@ class Runtime:
         self.http_port = settings.http_port or free_port(settings.host)
         self.bus: Bus | None = None
         self.etcd = None
-        self._leased: LeasedKeys | None = None
+        self.leased: LeasedKeys | None = None
         self._http_runner: web.AppRunner | None = None
         self.health_details: Callable[[], dict] = dict
 
@@ -100,8 +100,8 @@ class Runtime:
         self.status = ServiceStatus.STARTING
         self.bus = await Bus.connect(self.settings.nats_url, self.instance_id, self.settings.connect_timeout_s)
         self.etcd = await connect_etcd(self.settings.etcd_url, self.settings.connect_timeout_s)
-        self._leased = LeasedKeys(self.etcd, self.settings.lease_ttl_s)
-        await self._leased.start()
+        self.leased = LeasedKeys(self.etcd, self.settings.lease_ttl_s)
+        await self.leased.start()
 
     async def start_http(self) -> None:
         self._http_runner = web.AppRunner(self.http_app, access_log=None, handler_cancellation=True)
@@ -113,8 +113,8 @@ class Runtime:
             raise FatalError(f"cannot listen on {self.settings.host}:{self.http_port}: {exc}") from exc
 
     async def register(self, info: InstanceInfo) -> None:
-        await self._leased.put(self.keys.instance(self.role, self.instance_id), encode(info))
-        self.tasks.spawn("lease-keepalive", self._leased.run())
+        await self.leased.put(self.keys.instance(self.role, self.instance_id), encode(info))
+        self.tasks.spawn("lease-keepalive", self.leased.run())
 
     def start_telemetry(self, load: Callable[[], InstanceLoad]) -> None:
         self.tasks.spawn("telemetry", self._publish_telemetry(load))
@@ -136,8 +136,8 @@ class Runtime:
                             headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
 
     async def deregister(self) -> None:
-        if self._leased is not None:
-            await self._leased.revoke()
+        if self.leased is not None:
+            await self.leased.revoke()
 
     async def close(self) -> None:
         self.status = ServiceStatus.STOPPED

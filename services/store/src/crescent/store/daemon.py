@@ -1,38 +1,282 @@
-"""Store daemon: one per node, answering on store.<node>.ctl."""
+"""Store daemon: one per node. It owns the node's KV blocks — a DRAM pool in a shared-memory
+segment that the data plane serves (and co-located engines map directly), an optional SSD
+tier — and publishes where each block is in etcd. Requests arrive on store.<node>.ctl.
+
+Every pool change runs under one lock, together with the disk copies it plans, so a slot is
+never handed out while its old block is still being moved to SSD. Block bytes from clients
+move outside the lock, on the data plane, between allocate and commit.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from pathlib import Path
 
-from crescent.common.config import CommonSettings
+from crescent.common.errors import RecoverableError
+from crescent.common.etcd import PrefixMirror
+from crescent.common.hashing import HASH_BYTES
 from crescent.common.messages import InstanceInfo, InstanceLoad, StoreStats, StoreStatsRequest
 from crescent.common.service import Runtime
+from crescent.common.store_messages import (
+    AbortBlocks,
+    AllocBlocks,
+    BlockMeta,
+    BlockSlots,
+    CommitBlocks,
+    Done,
+    EvictBlocks,
+    EvictReply,
+    LookupBlocks,
+    LookupReply,
+    PinBlocks,
+    PinnedBlocks,
+    ReplicateBlocks,
+    ReplicateReply,
+    StoreRequest,
+    UnpinBlocks,
+)
+from crescent.store.directory import SegmentDirectory, encode_segments
+from crescent.store.metadata import MetadataWriter
+from crescent.store.pool import BlockKey, BlockPool, Plan, PoolError, PoolFullError, Tier
+from crescent.store.settings import StoreSettings
+from crescent.store.ssd import SsdTier
+from crescent.transfer import Op, ShmSegment, TransferConfig, TransferEngine, TransferEntry
+
+log = logging.getLogger(__name__)
+
+EXPIRE_PERIOD_S = 1.0
+
+
+class BadBlockRequest(PoolError):
+    """A request that names blocks wrongly (hash size, duplicates)."""
+
+
+class ReplicationFailed(RecoverableError):
+    def __init__(self, source_node: str, error: Exception) -> None:
+        super().__init__(f"pulling blocks from {source_node} failed: {error}")
+        self.source_node = source_node
+
+
+def _keys(model: str, hashes: list[bytes]) -> list[BlockKey]:
+    for block_hash in hashes:
+        if len(block_hash) != HASH_BYTES:
+            raise BadBlockRequest(f"block hash of {len(block_hash)} bytes; hashes are {HASH_BYTES} bytes")
+    if len(set(hashes)) != len(hashes):
+        raise BadBlockRequest("the same block hash appears twice in one request")
+    return [(model, h) for h in hashes]
 
 
 class StoreDaemon:
     role = "store"
 
-    def __init__(self, settings: CommonSettings) -> None:
+    def __init__(self, settings: StoreSettings) -> None:
         self.settings = settings
+        self.block_bytes = settings.block_bytes
+        self.pool = BlockPool(settings.dram_bytes // settings.block_bytes, settings.ssd_bytes // settings.block_bytes)
+        self.directory = SegmentDirectory()
+        self.segment: ShmSegment | None = None
+        self.ssd: SsdTier | None = None
+        self.transfer: TransferEngine | None = None
+        self.metadata: MetadataWriter | None = None
+        self._lock = asyncio.Lock()
         self._runtime: Runtime | None = None
+        self._handlers = {
+            AllocBlocks: self.alloc, CommitBlocks: self.commit, AbortBlocks: self.abort,
+            LookupBlocks: self.lookup, PinBlocks: self.pin, UnpinBlocks: self.unpin,
+            ReplicateBlocks: self.replicate, EvictBlocks: self.evict, StoreStatsRequest: self.stats,
+        }
+
+    @property
+    def segment_name(self) -> str:
+        return f"{self.settings.node}.store"
 
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
-        await runtime.bus.serve(runtime.subjects.store_ctl(self.settings.node), StoreStatsRequest, self.stats)
+        settings = self.settings
+        self.segment = ShmSegment.create(self.segment_name, self.pool.num_dram_slots * self.block_bytes)
+        if self.pool.num_ssd_slots:
+            self.ssd = SsdTier(Path(settings.ssd_path), self.pool.num_ssd_slots, self.block_bytes)
+        config = TransferConfig(node=settings.node, tcp_host=settings.host,
+                                tcp_advertise_host=settings.advertise_host or None, tcp_port=settings.transfer_port)
+        self.transfer = TransferEngine(self.directory, config)
+        await self.transfer.start()
+        descriptor = self.transfer.register(self.segment)
+        await runtime.leased.put(runtime.keys.segments(settings.node), encode_segments([descriptor]))
+        segments = PrefixMirror(runtime.etcd, runtime.keys.segments(""), self.directory.apply)
+        await segments.load()
+        runtime.tasks.spawn("segments-watch", segments.run())
+        self.metadata = MetadataWriter(runtime.etcd, runtime.leased, runtime.keys, settings.node)
+        runtime.leased.on_renew.append(self.metadata.put_all(self._all_metadata))
+        runtime.tasks.spawn("block-metadata", self.metadata.run())
+        runtime.tasks.spawn("expire", self._expire_loop())
+        await runtime.bus.serve(runtime.subjects.store_ctl(settings.node), StoreRequest | StoreStatsRequest,
+                                self.handle)
+
+    async def handle(self, request):
+        return await self._handlers[type(request)](request)
 
     def instance_info(self) -> InstanceInfo:
         return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             http_url=self._runtime.http_url, started_at=time.time())
 
     def health(self) -> dict:
-        return {"node": self.settings.node}
+        return {"node": self.settings.node, "num_blocks": len(self.pool.blocks)}
 
     def load(self) -> InstanceLoad:
         return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s)
 
-    async def stats(self, request: StoreStatsRequest) -> StoreStats:
-        return StoreStats(node=self.settings.node, instance_id=self._runtime.instance_id)
-
     async def drain(self) -> None:
-        """Nothing in flight outlives its request yet."""
+        """Runs after the lease is revoked (block metadata gone): release memory and files."""
+        if self.transfer is not None:
+            await self.transfer.close()
+        if self.segment is not None:
+            self.segment.close()
+        if self.ssd is not None:
+            self.ssd.close()
+
+    def _slot_view(self, slot: int) -> memoryview:
+        return self.segment.view()[slot * self.block_bytes:(slot + 1) * self.block_bytes]
+
+    def _meta(self, tier: Tier, slot: int) -> BlockMeta:
+        return BlockMeta(tier=tier.value, slot=slot, size=self.block_bytes)
+
+    def _all_metadata(self) -> list[tuple[str, bytes, BlockMeta]]:
+        return [(b.key[0], b.key[1], self._meta(b.tier, b.slot)) for b in self.pool.blocks.values()
+                if self.pool.get(b.key) is not None]
+
+    async def _carry_out(self, plan: Plan) -> None:
+        """Do what the pool planned before `plan.slot` may be reused: demote, forget dropped."""
+        for move in plan.moves:
+            await self.ssd.write(move.ssd_slot, self._slot_view(move.dram_slot))
+            self.metadata.put(*move.key, self._meta(Tier.SSD, move.ssd_slot))
+        for model, block_hash in plan.dropped:
+            self.metadata.delete(model, block_hash)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRE_PERIOD_S)
+            async with self._lock:
+                reclaimed = self.pool.expire(time.monotonic())
+            if reclaimed:
+                log.warning("reclaimed uncommitted allocations", extra={"num_blocks": len(reclaimed)})
+
+    async def alloc(self, request: AllocBlocks) -> BlockSlots:
+        keys = _keys(request.model, request.hashes)
+        allocated, offsets, existing = [], [], []
+        async with self._lock:
+            try:
+                for key in keys:
+                    if key in self.pool.blocks:
+                        existing.append(key[1])
+                        continue
+                    plan = self.pool.allocate(key, time.monotonic(), request.ttl_s)
+                    await self._carry_out(plan)
+                    allocated.append(key[1])
+                    offsets.append(plan.slot * self.block_bytes)
+            except PoolFullError:
+                for block_hash in allocated:
+                    self.pool.abort((request.model, block_hash))
+                raise
+        return BlockSlots(segment=self.segment_name, block_bytes=self.block_bytes, allocated=allocated,
+                          offsets=offsets, existing=existing)
+
+    async def commit(self, request: CommitBlocks) -> Done:
+        keys = _keys(request.model, request.hashes)
+        async with self._lock:
+            for key in keys:
+                block = self.pool.blocks.get(key)
+                if block is None or self.pool.get(key) is not None:
+                    raise PoolError(f"commit of block {key[1].hex()} of {key[0]}, which was not allocated")
+            for key in keys:
+                block = self.pool.commit(key)
+                self.metadata.put(*key, self._meta(block.tier, block.slot))
+        await self.metadata.sync()
+        return Done(num_blocks=len(keys))
+
+    async def abort(self, request: AbortBlocks) -> Done:
+        async with self._lock:
+            for key in _keys(request.model, request.hashes):
+                self.pool.abort(key)
+        return Done(num_blocks=len(request.hashes))
+
+    async def lookup(self, request: LookupBlocks) -> LookupReply:
+        blocks = self.pool.longest_prefix(_keys(request.model, request.hashes))
+        return LookupReply(tiers=[b.tier.value for b in blocks])
+
+    async def pin(self, request: PinBlocks) -> PinnedBlocks:
+        """Pin the longest prefix held here, loading SSD blocks into DRAM first; stops early
+        (a shorter prefix) if DRAM is full of pinned blocks."""
+        hashes, offsets = [], []
+        now = time.monotonic()
+        async with self._lock:
+            for block in self.pool.longest_prefix(_keys(request.model, request.hashes)):
+                if block.tier is Tier.SSD:
+                    try:
+                        plan, ssd_slot = self.pool.promote(block.key, now)
+                    except PoolFullError:
+                        break
+                    await self._carry_out(plan)
+                    await self.ssd.read_into(ssd_slot, self._slot_view(plan.slot))
+                    self.pool.finish_promote(block.key, plan.slot)
+                    self.metadata.put(*block.key, self._meta(Tier.DRAM, plan.slot))
+                self.pool.pin(block.key, now, request.ttl_s)
+                hashes.append(block.key[1])
+                offsets.append(block.slot * self.block_bytes)
+        return PinnedBlocks(segment=self.segment_name, block_bytes=self.block_bytes, hashes=hashes, offsets=offsets)
+
+    async def unpin(self, request: UnpinBlocks) -> Done:
+        async with self._lock:
+            for key in _keys(request.model, request.hashes):
+                self.pool.unpin(key)
+        return Done(num_blocks=len(request.hashes))
+
+    async def evict(self, request: EvictBlocks) -> EvictReply:
+        evicted, kept = [], []
+        async with self._lock:
+            for key in _keys(request.model, request.hashes):
+                try:
+                    self.pool.evict(key)
+                except PoolError:
+                    kept.append(key[1])
+                    continue
+                self.metadata.delete(*key)
+                evicted.append(key[1])
+        return EvictReply(evicted=evicted, kept=kept)
+
+    async def replicate(self, request: ReplicateBlocks) -> ReplicateReply:
+        _keys(request.model, request.hashes)
+        if request.source_node == self.settings.node:
+            raise BadBlockRequest("replicate from this node to itself")
+        missing = [h for h in request.hashes if (request.model, h) not in self.pool.blocks]
+        if not missing:
+            return ReplicateReply(num_copied=0, num_present=len(request.hashes))
+        bus, source = self._runtime.bus, self._runtime.subjects.store_ctl(request.source_node)
+        timeout_s = self.settings.transfer_timeout_s
+        pinned = await bus.request(source, PinBlocks(model=request.model, hashes=missing, ttl_s=2 * timeout_s),
+                                   PinnedBlocks, timeout_s)
+        try:
+            if pinned.block_bytes != self.block_bytes:
+                raise BadBlockRequest(f"{request.source_node} stores {pinned.block_bytes}-byte blocks, "
+                                      f"this node {self.block_bytes}-byte blocks")
+            slots = await self.alloc(AllocBlocks(model=request.model, hashes=pinned.hashes, ttl_s=2 * timeout_s))
+            remote = dict(zip(pinned.hashes, pinned.offsets))
+            entries = [TransferEntry(Op.READ, self.segment_name, offset, pinned.segment, remote[h], self.block_bytes)
+                       for h, offset in zip(slots.allocated, slots.offsets)]
+            result = await self.transfer.transfer(entries, timeout=timeout_s)
+            if not result.is_ok:
+                await self.abort(AbortBlocks(model=request.model, hashes=slots.allocated))
+                raise ReplicationFailed(request.source_node, result.failed()[0][1])
+            await self.commit(CommitBlocks(model=request.model, hashes=slots.allocated))
+        finally:
+            await bus.request(source, UnpinBlocks(model=request.model, hashes=pinned.hashes), Done, timeout_s)
+        return ReplicateReply(num_copied=len(slots.allocated),
+                              num_present=len(request.hashes) - len(missing) + len(slots.existing))
+
+    async def stats(self, request: StoreStatsRequest) -> StoreStats:
+        return StoreStats(node=self.settings.node, instance_id=self._runtime.instance_id,
+                          num_blocks=self.pool.num_ready(Tier.DRAM) + self.pool.num_ready(Tier.SSD),
+                          used_bytes=(self.pool.num_dram_slots - self.pool.num_free(Tier.DRAM)) * self.block_bytes,
+                          capacity_bytes=self.pool.num_dram_slots * self.block_bytes)

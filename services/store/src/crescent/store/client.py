@@ -1,0 +1,213 @@
+"""The store client for engines and the conductor: put and get KV blocks anywhere in the
+cluster, find the longest cached prefix per node, order replication.
+
+Bytes take the shortest road: a store on this host is mapped into this process and its slots
+are read and written in place (one memcpy, no socket); a store elsewhere is reached through a
+staging segment and the data plane (tcp, or rdma where there is a NIC).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aetcd
+
+from crescent.common.bus import Bus
+from crescent.common.errors import RecoverableError
+from crescent.common.etcd import PrefixMirror
+from crescent.common.naming import Keys, Subjects
+from crescent.common.store_messages import (
+    AbortBlocks,
+    AllocBlocks,
+    BlockSlots,
+    CommitBlocks,
+    Done,
+    EvictBlocks,
+    EvictReply,
+    LookupBlocks,
+    LookupReply,
+    PinBlocks,
+    PinnedBlocks,
+    ReplicateBlocks,
+    ReplicateReply,
+    UnpinBlocks,
+)
+from crescent.store.directory import BlockIndex, SegmentDirectory
+from crescent.transfer import Op, ShmEndpoint, ShmSegment, TransferConfig, TransferEngine, TransferEntry
+from crescent.transfer.hostinfo import host_id
+from crescent.transfer.segment import ShmMapping
+
+
+class StoreClientError(RecoverableError):
+    pass
+
+
+@dataclass
+class ClientConfig:
+    node: str
+    timeout_s: float = 30.0
+    staging_bytes: int = 64 << 20  # staging for stores on other hosts
+    use_mapping: bool = True  # map same-host stores; False forces the data plane (tests, benchmarks)
+    transfer: TransferConfig | None = None
+
+
+class StoreClient:
+    def __init__(self, bus: Bus, etcd: aetcd.Client, cluster: str, config: ClientConfig) -> None:
+        self._bus = bus
+        self._etcd = etcd
+        self._subjects = Subjects(cluster)
+        self._keys = Keys(cluster)
+        self.config = config
+        self.directory = SegmentDirectory()
+        self._indexes: dict[str, BlockIndex] = {}
+        self._mappings: dict[str, ShmMapping] = {}
+        self._host_id = host_id()
+        self._transfer: TransferEngine | None = None
+        self._staging: ShmSegment | None = None
+        self._staging_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        segments = PrefixMirror(self._etcd, self._keys.segments(""), self.directory.apply)
+        await segments.load()
+        self._tasks.append(asyncio.create_task(segments.run(), name="store-client segments"))
+        self._transfer = TransferEngine(self.directory, self.config.transfer or TransferConfig(node=self.config.node))
+        await self._transfer.start()
+        self._staging = ShmSegment.create(f"{self.config.node}.client-staging", self.config.staging_bytes)
+        self._transfer.register(self._staging)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for mapping in self._mappings.values():
+            mapping.close()
+        if self._transfer is not None:
+            await self._transfer.close()
+        if self._staging is not None:
+            self._staging.close()
+
+    async def __aenter__(self) -> StoreClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _ctl(self, node: str, request, reply_type):
+        return await self._bus.request(self._subjects.store_ctl(node), request, reply_type, self.config.timeout_s)
+
+    def _mapping(self, segment: str) -> ShmMapping | None:
+        """The store's segment mapped here, if it lives on this host (and mapping is on)."""
+        if not self.config.use_mapping:
+            return None
+        if segment in self._mappings:
+            return self._mappings[segment]
+        descriptor = self.directory(segment)
+        endpoint = descriptor.endpoint(ShmEndpoint) if descriptor else None
+        if endpoint is None or descriptor.host_id != self._host_id:
+            return None
+        try:
+            mapping = ShmMapping(endpoint.shm_name, descriptor.size, endpoint.device, endpoint.inode)
+        except OSError:
+            return None
+        self._mappings[segment] = mapping
+        return mapping
+
+    async def _move(self, op: Op, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]) -> None:
+        """Copy buffers into (WRITE) or out of (READ) the store's segment at `offsets`."""
+        mapping = self._mapping(segment)
+        if mapping is not None:
+            for offset, buffer in zip(offsets, buffers):
+                region = mapping.view[offset:offset + len(buffer)]
+                if op is Op.WRITE:
+                    region[:] = buffer
+                else:
+                    buffer[:] = region
+            return
+        async with self._staging_lock:
+            staging = self._staging.view()
+            start = 0
+            while start < len(buffers):
+                end, used = start, 0
+                while end < len(buffers) and used + len(buffers[end]) <= len(staging):
+                    used += len(buffers[end])
+                    end += 1
+                if end == start:
+                    raise StoreClientError(f"a {len(buffers[start])}-byte block exceeds the staging segment")
+                await self._move_staged(op, segment, offsets[start:end], buffers[start:end], staging)
+                start = end
+
+    async def _move_staged(self, op, segment, offsets, buffers, staging: memoryview) -> None:
+        entries, position = [], 0
+        for offset, buffer in zip(offsets, buffers):
+            if op is Op.WRITE:
+                staging[position:position + len(buffer)] = buffer
+            entries.append(TransferEntry(op, self._staging.name, position, segment, offset, len(buffer)))
+            position += len(buffer)
+        result = await self._transfer.transfer(entries, timeout=self.config.timeout_s)
+        result.raise_for_errors()
+        if op is Op.READ:
+            position = 0
+            for buffer in buffers:
+                buffer[:] = staging[position:position + len(buffer)]
+                position += len(buffer)
+
+    async def put_blocks(self, model: str, node: str, hashes: Sequence[bytes], blocks: Sequence) -> int:
+        """Store whole blocks on `node`'s store; blocks it already has are skipped. Returns
+        how many were written."""
+        slots = await self._ctl(node, AllocBlocks(model=model, hashes=list(hashes)), BlockSlots)
+        if not slots.allocated:
+            return 0
+        by_hash = dict(zip(hashes, blocks))
+        try:
+            await self._move(Op.WRITE, slots.segment, slots.offsets,
+                             [memoryview(by_hash[h]).cast("B") for h in slots.allocated])
+        except BaseException:
+            await self._ctl(node, AbortBlocks(model=model, hashes=slots.allocated), Done)
+            raise
+        await self._ctl(node, CommitBlocks(model=model, hashes=slots.allocated), Done)
+        return len(slots.allocated)
+
+    async def get_blocks(self, model: str, node: str, hashes: Sequence[bytes], out: Sequence[memoryview],
+                         layer: int | None = None, num_layers: int = 1) -> int:
+        """Read the longest prefix of `hashes` held on `node` into `out` (whole blocks, or one
+        layer's contiguous slice of each); returns how many blocks were read."""
+        pinned = await self._ctl(node, PinBlocks(model=model, hashes=list(hashes)), PinnedBlocks)
+        try:
+            offsets = pinned.offsets
+            if layer is not None:
+                layer_bytes = pinned.block_bytes // num_layers
+                offsets = [offset + layer * layer_bytes for offset in offsets]
+            await self._move(Op.READ, pinned.segment, offsets, [memoryview(b).cast("B") for b in out[:len(offsets)]])
+        finally:
+            if pinned.hashes:
+                await self._ctl(node, UnpinBlocks(model=model, hashes=pinned.hashes), Done)
+        return len(pinned.hashes)
+
+    async def lookup(self, model: str, node: str, hashes: Sequence[bytes]) -> list[str]:
+        """Tiers of the longest prefix of `hashes` on `node`, asked of its store directly."""
+        return (await self._ctl(node, LookupBlocks(model=model, hashes=list(hashes)), LookupReply)).tiers
+
+    async def watch_model(self, model: str) -> BlockIndex:
+        """Start following blocks/<model>/ in etcd (the cluster-wide shadow index)."""
+        if model not in self._indexes:
+            index = BlockIndex()
+            mirror = PrefixMirror(self._etcd, self._keys.blocks(model), index.apply)
+            await mirror.load()
+            self._tasks.append(asyncio.create_task(mirror.run(), name=f"store-client blocks {model}"))
+            self._indexes[model] = index
+        return self._indexes[model]
+
+    async def lookup_prefix(self, model: str, hashes: Sequence[bytes]) -> dict[str, int]:
+        """Per node, how many leading blocks of `hashes` it holds (from the shadow index)."""
+        return (await self.watch_model(model)).prefix_by_node(list(hashes))
+
+    async def replicate(self, model: str, hashes: Sequence[bytes], source_node: str, target_node: str) -> ReplicateReply:
+        request = ReplicateBlocks(model=model, hashes=list(hashes), source_node=source_node)
+        return await self._ctl(target_node, request, ReplicateReply)
+
+    async def evict(self, model: str, node: str, hashes: Sequence[bytes]) -> EvictReply:
+        return await self._ctl(node, EvictBlocks(model=model, hashes=list(hashes)), EvictReply)

@@ -1,0 +1,225 @@
+"""The store daemon and its client, end to end on real processes."""
+
+import asyncio
+import os
+import signal
+import sys
+import time
+
+import pytest
+from crescent.cluster.processes import ManagedProcess, ProcessSpec
+from crescent.common.bus import Bus
+from crescent.common.errors import RemoteError
+from crescent.common.etcd import connect_etcd
+from crescent.common.hashing import block_hashes
+from crescent.common.store_messages import (
+    AllocBlocks,
+    BlockSlots,
+    CommitBlocks,
+    Done,
+    PinBlocks,
+    PinnedBlocks,
+)
+from crescent.store.client import ClientConfig, StoreClient
+
+BLOCK = 64 << 10
+
+
+class Stores:
+    def __init__(self, infra, cluster, tmp_path):
+        self.infra, self.cluster, self.tmp_path = infra, cluster, tmp_path
+        self.processes: dict[str, ManagedProcess] = {}
+
+    def start(self, node: str, dram_blocks: int = 16, ssd_blocks: int = 0) -> ManagedProcess:
+        argv = [sys.executable, "-m", "crescent.store", "--cluster", self.cluster, "--nats-url", self.infra.nats_url,
+                "--etcd-url", self.infra.etcd_url, "--node", node, "--instance-id", f"store-{node}",
+                "--lease-ttl-s", "2", "--block-bytes", str(BLOCK), "--dram-bytes", str(dram_blocks * BLOCK)]
+        if ssd_blocks:
+            argv += ["--ssd-path", str(self.tmp_path / f"{node}.ssd"), "--ssd-bytes", str(ssd_blocks * BLOCK)]
+        process = self.processes.get(node) or ManagedProcess(ProcessSpec(name=f"store-{node}", argv=argv),
+                                                             self.tmp_path / "logs")
+        process.spec.argv = argv
+        process.start()
+        self.processes[node] = process
+        return process
+
+    def stop_all(self):
+        for process in self.processes.values():
+            process.stop()
+
+
+async def wait_until(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not within {timeout_s}s")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def stores(infra, cluster_name, tmp_path):
+    stores = Stores(infra, cluster_name, tmp_path)
+    yield stores
+    stores.stop_all()
+
+
+@pytest.fixture
+async def client_factory(infra, cluster_name):
+    made = []
+
+    async def make(node: str = "client-node", use_mapping: bool = True) -> StoreClient:
+        bus = await Bus.connect(infra.nats_url, f"client-{node}")
+        etcd = await connect_etcd(infra.etcd_url)
+        client = StoreClient(bus, etcd, cluster_name, ClientConfig(node=node, use_mapping=use_mapping,
+                                                                   staging_bytes=8 << 20, timeout_s=10))
+        await client.start()
+        made.append((client, bus, etcd))
+        return client
+
+    yield make
+    for client, bus, etcd in made:
+        await client.close()
+        await bus.drain()
+        await etcd.close()
+
+
+async def wait_for_segment(client: StoreClient, node: str):
+    await wait_until(lambda: node in client.directory.nodes(), 20, f"store on {node}")
+
+
+MODEL = "m"
+
+
+def blocks(n: int, seed: int = 0) -> tuple[list[bytes], list[bytes]]:
+    hashes = block_hashes(list(range(seed, seed + 4 * n)), 4, MODEL)
+    return hashes, [os.urandom(BLOCK) for _ in range(n)]
+
+
+async def read_back(client, node, hashes, layer=None, num_layers=1):
+    size = BLOCK // num_layers if layer is not None else BLOCK
+    out = [bytearray(size) for _ in hashes]
+    count = await client.get_blocks(MODEL, node, hashes, out, layer=layer, num_layers=num_layers)
+    return count, [bytes(b) for b in out[:count]]
+
+
+@pytest.mark.parametrize("use_mapping", [True, False], ids=["mapped", "data-plane"])
+async def test_put_get_round_trip_is_byte_exact(stores, client_factory, use_mapping):
+    stores.start("n1")
+    client = await client_factory(use_mapping=use_mapping)
+    await wait_for_segment(client, "n1")
+    hashes, data = blocks(8)
+    assert await client.put_blocks(MODEL, "n1", hashes, data) == 8
+    assert await client.put_blocks(MODEL, "n1", hashes, data) == 0  # already stored
+    count, got = await read_back(client, "n1", hashes)
+    assert count == 8 and got == data
+    count, got = await read_back(client, "n1", hashes[:3] + [b"\x00" * 16], layer=2, num_layers=4)
+    assert count == 3 and got == [d[2 * BLOCK // 4:3 * BLOCK // 4] for d in data[:3]]
+    assert await client.lookup(MODEL, "n1", hashes[:4] + [b"\x00" * 16] + hashes[5:]) == ["dram"] * 4
+    assert (await client.lookup_prefix(MODEL, hashes)) == {"n1": 8}
+
+
+async def test_ssd_spill_and_reload_is_byte_exact(stores, client_factory):
+    stores.start("n1", dram_blocks=4, ssd_blocks=16)
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    hashes, data = blocks(12)
+    for i in range(0, 12, 2):
+        await client.put_blocks(MODEL, "n1", hashes[i:i + 2], data[i:i + 2])
+    tiers = await client.lookup(MODEL, "n1", hashes)
+    assert tiers.count("ssd") == 8 and tiers.count("dram") == 4
+    for i in range(12):  # each read of an SSD block brings it back to DRAM, demoting another
+        count, got = await read_back(client, "n1", hashes[i:i + 1])
+        assert count == 1 and got[0] == data[i]
+
+
+async def test_full_pool_of_pinned_blocks_refuses_and_overwrites_nothing(stores, client_factory, infra, cluster_name):
+    stores.start("n1", dram_blocks=4)
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    hashes, data = blocks(5)
+    await client.put_blocks(MODEL, "n1", hashes[:4], data[:4])
+    ctl = client._subjects.store_ctl("n1")
+    pinned = await client._bus.request(ctl, PinBlocks(model=MODEL, hashes=hashes[:4], ttl_s=60), PinnedBlocks, 5)
+    assert len(pinned.hashes) == 4
+    with pytest.raises(RemoteError, match="pool full"):
+        await client.put_blocks(MODEL, "n1", hashes[4:], data[4:])
+    count, got = await read_back(client, "n1", hashes[:4])
+    assert count == 4 and got == data[:4]
+
+
+async def test_bad_requests_get_clear_errors_and_the_store_keeps_serving(stores, client_factory):
+    stores.start("n1")
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    bus, ctl = client._bus, client._subjects.store_ctl("n1")
+    with pytest.raises(RemoteError, match="16 bytes"):
+        await bus.request(ctl, AllocBlocks(model=MODEL, hashes=[b"short"]), BlockSlots, 5)
+    with pytest.raises(RemoteError, match="not allocated"):
+        await bus.request(ctl, CommitBlocks(model=MODEL, hashes=[b"\x01" * 16]), Done, 5)
+    with pytest.raises(RemoteError, match="twice"):
+        await bus.request(ctl, AllocBlocks(model=MODEL, hashes=[b"\x01" * 16] * 2), BlockSlots, 5)
+    hashes, data = blocks(2)
+    assert await client.put_blocks(MODEL, "n1", hashes, data) == 2
+
+
+async def test_uncommitted_block_is_invisible(stores, client_factory):
+    stores.start("n1")
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    hashes, _ = blocks(1)
+    await client._bus.request(client._subjects.store_ctl("n1"), AllocBlocks(model=MODEL, hashes=hashes), BlockSlots, 5)
+    assert await client.lookup(MODEL, "n1", hashes) == []
+    count, _ = await read_back(client, "n1", hashes)
+    assert count == 0 and await client.lookup_prefix(MODEL, hashes) == {}
+
+
+async def test_replicate_pulls_blocks_from_another_node(stores, client_factory):
+    stores.start("n1")
+    stores.start("n2")
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    await wait_for_segment(client, "n2")
+    hashes, data = blocks(6)
+    await client.put_blocks(MODEL, "n1", hashes, data)
+    await client.put_blocks(MODEL, "n2", hashes[:2], data[:2])
+    reply = await client.replicate(MODEL, hashes, source_node="n1", target_node="n2")
+    assert (reply.num_copied, reply.num_present) == (4, 2)
+    count, got = await read_back(client, "n2", hashes)
+    assert count == 6 and got == data
+    await wait_until(lambda: client.lookup_prefix(MODEL, hashes), 5, "index")
+    assert await client.lookup_prefix(MODEL, hashes) == {"n1": 6, "n2": 6}
+
+
+async def test_killed_store_vanishes_from_etcd_and_others_are_unaffected(stores, client_factory):
+    stores.start("n1")
+    stores.start("n2")
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    await wait_for_segment(client, "n2")
+    hashes, data = blocks(3)
+    await client.put_blocks(MODEL, "n1", hashes, data)
+    await client.put_blocks(MODEL, "n2", hashes, data)
+    assert await client.lookup_prefix(MODEL, hashes) == {"n1": 3, "n2": 3}
+    stores.processes["n1"].signal(signal.SIGKILL)
+
+    async def only_n2():
+        return await client.lookup_prefix(MODEL, hashes) == {"n2": 3} and client.directory.nodes() == ["n2"]
+
+    await wait_until(only_n2, 2 + 1.5, "n1's blocks and segment leaving etcd")
+    count, got = await read_back(client, "n2", hashes)
+    assert count == 3 and got == data
+
+    # A restarted store starts empty and consistent.
+    stores.processes["n1"].popen.wait(5)
+    stores.start("n1")
+    await wait_for_segment(client, "n1")
+    assert await client.lookup(MODEL, "n1", hashes) == []
+    assert await client.lookup_prefix(MODEL, hashes) == {"n2": 3}
+    assert await client.put_blocks(MODEL, "n1", hashes, data) == 3
+    count, got = await read_back(client, "n1", hashes)
+    assert count == 3 and got == data

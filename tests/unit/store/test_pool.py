@@ -1,0 +1,126 @@
+"""Pool bookkeeping: LRU with pins, allocate/commit visibility, DRAM → SSD → dropped."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from crescent.store.pool import BlockPool, PoolError, PoolFullError, State, Tier
+
+
+def key(i: int) -> tuple[str, bytes]:
+    return ("m", i.to_bytes(16, "big"))
+
+
+def put(pool: BlockPool, i: int, now: float = 0.0):
+    plan = pool.allocate(key(i), now, ttl_s=100)
+    pool.commit(key(i))
+    return plan
+
+
+def test_allocated_block_is_invisible_until_commit():
+    pool = BlockPool(2)
+    pool.allocate(key(1), 0, 10)
+    assert pool.get(key(1)) is None and pool.longest_prefix([key(1)]) == []
+    pool.commit(key(1))
+    assert pool.get(key(1)).state is State.READY
+
+
+def test_commit_of_unallocated_or_twice_fails():
+    pool = BlockPool(2)
+    with pytest.raises(PoolError, match="not allocated"):
+        pool.commit(key(1))
+    put(pool, 1)
+    with pytest.raises(PoolError):
+        pool.commit(key(1))
+
+
+def test_lru_evicts_least_recently_used_unpinned_block():
+    pool = BlockPool(3)
+    for i in range(3):
+        put(pool, i)
+    pool.touch(key(0))
+    pool.pin(key(1), 0, 100)
+    plan = put(pool, 3)
+    assert plan.dropped == [key(2)]
+    assert pool.get(key(2)) is None and pool.get(key(1)) is not None
+
+
+def test_full_pool_of_pinned_blocks_refuses_and_changes_nothing():
+    pool = BlockPool(2)
+    for i in range(2):
+        put(pool, i)
+        pool.pin(key(i), 0, 100)
+    before = {k: (b.tier, b.slot) for k, b in pool.blocks.items()}
+    with pytest.raises(PoolFullError):
+        pool.allocate(key(9), 0, 10)
+    assert {k: (b.tier, b.slot) for k, b in pool.blocks.items()} == before
+
+
+def test_expired_pins_and_uncommitted_allocations_are_reclaimed():
+    pool = BlockPool(2)
+    put(pool, 0)
+    pool.pin(key(0), now=0, ttl_s=5)
+    pool.allocate(key(1), now=0, ttl_s=5)
+    assert pool.expire(now=6) == [key(1)]
+    assert not pool.get(key(0)).is_pinned and pool.num_free(Tier.DRAM) == 1
+
+
+def test_demotion_to_ssd_then_drop_from_ssd():
+    pool = BlockPool(1, num_ssd_slots=1)
+    put(pool, 0)
+    plan = put(pool, 1)
+    assert [m.key for m in plan.moves] == [key(0)] and pool.get(key(0)).tier is Tier.SSD
+    plan = put(pool, 2)
+    assert plan.dropped == [key(0)] and [m.key for m in plan.moves] == [key(1)]
+
+
+def test_promotion_brings_an_ssd_block_back_and_demotes_another():
+    pool = BlockPool(1, num_ssd_slots=2)
+    put(pool, 0)
+    put(pool, 1)  # 0 → SSD
+    plan, ssd_slot = pool.promote(key(0), 0)
+    assert [m.key for m in plan.moves] == [key(1)]
+    pool.finish_promote(key(0), plan.slot)
+    assert pool.get(key(0)).tier is Tier.DRAM and pool.get(key(1)).tier is Tier.SSD
+    assert pool.num_free(Tier.SSD) == 1
+
+
+ops = st.lists(st.tuples(st.sampled_from(["put", "pin", "unpin", "touch", "evict", "alloc", "expire"]),
+                         st.integers(min_value=0, max_value=11)), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops, st.integers(min_value=1, max_value=5), st.integers(min_value=0, max_value=4))
+def test_invariants_hold_under_any_sequence(sequence, num_dram, num_ssd):
+    pool = BlockPool(num_dram, num_ssd)
+    now = 0.0
+    for op, i in sequence:
+        now += 1
+        pinned_before = {k for k, b in pool.blocks.items() if b.is_pinned}
+        try:
+            if op == "put":
+                put(pool, i, now)
+            elif op == "alloc":
+                pool.allocate(key(i), now, ttl_s=3)
+            elif op == "pin":
+                pool.pin(key(i), now, ttl_s=5)
+            elif op == "unpin":
+                pool.unpin(key(i))
+            elif op == "touch":
+                pool.touch(key(i))
+            elif op == "evict":
+                pool.evict(key(i))
+            else:
+                pool.expire(now)
+        except PoolError:
+            pass
+        # A pinned block is never evicted or demoted (expiry may end a pin, not remove a block).
+        for k in pinned_before:
+            assert k in pool.blocks and pool.blocks[k].tier is Tier.DRAM
+        for tier, total in ((Tier.DRAM, num_dram), (Tier.SSD, num_ssd)):
+            slots = [b.slot for b in pool.blocks.values() if b.tier is tier]
+            assert len(slots) == len(set(slots)), "two blocks share a slot"
+            assert len(slots) + pool.num_free(tier) == total
+        for b in pool.blocks.values():
+            if b.is_pinned:
+                assert b.tier is Tier.DRAM and b.state is State.READY
