@@ -33,6 +33,8 @@ class ClusterSpec:
     engine_args: list[str] = field(default_factory=list)  # extra flags for prefill and decode
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every service
     log_format: str = "json"
+    store_dram_bytes: int = 256 << 20
+    store_ssd_bytes: int = 1 << 30
 
 
 class LocalCluster:
@@ -64,7 +66,9 @@ class LocalCluster:
 
     def _specs(self) -> list[ProcessSpec]:
         engine = self.spec.engine_args
-        specs = [self._service("store", "store-0", [])]
+        store = ["--dram-bytes", str(self.spec.store_dram_bytes), "--ssd-path", str(self.spec.workdir / "store-0.ssd"),
+                 "--ssd-bytes", str(self.spec.store_ssd_bytes)]
+        specs = [self._service("store", "store-0", store)]
         specs += [self._service("prefill", f"prefill-{i}", engine) for i in range(self.spec.num_prefill)]
         specs += [self._service("decode", f"decode-{i}", engine) for i in range(self.spec.num_decode)]
         conductor = self._service("conductor", "conductor-0", ["--http-port", str(self.spec.api_port)])
