@@ -82,6 +82,10 @@ class ClusterView:
         last_heard = state.load_received_at if state.load else state.registered_at
         return now - last_heard <= self.stale_periods * period
 
+    def is_instance_live(self, role: str, instance_id: str, now: float) -> bool:
+        state = self.instances.get((role, instance_id))
+        return state is not None and self.is_live(state, now)
+
     def snapshot(self, role: str, model: str, now: float) -> list[InstanceSnapshot]:
         """Live instances of `role` serving `model`, with this conductor's recent assignments added."""
         snapshots = []

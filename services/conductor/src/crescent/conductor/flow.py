@@ -3,9 +3,11 @@ relay tokens. Every step has a deadline; whatever happens, the decode side is re
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from crescent.common.bus import Bus
 from crescent.common.errors import CrescentError, RecoverableError
@@ -27,9 +29,16 @@ from crescent.conductor.policy import least_loaded
 
 log = logging.getLogger(__name__)
 
+LIVENESS_CHECK_S = 0.25
+T = TypeVar("T")
+
 
 class NoCapacityError(RecoverableError):
     """No live instance can take the request now."""
+
+
+class InstanceLostError(RecoverableError):
+    """The instance serving a request died or went stale while the request waited on it."""
 
 
 class StreamBrokenError(RecoverableError):
@@ -110,19 +119,20 @@ class RequestFlow:
         try:
             job = PrefillJob(request_id=request_id, model=model, token_ids=token_ids, sampling=sampling,
                              decode_instance=placement.decode_id)
-            result = await self._bus.request(self._subjects.prefill_job(placement.prefill_id), job,
-                                             PrefillResult, self._timeouts.prefill_s)
+            result = await self._while_live("prefill", placement.prefill_id, self._bus.request(
+                self._subjects.prefill_job(placement.prefill_id), job, PrefillResult, self._timeouts.prefill_s))
             finish = self._finish_on_first(result.first_token, max_tokens, sampling)
             yield TokenEvent([result.first_token], finish, prefill=result)
             if finish is not None:
                 return
             start = DecodeStart(request_id=request_id, token_ids=token_ids, first_token=result.first_token,
                                 max_tokens=max_tokens, sampling=sampling)
-            await self._bus.request(self._subjects.decode_start(placement.decode_id), start, Ack,
-                                    self._timeouts.start_s)
+            await self._while_live("decode", placement.decode_id, self._bus.request(
+                self._subjects.decode_start(placement.decode_id), start, Ack, self._timeouts.start_s))
             expected_seq = 0
             while True:
-                chunk = await stream.next(self._timeouts.token_gap_s)
+                chunk = await self._while_live("decode", placement.decode_id,
+                                               stream.next(self._timeouts.token_gap_s))
                 if chunk.seq != expected_seq:
                     raise StreamBrokenError(f"token stream of {request_id} skipped from {expected_seq} to {chunk.seq}")
                 if chunk.error:
@@ -136,6 +146,20 @@ class RequestFlow:
             await stream.close()
             if not decode_finished:
                 await self._cancel(placement.decode_id, request_id)
+
+    async def _while_live(self, role: str, instance_id: str, step: Awaitable[T]) -> T:
+        """Await `step`, but give up as soon as the instance serving it leaves the cluster
+        (its lease expired or its telemetry went stale) instead of waiting out the deadline."""
+        task = asyncio.ensure_future(step)
+        try:
+            while True:
+                done, _ = await asyncio.wait([task], timeout=LIVENESS_CHECK_S)
+                if done:
+                    return task.result()
+                if not self._view.is_instance_live(role, instance_id, self._clock()):
+                    raise InstanceLostError(f"{role} instance {instance_id} left the cluster mid-request")
+        finally:
+            task.cancel()
 
     def _finish_on_first(self, token: int, max_tokens: int, sampling: SamplingParams) -> str | None:
         if token in sampling.stop_token_ids or (token == self._eos_token_id and not sampling.ignore_eos):

@@ -1,8 +1,16 @@
-"""What a policy sees of an instance: a frozen copy of the conductor's view at decision time."""
+"""What a policy sees of the cluster: frozen copies of the conductor's view at decision time.
+
+The conductor (or the simulator) builds these; policies only read them. Fields added after the
+first version have defaults, so older callers keep working.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from crescent.conductor.policy.bandwidth import BandwidthTable
+from crescent.conductor.policy.block_index import BlockIndex
 
 
 @dataclass(frozen=True)
@@ -14,7 +22,45 @@ class InstanceSnapshot:
     queue_time_s: float
     kv_used_tokens: int
     kv_capacity_tokens: int
+    # Telemetry older than the liveness window: such an instance may be dead, so no policy
+    # gives it work even while its registry lease lasts.
+    is_stale: bool = False
+    # False while the instance drains or reports that it takes no more work ("full").
+    is_accepting: bool = True
+    # Decode: sum of the context lengths of the running batch, the input of the TBT predictor.
+    # None when not reported; the KV in use (an upper bound: it includes reservations) stands in.
+    context_tokens: int | None = None
 
     @property
     def kv_free_tokens(self) -> int:
         return self.kv_capacity_tokens - self.kv_used_tokens
+
+    @property
+    def num_context_tokens(self) -> int:
+        return self.kv_used_tokens if self.context_tokens is None else self.context_tokens
+
+
+@dataclass(frozen=True)
+class InflightRequest:
+    """A request this conductor placed and has not yet seen finish, for predictive admission.
+
+    `decode_start_s` is when its decode began if `is_decoding`, else the predicted end of its
+    prefill (when it will join its decode instance's batch).
+    """
+
+    decode_instance_id: str
+    num_context_tokens: int
+    decode_start_s: float
+    is_decoding: bool
+
+
+@dataclass(frozen=True)
+class ClusterSnapshot:
+    """Everything one scheduling decision reads. The index and bandwidth table are the
+    conductor's live objects, passed by reference; a policy never mutates them."""
+
+    prefill: Sequence[InstanceSnapshot]
+    decode: Sequence[InstanceSnapshot]
+    index: BlockIndex = field(default_factory=BlockIndex)
+    bandwidth: BandwidthTable = field(default_factory=BandwidthTable)
+    inflight: Sequence[InflightRequest] = ()

@@ -1,0 +1,111 @@
+"""What goes into and comes out of a scheduling decision. Every policy, KV-centric or baseline,
+returns these same types, so experiments compare like with like."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+PrefillTimeFn = Callable[[int, int], float]
+"""(num_tokens, num_cached_tokens) → seconds of prefill compute."""
+
+DecodeStepFn = Callable[[int, int], float]
+"""(batch_size, total_context_tokens) → seconds of one decode step, i.e. the TBT."""
+
+
+@dataclass(frozen=True)
+class ScheduleRequest:
+    request_id: str
+    block_hashes: Sequence[bytes]  # chained hashes of the prompt's full blocks, in order
+    num_prompt_tokens: int
+    block_size: int
+    max_tokens: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_prompt_tokens < 1 or self.block_size < 1 or self.max_tokens < 0:
+            raise ValueError(f"request {self.request_id}: bad sizes (prompt {self.num_prompt_tokens}, "
+                             f"block {self.block_size}, max_tokens {self.max_tokens})")
+        if len(self.block_hashes) * self.block_size > self.num_prompt_tokens:
+            raise ValueError(f"request {self.request_id}: {len(self.block_hashes)} blocks of "
+                             f"{self.block_size} exceed {self.num_prompt_tokens} prompt tokens")
+
+    @property
+    def num_kv_tokens(self) -> int:
+        """KV room a decode instance must hold for the whole request."""
+        return self.num_prompt_tokens + self.max_tokens
+
+
+@dataclass(frozen=True)
+class CostPredictors:
+    """The models a policy prices work with; the conductor passes fitted ones, the simulator
+    the emulated engine's cost model."""
+
+    prefill_s: PrefillTimeFn
+    decode_step_s: DecodeStepFn
+    kv_bytes_per_token: float
+
+
+@dataclass(frozen=True)
+class PrefillChoice:
+    """Algorithm 1's pick: where to prefill, which prefix to reuse, and the predicted TTFT terms."""
+
+    instance_id: str
+    node: str
+    prefix_tokens: int  # reused prefix: local blocks plus any transferred ones
+    local_prefix_tokens: int  # what the instance's own node already holds
+    transfer_source: str | None  # node to pull the extra blocks from; None: no transfer
+    transfer_hashes: tuple[bytes, ...]  # blocks to pull, in prefix order
+    transfer_s: float
+    queue_s: float
+    prefill_s: float
+
+    @property
+    def predicted_ttft_s(self) -> float:
+        return self.transfer_s + self.queue_s + self.prefill_s
+
+
+@dataclass(frozen=True)
+class DecodeChoice:
+    instance_id: str
+    predicted_tbt_s: float  # one decode step once this request has joined the batch
+
+
+class ReplicationReason(enum.Enum):
+    ON_DEMAND = "on-demand"  # a request pulls a prefix it lacks; keep it as a replica
+    HOT_SPOT = "hot-spot"  # a hot block has too few replicas
+
+
+@dataclass(frozen=True)
+class ReplicationOrder:
+    """Pull `hashes` from `source_node`'s store into `target_node`'s and keep them."""
+
+    source_node: str
+    target_node: str
+    hashes: tuple[bytes, ...]
+    reason: ReplicationReason
+
+
+@dataclass(frozen=True)
+class Decision:
+    prefill: PrefillChoice
+    decode: DecodeChoice
+    replication: tuple[ReplicationOrder, ...] = ()
+
+
+class RejectReason(enum.Enum):
+    NO_PREFILL = "no-prefill"  # no live prefill instance takes work
+    NO_DECODE = "no-decode"  # no live decode instance has KV room
+    TTFT_SLO = "ttft-slo"
+    TBT_SLO = "tbt-slo"
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Decided before any prefill runs (HTTP 429 with Retry-After)."""
+
+    reason: RejectReason
+    detail: str
+    retry_after_s: float
+    predicted_ttft_s: float | None = None
+    predicted_tbt_s: float | None = None

@@ -1,0 +1,71 @@
+"""Decode load now and as projected forward, and the decode choice by predicted TBT.
+
+A decode instance's TBT is one step of its batch, so its load is (batch size, total context).
+Early rejection judges the load as it is now; prediction-based rejection (paper §4.3.4) judges
+the load at the moment this request's prefill ends, assuming every decode lasts a uniform t_d:
+requests that will have finished by then leave, requests whose prefill will have ended by then
+join. With nothing leaving or joining the projection is the current load, exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from crescent.conductor.policy.decision import DecodeChoice, DecodeStepFn, ScheduleRequest
+from crescent.conductor.policy.snapshot import InflightRequest, InstanceSnapshot
+
+
+@dataclass(frozen=True)
+class DecodeLoad:
+    instance: InstanceSnapshot
+    num_running: int
+    num_context_tokens: int
+
+    def tbt_with(self, request: ScheduleRequest, decode_step_s: DecodeStepFn) -> float:
+        """Predicted TBT once `request` has joined this batch."""
+        return decode_step_s(self.num_running + 1, self.num_context_tokens + request.num_prompt_tokens)
+
+
+def current_loads(instances: Sequence[InstanceSnapshot]) -> list[DecodeLoad]:
+    return [DecodeLoad(s, s.num_running, s.num_context_tokens) for s in instances]
+
+
+def projected_loads(instances: Sequence[InstanceSnapshot], inflight: Sequence[InflightRequest],
+                    at_s: float, decode_time_s: float) -> list[DecodeLoad]:
+    """Each instance's load at time `at_s`, from its current load and the requests in flight."""
+    delta: dict[str, list[int]] = {}
+    for request in inflight:
+        ends_by_then = request.decode_start_s + decode_time_s <= at_s
+        if request.is_decoding:
+            sign = -1 if ends_by_then else 0
+        else:
+            sign = 1 if request.decode_start_s <= at_s and not ends_by_then else 0
+        if sign:
+            change = delta.setdefault(request.decode_instance_id, [0, 0])
+            change[0] += sign
+            change[1] += sign * request.num_context_tokens
+    loads = []
+    for s in instances:
+        change = delta.get(s.instance_id, (0, 0))
+        # Telemetry and the conductor's own records can disagree briefly: never below empty.
+        loads.append(DecodeLoad(s, max(0, s.num_running + change[0]),
+                                max(0, s.num_context_tokens + change[1])))
+    return loads
+
+
+def choose_by_tbt(request: ScheduleRequest, loads: Sequence[DecodeLoad],
+                  decode_step_s: DecodeStepFn) -> DecodeChoice | None:
+    """The instance with the least TBT after adding the request; ties to the smaller id.
+    `loads` must already be filtered for KV room (eligibility.eligible_decode)."""
+    best: tuple[float, str] | None = None
+    for load in loads:
+        key = (load.tbt_with(request, decode_step_s), load.instance.instance_id)
+        if best is None or key < best:
+            best = key
+    return DecodeChoice(best[1], best[0]) if best else None
+
+
+def choice_for(request: ScheduleRequest, load: DecodeLoad, decode_step_s: DecodeStepFn) -> DecodeChoice:
+    """A baseline's pick, with the same TBT prediction the TBT-driven choice would report."""
+    return DecodeChoice(load.instance.instance_id, load.tbt_with(request, decode_step_s))
