@@ -42,3 +42,16 @@ def test_each_service_image_installs_the_package_it_runs(name):
     role = module.split(".")[1]
     assert f"services/{role}" in packages
     assert service["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
+
+
+def test_kubernetes_manifests_run_real_modules_with_the_shared_environment():
+    documents = list(yaml.safe_load_all((ROOT / "deploy/k8s/crescent.yaml").read_text()))
+    workloads = [d for d in documents if d["kind"] in ("Deployment", "DaemonSet")]
+    assert {w["metadata"]["name"] for w in workloads} == {"crescent-store", "crescent-conductor", "crescent-prefill",
+                                                          "crescent-decode"}
+    for workload in workloads:
+        [container] = workload["spec"]["template"]["spec"]["containers"]
+        role = container["command"][container["command"].index("-m") + 1].split(".")[1]
+        assert (ROOT / "services" / role / "src/crescent" / role / "__main__.py").exists()
+        assert container["envFrom"] == [{"configMapRef": {"name": "crescent-env"}}]
+    assert yaml.safe_load((ROOT / "deploy/k8s/etcd.yaml").read_text())["initial-cluster-state"] == "new"
