@@ -90,11 +90,14 @@ class Runtime:
         self.health_details: Callable[[], dict] = dict
 
     @property
-    def http_url(self) -> str:
+    def advertise_host(self) -> str:
+        """The address peers reach this instance at (HTTP, data plane)."""
         host = self.settings.advertise_host or self.settings.host
-        if host in ("0.0.0.0", "::"):
-            host = socket.gethostname()
-        return f"http://{host}:{self.http_port}"
+        return socket.gethostname() if host in ("0.0.0.0", "::") else host
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.advertise_host}:{self.http_port}"
 
     async def connect(self) -> None:
         self.status = ServiceStatus.STARTING

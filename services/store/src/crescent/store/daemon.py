@@ -99,7 +99,7 @@ class StoreDaemon:
         if self.pool.num_ssd_slots:
             self.ssd = SsdTier(Path(settings.ssd_path), self.pool.num_ssd_slots, self.block_bytes)
         config = TransferConfig(node=settings.node, tcp_host=settings.host,
-                                tcp_advertise_host=settings.advertise_host or None, tcp_port=settings.transfer_port)
+                                tcp_advertise_host=runtime.advertise_host, tcp_port=settings.transfer_port)
         self.transfer = TransferEngine(self.directory, config)
         await self.transfer.start()
         descriptor = self.transfer.register(self.segment)
