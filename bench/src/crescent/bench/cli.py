@@ -14,7 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     control.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
     control.add_argument("--max-tokens", type=int, default=8, help="tokens per request (default 8)")
     transfer = benches.add_parser("transfer", help="shm and tcp GB/s against memcpy and loopback limits")
-    for sub in (control, transfer):
+    schedule = benches.add_parser("schedule", help="scheduling decision time per request (kv-centric vs least-loaded)")
+    schedule.add_argument("--repeat", type=int, default=200, help="requests per case (default 200)")
+    for sub in (control, transfer, schedule):
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
 
@@ -23,6 +25,10 @@ def run(args: argparse.Namespace) -> int:
         from crescent.bench.control_plane import run_control_plane_bench
 
         result = run_control_plane_bench(args.requests, args.concurrency, args.max_tokens)
+    elif args.bench == "schedule":
+        from crescent.bench.schedule_bench import run_schedule_bench
+
+        result = run_schedule_bench(repeat=args.repeat)
     else:
         from crescent.bench.transfer_bench import run_transfer_bench
 

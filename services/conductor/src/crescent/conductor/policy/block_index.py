@@ -44,7 +44,7 @@ class HotBlock(NamedTuple):
 class _Hits:
     """A decaying count: `value` as of time `at`; `depth` orders parents before children on ties."""
 
-    __slots__ = ("value", "at", "depth")
+    __slots__ = ("at", "depth", "value")
 
     def __init__(self, depth: int, at: float) -> None:
         self.value = 0.0
@@ -105,24 +105,26 @@ class BlockIndex:
     def match(self, hashes: Sequence[bytes]) -> PrefixMatch:
         """Longest held prefix of `hashes` per node, and the best one anywhere."""
         lengths: dict[str, int] = {}
-        alive: set[str] = set()
+        holders_of = self._holders.get
+        alive: set[str] = set()  # never mutated: it may be one of the index's own sets
         depth = 0
         for block_hash in hashes:
-            holders = self._holders.get(block_hash)
-            if depth == 0:
-                still = set(holders) if holders else set()
-            else:
-                still = alive & holders if holders else set()
-                if len(still) != len(alive):
-                    for node in alive - still:
-                        lengths[node] = depth
-            if not still:
+            holders = holders_of(block_hash)
+            if not holders:
                 break
-            alive = still
+            # Most steps lose no node; the subset test finds that without allocating a set.
+            if depth and not alive <= holders:
+                still = alive & holders
+                for node in alive - still:
+                    lengths[node] = depth
+                if not still:
+                    break
+                alive = still
+            elif not depth:
+                alive = holders
             depth += 1
-        else:
-            for node in alive:
-                lengths[node] = depth
+        for node in alive:
+            lengths.setdefault(node, depth)
         return PrefixMatch(lengths, depth, frozenset(alive) if depth else frozenset())
 
     def record_hits(self, hashes: Sequence[bytes], now: float) -> None:

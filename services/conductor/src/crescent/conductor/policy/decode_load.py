@@ -10,14 +10,13 @@ join. With nothing leaving or joining the projection is the current load, exactl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from crescent.conductor.policy.decision import DecodeChoice, DecodeStepFn, ScheduleRequest
 from crescent.conductor.policy.snapshot import InflightRequest, InstanceSnapshot
 
 
-@dataclass(frozen=True)
-class DecodeLoad:
+class DecodeLoad(NamedTuple):
     instance: InstanceSnapshot
     num_running: int
     num_context_tokens: int
@@ -58,12 +57,14 @@ def choose_by_tbt(request: ScheduleRequest, loads: Sequence[DecodeLoad],
                   decode_step_s: DecodeStepFn) -> DecodeChoice | None:
     """The instance with the least TBT after adding the request; ties to the smaller id.
     `loads` must already be filtered for KV room (eligibility.eligible_decode)."""
-    best: tuple[float, str] | None = None
-    for load in loads:
-        key = (load.tbt_with(request, decode_step_s), load.instance.instance_id)
-        if best is None or key < best:
-            best = key
-    return DecodeChoice(best[1], best[0]) if best else None
+    best: DecodeChoice | None = None
+    prompt = request.num_prompt_tokens
+    for instance, num_running, num_context_tokens in loads:
+        tbt = decode_step_s(num_running + 1, num_context_tokens + prompt)
+        if best is None or tbt < best.predicted_tbt_s or (
+                tbt == best.predicted_tbt_s and instance.instance_id < best.instance_id):
+            best = DecodeChoice(instance.instance_id, tbt)
+    return best
 
 
 def choice_for(request: ScheduleRequest, load: DecodeLoad, decode_step_s: DecodeStepFn) -> DecodeChoice:

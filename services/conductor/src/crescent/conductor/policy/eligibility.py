@@ -15,9 +15,10 @@ def is_usable(snapshot: InstanceSnapshot) -> bool:
 def eligible_prefill(snapshots: Sequence[InstanceSnapshot]) -> list[InstanceSnapshot]:
     """Live prefill instances that take work. Prefill queues requests, so its KV room is not a
     filter here: "full" is the instance's own verdict (`is_accepting`)."""
-    return [s for s in snapshots if is_usable(s)]
+    return [s for s in snapshots if not s.is_stale and s.is_accepting]
 
 
 def eligible_decode(snapshots: Sequence[InstanceSnapshot], num_kv_tokens: int) -> list[InstanceSnapshot]:
     """Live decode instances with KV room for the whole request (prompt + max output)."""
-    return [s for s in snapshots if is_usable(s) and s.kv_free_tokens >= num_kv_tokens]
+    return [s for s in snapshots if not s.is_stale and s.is_accepting
+            and s.kv_capacity_tokens - s.kv_used_tokens >= num_kv_tokens]

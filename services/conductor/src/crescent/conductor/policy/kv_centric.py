@@ -14,7 +14,7 @@ Without transfers (`allow_transfer=False`) this is the paper's local cache-aware
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from crescent.conductor.policy.bandwidth import BandwidthTable
 from crescent.conductor.policy.block_index import PrefixMatch
@@ -24,8 +24,7 @@ from crescent.conductor.policy.snapshot import InstanceSnapshot
 DEFAULT_BALANCING_THRESHOLD = 1.5
 
 
-@dataclass(frozen=True)
-class _NodePlan:
+class _NodePlan(NamedTuple):
     """How an instance on one node would get its prefix; the same for every instance there."""
 
     prefix_blocks: int
@@ -35,25 +34,68 @@ class _NodePlan:
     prefill_s: float
 
 
-class _Pricer:
-    """Prices prefixes for one request, memoising T_prefill per prefix length (few distinct)."""
+class _Planner:
+    """Plans one request's prefix per node. Plans are memoised by prefix length (and, for pulls,
+    by source and link speed): a cluster has many nodes but a request sees few distinct ones."""
 
-    def __init__(self, request: ScheduleRequest, predictors: CostPredictors) -> None:
+    def __init__(self, request: ScheduleRequest, predictors: CostPredictors, match: PrefixMatch,
+                 bandwidth: BandwidthTable | None, threshold: float, allow_transfer: bool,
+                 transfer_only_if_cheaper: bool) -> None:
         self.request = request
         self.predictors = predictors
+        self.match = match
+        self.bandwidth = bandwidth
+        self.threshold = threshold
+        self.allow_transfer = allow_transfer
+        self.transfer_only_if_cheaper = transfer_only_if_cheaper
         self._prefill: dict[int, float] = {}
+        self._local: dict[int, _NodePlan] = {}
+        self._pull: dict[tuple[int, str, float], _NodePlan] = {}
 
     def prefill_s(self, prefix_blocks: int) -> float:
-        cached = self._prefill.get(prefix_blocks)
-        if cached is None:
+        seconds = self._prefill.get(prefix_blocks)
+        if seconds is None:
             n = self.request.num_prompt_tokens
             # The last prompt token is always computed: its logits give the first token.
             reused = min(prefix_blocks * self.request.block_size, n - 1)
-            cached = self._prefill[prefix_blocks] = max(0.0, self.predictors.prefill_s(n, reused))
-        return cached
+            seconds = self._prefill[prefix_blocks] = max(0.0, self.predictors.prefill_s(n, reused))
+        return seconds
 
-    def transfer_bytes(self, num_blocks: int) -> float:
-        return num_blocks * self.request.block_size * self.predictors.kv_bytes_per_token
+    def local_plan(self, local: int) -> _NodePlan:
+        plan = self._local.get(local)
+        if plan is None:
+            plan = self._local[local] = _NodePlan(local, local, None, 0.0, self.prefill_s(local))
+        return plan
+
+    def plan(self, node: str) -> _NodePlan:
+        match = self.match
+        local = match.lengths.get(node, 0)
+        best = match.best_len
+        bandwidth = self.bandwidth
+        if bandwidth is None or not self.allow_transfer or not exceeds_threshold(best, local, self.threshold):
+            return self.local_plan(local)
+        source, rate = _fastest_source(match.best_nodes, node, bandwidth)
+        key = (local, source, rate)
+        plan = self._pull.get(key)
+        if plan is None:
+            transfer_s = (best - local) * self.request.block_size * self.predictors.kv_bytes_per_token / rate
+            prefill_s = self.prefill_s(best)
+            if self.transfer_only_if_cheaper and not transfer_s < self.prefill_s(local) - prefill_s:
+                plan = self.local_plan(local)
+            else:
+                plan = _NodePlan(best, local, source, transfer_s, prefill_s)
+            self._pull[key] = plan
+        return plan
+
+
+def _fastest_source(sources: frozenset[str], node: str, bandwidth: BandwidthTable) -> tuple[str, float]:
+    """The holder with the most bandwidth to `node`; equal links go to the smaller name."""
+    best_source, best_rate = "", 0.0
+    for source in sources:
+        rate = bandwidth.get(source, node)
+        if rate > best_rate or (rate == best_rate and source < best_source):
+            best_source, best_rate = source, rate
+    return best_source, best_rate
 
 
 def exceeds_threshold(best_len: int, local_len: int, threshold: float) -> bool:
@@ -63,21 +105,6 @@ def exceeds_threshold(best_len: int, local_len: int, threshold: float) -> bool:
     return local_len == 0 or best_len / local_len > threshold
 
 
-def _plan_node(node: str, match: PrefixMatch, pricer: _Pricer, bandwidth: BandwidthTable,
-               threshold: float, allow_transfer: bool, transfer_only_if_cheaper: bool) -> _NodePlan:
-    local = match.length(node)
-    local_plan = _NodePlan(local, local, None, 0.0, pricer.prefill_s(local))
-    best = match.best_len
-    if not allow_transfer or not exceeds_threshold(best, local, threshold):
-        return local_plan
-    source = min(match.best_nodes, key=lambda src: (-bandwidth.get(src, node), src))
-    transfer_s = bandwidth.transfer_s(source, node, pricer.transfer_bytes(best - local))
-    prefill_s = pricer.prefill_s(best)
-    if transfer_only_if_cheaper and not transfer_s < local_plan.prefill_s - prefill_s:
-        return local_plan
-    return _NodePlan(best, local, source, transfer_s, prefill_s)
-
-
 def choose_prefill(request: ScheduleRequest, candidates: Sequence[InstanceSnapshot], match: PrefixMatch,
                    bandwidth: BandwidthTable, predictors: CostPredictors,
                    threshold: float = DEFAULT_BALANCING_THRESHOLD, *, allow_transfer: bool = True,
@@ -85,18 +112,19 @@ def choose_prefill(request: ScheduleRequest, candidates: Sequence[InstanceSnapsh
     """The candidate with the least predicted TTFT; None when there is no candidate."""
     if not threshold > 0:
         raise ValueError(f"kvcache_balancing_threshold must be > 0, got {threshold}")
-    pricer = _Pricer(request, predictors)
+    planner = _Planner(request, predictors, match, bandwidth, threshold, allow_transfer,
+                       transfer_only_if_cheaper)
     plans: dict[str, _NodePlan] = {}
     winner: InstanceSnapshot | None = None
-    winner_key: tuple[float, str] | None = None
+    winner_ttft = 0.0
     for instance in candidates:
         plan = plans.get(instance.node)
         if plan is None:
-            plan = plans[instance.node] = _plan_node(instance.node, match, pricer, bandwidth, threshold,
-                                                     allow_transfer, transfer_only_if_cheaper)
-        key = (plan.transfer_s + instance.queue_time_s + plan.prefill_s, instance.instance_id)
-        if winner_key is None or key < winner_key:
-            winner, winner_key = instance, key
+            plan = plans[instance.node] = planner.plan(instance.node)
+        # Summed in PrefillChoice.predicted_ttft_s's order, so reported and compared TTFTs agree.
+        ttft = plan.transfer_s + instance.queue_time_s + plan.prefill_s
+        if winner is None or ttft < winner_ttft or (ttft == winner_ttft and instance.instance_id < winner.instance_id):
+            winner, winner_ttft = instance, ttft
     if winner is None:
         return None
     return _choice(request, winner, plans[winner.node])
@@ -106,9 +134,9 @@ def price_local(request: ScheduleRequest, instance: InstanceSnapshot, match: Pre
                 predictors: CostPredictors) -> PrefillChoice:
     """The TTFT terms of an instance that a cache-unaware policy picked: it still reuses what
     its node holds (the engine's connector finds it), but pulls nothing."""
-    pricer = _Pricer(request, predictors)
-    local = match.length(instance.node)
-    return _choice(request, instance, _NodePlan(local, local, None, 0.0, pricer.prefill_s(local)))
+    planner = _Planner(request, predictors, match, None, DEFAULT_BALANCING_THRESHOLD,
+                       allow_transfer=False, transfer_only_if_cheaper=True)
+    return _choice(request, instance, planner.local_plan(match.length(instance.node)))
 
 
 def _choice(request: ScheduleRequest, instance: InstanceSnapshot, plan: _NodePlan) -> PrefillChoice:

@@ -16,7 +16,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
 from crescent.conductor.policy import baselines, kv_centric, least_loaded
-from crescent.conductor.policy.admission import DEFAULT_RETRY_AFTER_S, Admission, Slo, make_admission
+from crescent.conductor.policy.admission import (
+    DEFAULT_RETRY_AFTER_S,
+    Admission,
+    Slo,
+    make_admission,
+)
 from crescent.conductor.policy.block_index import PrefixMatch
 from crescent.conductor.policy.decision import (
     CostPredictors,
