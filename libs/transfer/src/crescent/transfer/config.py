@@ -1,0 +1,58 @@
+"""Settings of a `TransferEngine`; plain data, so services build it from their own config."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from crescent.transfer.plan import DEFAULT_SLICE_BYTES
+
+
+class TransportKind(enum.Enum):
+    SHM = "shm"
+    TCP = "tcp"
+    RDMA = "rdma"
+
+
+# Preference order when several transports reach a peer: memcpy beats one-sided verbs,
+# which beat sockets.
+ALL_TRANSPORTS = (TransportKind.SHM, TransportKind.RDMA, TransportKind.TCP)
+
+
+@dataclass(frozen=True, slots=True)
+class TransferConfig:
+    """How an engine serves its segments and reaches its peers.
+
+    `transports=None` means every transport that can run here (rdma only with pyverbs and
+    a device); an explicit tuple means exactly those, in that order of preference, and
+    `start()` fails with TransportUnavailable if one of them cannot run.
+    """
+
+    node: str = "local"
+    transports: tuple[TransportKind, ...] | None = None
+    tcp_host: str = "127.0.0.1"
+    tcp_advertise_host: str | None = None
+    tcp_port: int = 0
+    num_connections: int = 4
+    slice_bytes: int = DEFAULT_SLICE_BYTES
+    max_group_slices: int = 64
+    max_reconnects: int = 3
+    connect_timeout: float = 2.0
+    server_io_timeout: float = 30.0
+    server_idle_timeout: float = 300.0
+    shm_inline_bytes: int = 1 << 20
+    shm_parallel_entry_bytes: int = 2 << 20
+    shm_copy_threads: int = 2
+    max_threads: int = 16
+    close_timeout: float = 10.0
+    rdma_device: str | None = None
+    rdma_port: int = 1
+    rdma_gid_index: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_connections < 1:
+            raise ValueError("num_connections must be >= 1")
+        if self.slice_bytes < 1 or self.max_group_slices < 1:
+            raise ValueError("slice_bytes and max_group_slices must be >= 1")
+        if self.max_threads < max(self.num_connections, self.shm_copy_threads):
+            raise ValueError("max_threads must cover num_connections and shm_copy_threads")

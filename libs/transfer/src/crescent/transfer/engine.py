@@ -1,0 +1,293 @@
+"""The `TransferEngine`: registers segments, describes them, and runs batches.
+
+    async with TransferEngine(resolver, TransferConfig(node="n1")) as engine:
+        descriptor = engine.register(ShmSegment.create("n1/kv", 1 << 30))
+        ...publish descriptor...
+        result = await engine.transfer(entries, timeout=5.0)
+        result.raise_for_errors()
+
+Bad input is reported per entry, before any byte of that entry moves: an unknown local or
+remote segment, a range out of bounds, a bad offset or length, or a remote segment no
+transport reaches fail only that entry; the other entries of the batch still run.
+`transfer` itself raises only for misuse of the engine (not running, timeout <= 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Awaitable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from crescent.transfer.batch import BatchResult, Deadline, TransferEntry
+from crescent.transfer.config import ALL_TRANSPORTS, TransferConfig, TransportKind
+from crescent.transfer.descriptor import Endpoint, SegmentDescriptor
+from crescent.transfer.errors import (
+    EngineNotRunning,
+    NoRoute,
+    TransferError,
+    TransportUnavailable,
+)
+from crescent.transfer.hostinfo import host_id
+from crescent.transfer.plan import check_range
+from crescent.transfer.registry import SegmentRegistry
+from crescent.transfer.resolver import Resolver, resolve_all
+from crescent.transfer.segment import Segment
+from crescent.transfer.transports import (
+    Transport,
+    TransportContext,
+    WorkItem,
+    create_transport,
+    is_available,
+)
+
+log = logging.getLogger(__name__)
+
+# Transports report by the deadline; this much more covers their cleanup.
+GRACE_S = 1.0
+
+
+class EngineStatus(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class TransferEngine:
+    """One process's data plane: its registered segments and its transports."""
+
+    def __init__(self, resolver: Resolver, config: TransferConfig | None = None) -> None:
+        self.config = config or TransferConfig()
+        self.host_id = host_id()
+        self.status = EngineStatus.NEW
+        self._resolver = resolver
+        self._registry = SegmentRegistry()
+        self._endpoints: dict[str, tuple[Endpoint, ...]] = {}
+        self._transports: list[Transport] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._num_in_flight = 0
+        self._idle = asyncio.Event()
+
+    async def __aenter__(self) -> TransferEngine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Start every configured transport; TransportUnavailable if one asked for
+        explicitly cannot run here. Idempotent while running."""
+        if self.status is EngineStatus.RUNNING:
+            return
+        if self.status is not EngineStatus.NEW:
+            raise EngineNotRunning(f"engine is {self.status.value}; build a new one")
+        kinds = self.config.transports
+        if kinds is None:
+            kinds = tuple(k for k in ALL_TRANSPORTS if is_available(k, self.config.rdma_device))
+        self._executor = ThreadPoolExecutor(
+            self.config.max_threads, thread_name_prefix=f"crescent-transfer-{self.config.node}"
+        )
+        context = TransportContext(self.config, self._registry, self._executor, self.host_id)
+        try:
+            for kind in kinds:
+                transport = create_transport(kind, context)
+                await transport.start()
+                self._transports.append(transport)
+        except TransportUnavailable:
+            await self._close_transports()
+            self._executor.shutdown(wait=False)
+            raise
+        self._idle.set()
+        self.status = EngineStatus.RUNNING
+        log.info(
+            "transfer engine on node %s started with %s",
+            self.config.node,
+            ", ".join(t.kind.value for t in self._transports),
+        )
+
+    async def close(self) -> None:
+        """Refuse new batches, wait (bounded) for running ones, unregister every segment
+        and stop the transports. Idempotent. Segments are not closed: they belong to
+        whoever created them."""
+        if self.status in (EngineStatus.NEW, EngineStatus.CLOSED):
+            self.status = EngineStatus.CLOSED
+            return
+        if self.status is EngineStatus.CLOSING:
+            return
+        self.status = EngineStatus.CLOSING
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.config.close_timeout)
+        except TimeoutError:
+            log.warning("closing with %d batches still running", self._num_in_flight)
+        for segment in self._registry.segments():
+            self.unregister(segment.name)
+        await self._close_transports()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        self.status = EngineStatus.CLOSED
+
+    async def _close_transports(self) -> None:
+        for transport in reversed(self._transports):
+            try:
+                await transport.close()
+            except Exception:
+                log.exception("closing transport %s failed", transport.kind.value)
+        self._transports.clear()
+
+    @property
+    def transports(self) -> tuple[TransportKind, ...]:
+        """The running transports, in order of preference."""
+        return tuple(transport.kind for transport in self._transports)
+
+    def transport(self, kind: TransportKind) -> Transport:
+        """A running transport, for introspection (counters, addresses)."""
+        for transport in self._transports:
+            if transport.kind is kind:
+                return transport
+        raise TransportUnavailable(kind.value, "not running in this engine")
+
+    def register(self, segment: Segment) -> SegmentDescriptor:
+        """Serve `segment` to peers and allow it as a local region of entries."""
+        self._check_running()
+        segment_id = self._registry.add(segment)
+        endpoints = []
+        try:
+            for transport in self._transports:
+                endpoint = transport.expose(segment, segment_id)
+                if endpoint is not None:
+                    endpoints.append(endpoint)
+        except BaseException:
+            self._registry.remove(segment.name)
+            raise
+        self._endpoints[segment.name] = tuple(endpoints)
+        return self.descriptor(segment.name)
+
+    def unregister(self, name: str) -> None:
+        """Stop serving a segment; SegmentNotFound if it is not registered."""
+        segment = self._registry.remove(name)
+        self._endpoints.pop(name, None)
+        for transport in self._transports:
+            transport.withdraw(segment)
+
+    def descriptor(self, name: str) -> SegmentDescriptor:
+        """What peers need to reach a registered segment (publish it for them)."""
+        segment = self._registry.get(name)
+        return SegmentDescriptor(
+            name=segment.name,
+            node=self.config.node,
+            host_id=self.host_id,
+            size=segment.size,
+            endpoints=self._endpoints[name],
+        )
+
+    def descriptors(self) -> list[SegmentDescriptor]:
+        return [self.descriptor(segment.name) for segment in self._registry.segments()]
+
+    async def transfer(self, entries: Sequence[TransferEntry], *, timeout: float) -> BatchResult:
+        """Run a batch; completes when every entry has succeeded or failed, at the latest
+        at the deadline (`timeout` seconds from now) plus cleanup. Never raises for an
+        entry's failure: see BatchResult and the module docstring."""
+        self._check_running()
+        deadline = Deadline.after(timeout)
+        self._num_in_flight += 1
+        self._idle.clear()
+        try:
+            return await self._run(entries, deadline)
+        finally:
+            self._num_in_flight -= 1
+            if self._num_in_flight == 0:
+                self._idle.set()
+
+    async def _run(self, entries: Sequence[TransferEntry], deadline: Deadline) -> BatchResult:
+        outcomes: list[TransferError | None] = [None] * len(entries)
+        names = dict.fromkeys(entry.remote_segment for entry in entries)
+        remotes = await resolve_all(self._resolver, names, deadline)
+        routes: dict[str, Transport] = {}
+        work: dict[Transport, tuple[list[int], list[WorkItem]]] = {}
+        for index, entry in enumerate(entries):
+            try:
+                item = self._check(entry, remotes)
+                transport = routes.get(entry.remote_segment)
+                if transport is None:
+                    transport = routes[entry.remote_segment] = self._route(item.remote)
+            except TransferError as exc:
+                outcomes[index] = exc
+                continue
+            if entry.length:
+                indices, items = work.setdefault(transport, ([], []))
+                indices.append(index)
+                items.append(item)
+        for transport, results in (await self._execute(work, deadline)).items():
+            for index, outcome in zip(work[transport][0], results, strict=True):
+                outcomes[index] = outcome
+        return BatchResult(tuple(outcomes))
+
+    async def _execute(
+        self, work: dict[Transport, tuple[list[int], list[WorkItem]]], deadline: Deadline
+    ) -> dict[Transport, list[TransferError | None]]:
+        """Run each transport's items. Awaited in place rather than as tasks when there is
+        one transport (the common case: a task costs an event-loop iteration). A transport
+        that breaks its deadline contract by more than GRACE_S is cancelled and its items
+        time out; one that raises fails its items."""
+        if not work:
+            return {}
+        calls = [transport.execute(items, deadline) for transport, (_, items) in work.items()]
+        raw: list[list[TransferError | None] | BaseException | None] = [None] * len(calls)
+        try:
+            async with asyncio.timeout(deadline.remaining() + GRACE_S):
+                if len(calls) == 1:
+                    raw = [await _settle(calls[0])]
+                else:
+                    raw = await asyncio.gather(*calls, return_exceptions=True)
+        except TimeoutError:
+            log.error("transports missed the batch deadline by more than %.1f s", GRACE_S)
+        results = {}
+        for (transport, (_, items)), outcome in zip(work.items(), raw, strict=True):
+            if outcome is None:
+                results[transport] = [deadline.timeout_error(i.remote.name) for i in items]
+            elif isinstance(outcome, BaseException):
+                log.error("transport %s failed a batch", transport.kind.value, exc_info=outcome)
+                failure = TransferError(f"transport {transport.kind.value} failed: {outcome!r}")
+                results[transport] = [failure] * len(items)
+            else:
+                results[transport] = outcome
+        return results
+
+    def _check(
+        self, entry: TransferEntry, remotes: dict[str, SegmentDescriptor | TransferError]
+    ) -> WorkItem:
+        entry.check()
+        local = self._registry.get(entry.local_segment)
+        check_range(local.name, entry.local_offset, entry.length, local.size)
+        remote = remotes[entry.remote_segment]
+        if isinstance(remote, TransferError):
+            raise remote
+        check_range(remote.name, entry.remote_offset, entry.length, remote.size)
+        return WorkItem(entry, local, remote)
+
+    def route(self, remote: SegmentDescriptor) -> TransportKind:
+        """The transport a batch to this segment would use now; NoRoute if none."""
+        return self._route(remote).kind
+
+    def _route(self, remote: SegmentDescriptor) -> Transport:
+        for transport in self._transports:
+            if transport.can_reach(remote):
+                return transport
+        raise NoRoute(remote.name, tuple(kind.value for kind in self.transports))
+
+    def _check_running(self) -> None:
+        if self.status is not EngineStatus.RUNNING:
+            raise EngineNotRunning(f"transfer engine is {self.status.value}")
+
+
+async def _settle(
+    call: Awaitable[list[TransferError | None]],
+) -> list[TransferError | None] | Exception:
+    """The call's result, or the exception it raised (cancellation still propagates)."""
+    try:
+        return await call
+    except Exception as exc:
+        return exc

@@ -1,0 +1,37 @@
+"""Transports behind one small ABC (base.Transport), one module per transport."""
+
+from __future__ import annotations
+
+from crescent.transfer.config import TransportKind
+from crescent.transfer.transports.base import Transport, TransportContext, WorkItem
+from crescent.transfer.transports.rdma import RdmaTransport, unavailable_reason
+from crescent.transfer.transports.shm import ShmTransport
+from crescent.transfer.transports.tcp import TcpTransport
+
+
+def create_transport(kind: TransportKind, context: TransportContext) -> Transport:
+    match kind:
+        case TransportKind.SHM:
+            return ShmTransport(context)
+        case TransportKind.TCP:
+            return TcpTransport(context)
+        case TransportKind.RDMA:
+            return RdmaTransport(context)
+    raise ValueError(f"unknown transport {kind!r}")
+
+
+def is_available(kind: TransportKind, rdma_device: str | None = None) -> bool:
+    """Whether a transport can run on this machine (only rdma needs hardware)."""
+    return kind is not TransportKind.RDMA or unavailable_reason(rdma_device) is None
+
+
+__all__ = [
+    "RdmaTransport",
+    "ShmTransport",
+    "TcpTransport",
+    "Transport",
+    "TransportContext",
+    "WorkItem",
+    "create_transport",
+    "is_available",
+]
