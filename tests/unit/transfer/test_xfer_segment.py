@@ -159,3 +159,22 @@ def test_a_dead_owners_leftover_file_is_not_mapped() -> None:
             ShmMapping(shm_name.decode(), 4096, int(device), int(inode))
     finally:
         os.unlink(f"/dev/shm/{shm_name.decode()}")
+
+
+def test_sweep_removes_only_files_whose_owner_is_gone():
+    from crescent.transfer.segment import SHM_DIR, sweep_orphans
+
+    live = ShmSegment.create("live", 4096)
+    orphan_path = SHM_DIR / "crescent-test-orphan-file"
+    orphan_path.write_bytes(b"\0" * 4096)  # nobody holds its lock, as after a SIGKILL
+    try:
+        removed = sweep_orphans(min_age_s=0)
+        assert "crescent-test-orphan-file" in removed and not orphan_path.exists()
+        assert live.shm_name not in removed and (SHM_DIR / live.shm_name).exists()
+        young = SHM_DIR / "crescent-test-young-file"
+        young.write_bytes(b"\0")
+        assert "crescent-test-young-file" not in sweep_orphans(min_age_s=60)
+        young.unlink()
+    finally:
+        live.close()
+        orphan_path.unlink(missing_ok=True)

@@ -29,7 +29,7 @@ from crescent.transfer.errors import (
     TransportUnavailable,
 )
 from crescent.transfer.resolver import DictResolver, Resolver
-from crescent.transfer.segment import MemoryKind, Segment, ShmSegment
+from crescent.transfer.segment import MemoryKind, Segment, ShmSegment, sweep_orphans
 
 __all__ = [
     "BadEntry",
@@ -63,4 +63,5 @@ __all__ = [
     "TransportUnavailable",
     "decode_descriptor",
     "encode_descriptor",
+    "sweep_orphans",
 ]

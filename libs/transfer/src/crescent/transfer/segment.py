@@ -14,6 +14,7 @@ import fcntl
 import mmap
 import os
 import secrets
+import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -205,3 +206,28 @@ def shm_file_identity(shm_name: str) -> tuple[int, int] | None:
     except (FileNotFoundError, ValueError):
         return None
     return stat.st_dev, stat.st_ino
+
+
+def sweep_orphans(min_age_s: float = 10.0) -> list[str]:
+    """Unlink /dev/shm/crescent-* files whose owner died without closing them (SIGKILL, OOM):
+    otherwise their memory stays taken until reboot. A file is an orphan when no process holds
+    its shared lock; files younger than `min_age_s` are left alone, because their creator takes
+    the lock just after creating them. Returns the names removed."""
+    removed = []
+    for path in SHM_DIR.glob("crescent-*"):
+        try:
+            if time.time() - path.stat().st_mtime < min_age_s:
+                continue
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        else:
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+        finally:
+            os.close(fd)
+    return removed

@@ -42,7 +42,7 @@ from crescent.store.metadata import MetadataWriter
 from crescent.store.pool import BlockKey, BlockPool, Plan, PoolError, PoolFullError, Tier
 from crescent.store.settings import StoreSettings
 from crescent.store.ssd import SsdTier
-from crescent.transfer import Op, ShmSegment, TransferConfig, TransferEngine, TransferEntry
+from crescent.transfer import Op, ShmSegment, TransferConfig, TransferEngine, TransferEntry, sweep_orphans
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,9 @@ class StoreDaemon:
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
         settings = self.settings
+        orphans = sweep_orphans()
+        if orphans:
+            log.warning("removed shared memory left by dead processes", extra={"files": orphans})
         self.segment = ShmSegment.create(self.segment_name, self.pool.num_dram_slots * self.block_bytes)
         if self.pool.num_ssd_slots:
             self.ssd = SsdTier(Path(settings.ssd_path), self.pool.num_ssd_slots, self.block_bytes)
