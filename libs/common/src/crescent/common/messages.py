@@ -47,6 +47,7 @@ class InstanceLoad(Message):
     queue_time_s: float = 0.0
     kv_used_tokens: int = 0
     kv_capacity_tokens: int = 0
+    num_context_tokens: int = 0  # decode: context of the running batch (what a step's time depends on)
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -66,6 +67,9 @@ class PrefillJob(Message):
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     decode_instance: str = ""
     decode_node: str = ""
+    block_size: int = 0  # tokens per KV block; 0: the job stores no KV
+    pull_from_node: str = ""  # before computing, pull pull_hashes from this node's store into ours
+    pull_hashes: list[bytes] = []
 
 
 class PrefillResult(Message):

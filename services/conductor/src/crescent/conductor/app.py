@@ -6,8 +6,10 @@ input costs the cluster nothing; after that the flow owns the request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -20,12 +22,15 @@ from opentelemetry.trace import SpanKind
 from crescent.common.errors import RecoverableError, RemoteError, RequestTimeoutError
 from crescent.common.etcd import PrefixMirror
 from crescent.common.messages import InstanceInfo, InstanceLoad, SamplingParams
+from crescent.common.store_messages import ReplicateBlocks, ReplicateReply
 from crescent.common.service import Runtime
 from crescent.common.tokenizer import ByteTokenizer
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
 from crescent.conductor.cluster_view import ClusterView
-from crescent.conductor.flow import FlowTimeouts, NoCapacityError, RequestFlow
+from crescent.conductor.flow import FlowTimeouts, RejectedError, RequestFlow
+from crescent.conductor.policy import RejectReason
+from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.openai_api import (
     ApiError,
     GenerationRequest,
@@ -68,6 +73,7 @@ class Conductor:
         self.settings = settings
         self.tokenizer = ByteTokenizer()
         self.view = ClusterView(clock=time.monotonic)
+        self.scheduler = Scheduler(settings, self.view, time.monotonic)
         self._runtime: Runtime | None = None
         self._flow: RequestFlow | None = None
         self._num_inflight = 0
@@ -77,16 +83,21 @@ class Conductor:
         mirror = PrefixMirror(runtime.etcd, runtime.keys.instances(), self.view.apply_registry)
         await mirror.load()
         runtime.tasks.spawn("registry-watch", mirror.run())
+        blocks = PrefixMirror(runtime.etcd, runtime.keys.prefix + "blocks/", self.scheduler.apply_block_event)
+        await blocks.load()
+        runtime.tasks.spawn("blocks-watch", blocks.run())
+        if self.settings.hot_spot_period_s > 0:
+            runtime.tasks.spawn("hot-spot-replication", self._replicate_hot_blocks())
         await runtime.bus.subscribe(runtime.subjects.telemetry_all(), InstanceLoad, self.view.apply_load)
         timeouts = FlowTimeouts(reserve_s=self.settings.reserve_timeout_s, prefill_s=self.settings.prefill_timeout_s,
                                 start_s=self.settings.start_timeout_s, token_gap_s=self.settings.token_timeout_s)
-        self._flow = RequestFlow(runtime.bus, runtime.subjects, self.view, time.monotonic, timeouts,
-                                 self.tokenizer.eos_token_id)
+        self._flow = RequestFlow(runtime.bus, runtime.subjects, self.scheduler, timeouts, self.tokenizer.eos_token_id)
         app = runtime.http_app
         app.middlewares.append(openai_errors)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/cluster", self.cluster)
 
     def instance_info(self) -> InstanceInfo:
         return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
@@ -99,12 +110,56 @@ class Conductor:
     def load(self) -> InstanceLoad:
         for role, count in self.health()["live_instances"].items():
             metrics.INSTANCES.labels(role).set(count)
+        for model in self.view.models(time.monotonic()):
+            factor = self.scheduler.imbalance(model)
+            if factor is not None:
+                metrics.IMBALANCE.labels(model).set(factor)
+        metrics.CACHE_HIT_RATE.set(self.scheduler.cache_hit_rate)
         return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
                             num_running=self._num_inflight)
 
     async def drain(self) -> None:
         """In-flight responses finish while aiohttp shuts down; nothing else to wait for."""
+
+    async def cluster(self, request: web.Request) -> web.Response:
+        """Instances and their loads, the cache hit rate, and the hottest blocks' replicas."""
+        now = time.monotonic()
+        instances = []
+        for (role, instance_id), state in sorted(self.view.instances.items()):
+            load = state.load
+            instances.append({"role": role, "instance_id": instance_id, "node": state.info.node,
+                              "model": state.info.model, "is_live": self.view.is_live(state, now),
+                              "load": None if load is None else {
+                                  "num_queued": load.num_queued, "num_running": load.num_running,
+                                  "queue_time_s": load.queue_time_s, "kv_used_tokens": load.kv_used_tokens,
+                                  "kv_capacity_tokens": load.kv_capacity_tokens}})
+        hottest = [{"hash": block.hash.hex(), "replicas": block.num_replicas, "hits": round(block.hits, 2)}
+                   for block in self.scheduler.index.hottest(10, now)]
+        models = {model: {"pd_imbalance_factor": self.scheduler.imbalance(model)}
+                  for model in self.view.models(now)}
+        return web.json_response({"instances": instances, "cache_hit_rate": self.scheduler.cache_hit_rate,
+                                  "num_blocks": self.scheduler.index.num_blocks, "hottest_blocks": hottest,
+                                  "models": models, "policy": self.settings.policy,
+                                  "admission": self.settings.admission})
+
+    async def _replicate_hot_blocks(self) -> None:
+        """Give hot prefixes more replicas (paper §4.2), one pass every hot_spot_period_s."""
+        while True:
+            await asyncio.sleep(self.settings.hot_spot_period_s)
+            for model in self.view.models(time.monotonic()):
+                for order in self.scheduler.hot_spot_orders(model):
+                    await self._replicate(model, order)
+
+    async def _replicate(self, model: str, order) -> None:
+        request = ReplicateBlocks(model=model, hashes=list(order.hashes), source_node=order.source_node)
+        try:
+            await self._runtime.bus.request(self._runtime.subjects.store_ctl(order.target_node), request,
+                                            ReplicateReply, self.settings.prefill_timeout_s)
+            metrics.REPLICATIONS.labels("ok").inc()
+        except RecoverableError as exc:
+            metrics.REPLICATIONS.labels("failed").inc()
+            log.warning("hot-spot replication failed", extra={"target": order.target_node, "error": str(exc)})
 
     async def models(self, request: web.Request) -> web.Response:
         served = self.view.models(time.monotonic())
@@ -145,6 +200,10 @@ class Conductor:
         max_tokens = gen.max_tokens
         if max_tokens is None:
             max_tokens = max(1, min(self.settings.default_max_tokens, max_model_len - len(token_ids)))
+        capacity = self.scheduler.max_decode_capacity(gen.model)
+        if capacity and len(token_ids) + max_tokens > capacity:
+            raise bad_request(f"the request needs {len(token_ids) + max_tokens} tokens of KV cache; the largest "
+                              f"decode instance holds {capacity}", code="exceeds_kv_capacity")
         if len(token_ids) + max_tokens > max_model_len:
             raise bad_request(
                 f"this model's maximum context length is {max_model_len} tokens; the request asks for "
@@ -176,10 +235,18 @@ class Conductor:
                     response = await relay.collect(events, len(token_ids))
                 outcome = "ok"
                 return response
-        except NoCapacityError as exc:
-            outcome = "unavailable"
-            raise ApiError(503, str(exc), type_="service_unavailable", code="no_capacity",
-                           headers={"Retry-After": "1"}) from exc
+        except RejectedError as exc:
+            rejection = exc.rejection
+            outcome = "rejected"
+            metrics.REJECTED.labels(rejection.reason.value).inc()
+            retry_after = {"Retry-After": str(max(1, math.ceil(rejection.retry_after_s)))}
+            has_no_instance = rejection.reason is RejectReason.NO_PREFILL or (
+                rejection.reason is RejectReason.NO_DECODE and not self.view.count("decode", time.monotonic()))
+            if has_no_instance:
+                raise ApiError(503, rejection.detail, type_="service_unavailable", code="no_capacity",
+                               headers=retry_after) from exc
+            raise ApiError(429, f"the cluster cannot serve this request within its SLOs now: {rejection.detail}",
+                           type_="rate_limit_error", code=rejection.reason.value, headers=retry_after) from exc
         except RequestTimeoutError as exc:
             raise ApiError(504, f"the cluster did not answer in time: {exc}", type_="timeout") from exc
         except (RemoteError, RecoverableError) as exc:

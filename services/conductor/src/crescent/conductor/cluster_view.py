@@ -32,6 +32,7 @@ class InstanceState:
     load_received_at: float = 0.0
     num_assigned_since_load: int = 0
     kv_assigned_since_load: int = 0
+    queue_s_assigned_since_load: float = 0.0
 
 
 @dataclass
@@ -76,11 +77,16 @@ class ClusterView:
         state.load_received_at = self.clock()
         state.num_assigned_since_load = 0
         state.kv_assigned_since_load = 0
+        state.queue_s_assigned_since_load = 0.0
 
     def is_live(self, state: InstanceState, now: float) -> bool:
         period = state.load.period_s if state.load else self.default_period_s
         last_heard = state.load_received_at if state.load else state.registered_at
         return now - last_heard <= self.stale_periods * period
+
+    def node_of(self, role: str, instance_id: str) -> str:
+        state = self.instances.get((role, instance_id))
+        return state.info.node if state is not None else ""
 
     def is_instance_live(self, role: str, instance_id: str, now: float) -> bool:
         state = self.instances.get((role, instance_id))
@@ -99,17 +105,20 @@ class ClusterView:
                 node=state.info.node,
                 num_queued=(load.num_queued if load else 0) + state.num_assigned_since_load,
                 num_running=load.num_running if load else 0,
-                queue_time_s=load.queue_time_s if load else 0.0,
+                queue_time_s=(load.queue_time_s if load else 0.0) + state.queue_s_assigned_since_load,
                 kv_used_tokens=(load.kv_used_tokens if load else 0) + state.kv_assigned_since_load,
                 kv_capacity_tokens=capacity,
+                context_tokens=load.num_context_tokens if load and role == "decode" else None,
             ))
         return snapshots
 
-    def note_assignment(self, role: str, instance_id: str, num_tokens: int) -> None:
+    def note_assignment(self, role: str, instance_id: str, num_tokens: int, queue_s: float = 0.0) -> None:
+        """This conductor just gave the instance work its next telemetry will include."""
         state = self.instances.get((role, instance_id))
         if state is not None:
             state.num_assigned_since_load += 1
             state.kv_assigned_since_load += num_tokens
+            state.queue_s_assigned_since_load += queue_s
 
     def models(self, now: float) -> dict[str, int]:
         """Models a live prefill instance serves → their smallest max_model_len."""

@@ -24,8 +24,8 @@ from crescent.common.messages import (
 )
 from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
-from crescent.conductor.cluster_view import ClusterView
-from crescent.conductor.policy import least_loaded
+from crescent.conductor.policy import Decision, Rejection, ScheduleRequest
+from crescent.conductor.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +33,12 @@ LIVENESS_CHECK_S = 0.25
 T = TypeVar("T")
 
 
-class NoCapacityError(RecoverableError):
-    """No live instance can take the request now."""
+class RejectedError(RecoverableError):
+    """Admission turned the request away before any prefill ran."""
+
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(rejection.detail)
+        self.rejection = rejection
 
 
 class InstanceLostError(RecoverableError):
@@ -60,43 +64,39 @@ class TokenEvent:
     prefill: PrefillResult | None = None
 
 
-@dataclass
-class Placement:
-    prefill_id: str
-    decode_id: str
-
-
 class RequestFlow:
-    def __init__(self, bus: Bus, subjects: Subjects, view: ClusterView, clock: Callable[[], float],
-                 timeouts: FlowTimeouts, eos_token_id: int) -> None:
+    def __init__(self, bus: Bus, subjects: Subjects, scheduler: Scheduler, timeouts: FlowTimeouts,
+                 eos_token_id: int) -> None:
         self._bus = bus
         self._subjects = subjects
-        self._view = view
-        self._clock = clock
+        self._scheduler = scheduler
+        self._view = scheduler.view
+        self._clock = scheduler.clock
         self._timeouts = timeouts
         self._eos_token_id = eos_token_id
 
-    async def place(self, request_id: str, model: str, num_prompt_tokens: int, max_tokens: int) -> Placement:
-        """Pick a prefill instance and reserve KV room on a decode instance."""
+    async def place(self, request: ScheduleRequest, model: str) -> Decision:
+        """Ask the policy, then reserve KV room on the decode instance it chose; a decode that
+        refuses (its room went to another conductor's request) is left out and the policy asked
+        again."""
         with tracer().start_as_current_span("conductor.schedule") as span:
-            now = self._clock()
-            prefill = least_loaded.choose_prefill(self._view.snapshot("prefill", model, now))
-            if prefill is None:
-                raise NoCapacityError(f"no live prefill instance serves {model!r}")
-            need = num_prompt_tokens + max_tokens
-            decodes = self._view.snapshot("decode", model, now)
+            refused: list[str] = []
             while True:
-                decode = least_loaded.choose_decode(decodes, need)
-                if decode is None:
-                    raise NoCapacityError(f"no live decode instance for {model!r} has room for {need} tokens")
-                if await self._reserve(decode.instance_id, request_id, num_prompt_tokens, max_tokens):
+                outcome = self._scheduler.schedule(request, model, refused)
+                if isinstance(outcome, Rejection):
+                    span.set_attribute("crescent.rejected", outcome.reason.value)
+                    raise RejectedError(outcome)
+                decode_id = outcome.decode.instance_id
+                if await self._reserve(decode_id, request.request_id, request.num_prompt_tokens, request.max_tokens):
                     break
-                decodes = [d for d in decodes if d.instance_id != decode.instance_id]
-            self._view.note_assignment("prefill", prefill.instance_id, num_prompt_tokens)
-            self._view.note_assignment("decode", decode.instance_id, need)
-            span.set_attribute("crescent.prefill", prefill.instance_id)
-            span.set_attribute("crescent.decode", decode.instance_id)
-            return Placement(prefill.instance_id, decode.instance_id)
+                refused.append(decode_id)
+            self._scheduler.record(request, outcome)
+            span.set_attribute("crescent.prefill", outcome.prefill.instance_id)
+            span.set_attribute("crescent.decode", decode_id)
+            span.set_attribute("crescent.prefix_tokens", outcome.prefill.prefix_tokens)
+            span.set_attribute("crescent.predicted_ttft_s", outcome.prefill.predicted_ttft_s)
+            span.set_attribute("crescent.predicted_tbt_s", outcome.decode.predicted_tbt_s)
+            return outcome
 
     async def _reserve(self, decode_id: str, request_id: str, num_prompt_tokens: int, max_tokens: int) -> bool:
         reservation = Reservation(request_id=request_id, num_prompt_tokens=num_prompt_tokens, max_tokens=max_tokens)
@@ -113,39 +113,44 @@ class RequestFlow:
     async def generate(self, request_id: str, model: str, token_ids: list[int], max_tokens: int,
                        sampling: SamplingParams) -> AsyncIterator[TokenEvent]:
         """Tokens as they come; closing the iterator early cancels the request downstream."""
-        placement = await self.place(request_id, model, len(token_ids), max_tokens)
+        request = self._scheduler.request_for(request_id, model, token_ids, max_tokens)
+        decision = await self.place(request, model)
+        prefill, decode_id = decision.prefill, decision.decode.instance_id
         stream = await self._bus.stream(self._subjects.tokens(request_id), TokenChunk)
         decode_finished = False  # until decode says it is done, it holds KV for us
         try:
             job = PrefillJob(request_id=request_id, model=model, token_ids=token_ids, sampling=sampling,
-                             decode_instance=placement.decode_id)
-            result = await self._while_live("prefill", placement.prefill_id, self._bus.request(
-                self._subjects.prefill_job(placement.prefill_id), job, PrefillResult, self._timeouts.prefill_s))
+                             decode_instance=decode_id, decode_node=self._view.node_of("decode", decode_id),
+                             block_size=request.block_size, pull_from_node=prefill.transfer_source or "",
+                             pull_hashes=list(prefill.transfer_hashes))
+            result = await self._while_live("prefill", prefill.instance_id, self._bus.request(
+                self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))
             finish = self._finish_on_first(result.first_token, max_tokens, sampling)
             yield TokenEvent([result.first_token], finish, prefill=result)
             if finish is not None:
                 return
             start = DecodeStart(request_id=request_id, token_ids=token_ids, first_token=result.first_token,
                                 max_tokens=max_tokens, sampling=sampling)
-            await self._while_live("decode", placement.decode_id, self._bus.request(
-                self._subjects.decode_start(placement.decode_id), start, Ack, self._timeouts.start_s))
+            await self._while_live("decode", decode_id, self._bus.request(
+                self._subjects.decode_start(decode_id), start, Ack, self._timeouts.start_s))
+            self._scheduler.on_decode_started(request_id)
             expected_seq = 0
             while True:
-                chunk = await self._while_live("decode", placement.decode_id,
-                                               stream.next(self._timeouts.token_gap_s))
+                chunk = await self._while_live("decode", decode_id, stream.next(self._timeouts.token_gap_s))
                 if chunk.seq != expected_seq:
                     raise StreamBrokenError(f"token stream of {request_id} skipped from {expected_seq} to {chunk.seq}")
                 if chunk.error:
-                    raise StreamBrokenError(f"decode {placement.decode_id} failed: {chunk.error}")
+                    raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
                 expected_seq += 1
                 yield TokenEvent(chunk.token_ids, chunk.finish_reason if chunk.is_final else None)
                 if chunk.is_final:
                     decode_finished = True
                     return
         finally:
+            self._scheduler.on_finished(request_id, decode_finished)
             await stream.close()
             if not decode_finished:
-                await self._cancel(placement.decode_id, request_id)
+                await self._cancel(decode_id, request_id)
 
     async def _while_live(self, role: str, instance_id: str, step: Awaitable[T]) -> T:
         """Await `step`, but give up as soon as the instance serving it leaves the cluster

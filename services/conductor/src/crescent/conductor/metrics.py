@@ -14,3 +14,8 @@ E2E = Histogram("crescent_request_seconds", "Whole request latency", buckets=_LA
 PROMPT_TOKENS = Counter("crescent_prompt_tokens", "Prompt tokens received")
 GENERATED_TOKENS = Counter("crescent_generated_tokens", "Tokens generated")
 INSTANCES = Gauge("crescent_live_instances", "Live instances by role", ["role"])
+REJECTED = Counter("crescent_rejected_requests", "Requests turned away by admission, by reason", ["reason"])
+IMBALANCE = Gauge("crescent_pd_imbalance_factor", "P/D imbalance factor f_im (>1: add decode, <1: add prefill)",
+                  ["model"])
+CACHE_HIT_RATE = Gauge("crescent_cache_hit_rate", "Share of prompt tokens scheduled onto a cached prefix")
+REPLICATIONS = Counter("crescent_replication_orders", "Hot-spot replication orders sent, by outcome", ["outcome"])

@@ -6,10 +6,13 @@ from dataclasses import dataclass
 
 from crescent.common.config import CommonSettings, setting
 from crescent.common.errors import ConfigError
+from crescent.conductor.policy import POLICIES
+from crescent.conductor.policy.admission import ADMISSIONS
+from crescent.engine.device_settings import EmulatedDevice
 
 
 @dataclass
-class ConductorSettings(CommonSettings):
+class ConductorSettings(EmulatedDevice, CommonSettings):
     """Settings of the conductor: its API port, deadlines of each request step, defaults."""
 
     http_port: int = setting(8000, "port of the OpenAI-compatible API, /health and /metrics")
@@ -18,11 +21,28 @@ class ConductorSettings(CommonSettings):
     prefill_timeout_s: float = setting(120.0, "deadline of a prefill job, queueing included")
     start_timeout_s: float = setting(5.0, "deadline of a decode start")
     token_timeout_s: float = setting(30.0, "longest wait between two token chunks of a request")
+    policy: str = setting("kv-centric", f"scheduling policy: {', '.join(POLICIES)}")
+    admission: str = setting("early", f"admission control: {', '.join(ADMISSIONS)}")
+    ttft_slo_s: float = setting(30.0, "TTFT SLO that admission predicts against")
+    tbt_slo_s: float = setting(0.1, "TBT SLO that admission predicts against")
+    block_size: int = setting(512, "tokens per KV block (the unit of prefix caching)")
+    kv_bytes_per_block: int = setting(1 << 20, "bytes of one stored KV block (the store's --block-bytes)")
+    kvcache_balancing_threshold: float = setting(1.5, "pull a better prefix only if best/local exceeds this")
+    prefill_model: str = setting("", "JSON of a fitted prefill-time model (crescent profile); empty: the emulated cost model")
+    hot_spot_period_s: float = setting(2.0, "interval of the hot-block replication pass (0: off)")
+    seed: int = setting(0, "seed of the random baseline policy")
 
     def validate(self) -> None:
         super().validate()
         if self.default_max_tokens < 1:
             raise ConfigError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
-        for name in ("reserve_timeout_s", "prefill_timeout_s", "start_timeout_s", "token_timeout_s"):
+        self.validate_device()
+        if self.policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.admission not in ADMISSIONS:
+            raise ConfigError(f"admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
+        if self.block_size < 1 or self.kv_bytes_per_block < 1:
+            raise ConfigError("block_size and kv_bytes_per_block must be >= 1")
+        for name in ("ttft_slo_s", "tbt_slo_s", "reserve_timeout_s", "prefill_timeout_s", "start_timeout_s", "token_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")

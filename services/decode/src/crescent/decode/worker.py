@@ -78,7 +78,8 @@ class DecodeWorker:
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
                             num_queued=len(self.ledger.reserved), num_running=self.engine.num_running,
                             kv_used_tokens=self.ledger.used_tokens,
-                            kv_capacity_tokens=self.settings.kv_capacity_tokens)
+                            kv_capacity_tokens=self.settings.kv_capacity_tokens,
+                            num_context_tokens=self.engine.num_context_tokens)
 
     async def reserve(self, reservation: Reservation) -> ReservationReply:
         need = reservation.num_prompt_tokens + reservation.max_tokens

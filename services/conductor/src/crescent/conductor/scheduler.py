@@ -1,0 +1,143 @@
+"""The conductor's scheduling state around the pure policy: the block index fed from etcd, the
+requests in flight, the learned decode time, and the loop plan → policy(state) → record.
+
+The policy decides; this module only builds its inputs (a ClusterSnapshot at `now`) and
+records the consequences (hits, assignments, in-flight requests, observed decode times).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from crescent.common.errors import ConfigError
+from crescent.common.etcd import MirrorEvent
+from crescent.common.hashing import block_hashes
+from crescent.conductor.cluster_view import ClusterView
+from crescent.conductor.policy import (
+    BandwidthTable,
+    BlockIndex,
+    ClusterSnapshot,
+    CostPredictors,
+    Decision,
+    DecodeTimeEstimator,
+    InflightRequest,
+    PrefillTimeModel,
+    Rejection,
+    ReplicationOrder,
+    ScheduleRequest,
+    Slo,
+    make_policy,
+)
+from crescent.conductor.policy.imbalance import imbalance_factor, slo_load
+from crescent.conductor.policy.replication import HotSpotConfig, hot_spot_orders, rank_target_nodes
+from crescent.conductor.settings import ConductorSettings
+
+log = logging.getLogger(__name__)
+
+
+def build_predictors(settings: ConductorSettings) -> CostPredictors:
+    cost = settings.cost_model()
+    prefill_s: Callable[[int, int], float] = cost.prefill_s
+    if settings.prefill_model:
+        try:
+            prefill_s = PrefillTimeModel.from_dict(json.loads(Path(settings.prefill_model).read_text()))
+        except (OSError, ValueError, KeyError) as exc:
+            raise ConfigError(f"cannot load prefill_model {settings.prefill_model}: {exc}") from exc
+    return CostPredictors(prefill_s=prefill_s, decode_step_s=cost.decode_step_s,
+                          kv_bytes_per_token=settings.kv_bytes_per_block / settings.block_size)
+
+
+class Scheduler:
+    def __init__(self, settings: ConductorSettings, view: ClusterView, clock: Callable[[], float]) -> None:
+        self.settings = settings
+        self.view = view
+        self.clock = clock
+        self.index = BlockIndex()
+        self.bandwidth = BandwidthTable()
+        self.decode_time = DecodeTimeEstimator()
+        self.policy = make_policy(
+            settings.policy, predictors=build_predictors(settings), admission=settings.admission,
+            slo=Slo(settings.ttft_slo_s, settings.tbt_slo_s), decode_time=self.decode_time,
+            kvcache_balancing_threshold=settings.kvcache_balancing_threshold, rng=random.Random(settings.seed))
+        self.inflight: dict[str, InflightRequest] = {}
+        self.model_of_block: dict[bytes, str] = {}
+        self.num_hit_tokens = 0
+        self.num_prompt_tokens = 0
+
+    def apply_block_event(self, event: MirrorEvent) -> None:
+        """A change under blocks/<model>/<hash>/<node> in etcd."""
+        parts = event.key.split("/")
+        try:
+            model, block_hash, node = parts[-3], bytes.fromhex(parts[-2]), parts[-1]
+        except (IndexError, ValueError):
+            log.warning("ignoring malformed block key", extra={"key": event.key})
+            return
+        if event.value is None:
+            self.index.remove(block_hash, node)
+            if not self.index.num_replicas(block_hash):
+                self.model_of_block.pop(block_hash, None)
+        else:
+            self.index.add(block_hash, node)
+            self.model_of_block[block_hash] = model
+
+    def max_decode_capacity(self, model: str) -> int:
+        return max((s.kv_capacity_tokens for s in self.view.snapshot("decode", model, self.clock())), default=0)
+
+    def request_for(self, request_id: str, model: str, token_ids: Sequence[int], max_tokens: int) -> ScheduleRequest:
+        hashes = block_hashes(token_ids, self.settings.block_size, model)
+        return ScheduleRequest(request_id, hashes, len(token_ids), self.settings.block_size, max_tokens)
+
+    def schedule(self, request: ScheduleRequest, model: str, exclude_decodes: Sequence[str] = ()) -> Decision | Rejection:
+        """The policy's verdict on the cluster as it is now; nothing is recorded yet."""
+        now = self.clock()
+        decodes = [s for s in self.view.snapshot("decode", model, now) if s.instance_id not in exclude_decodes]
+        snapshot = ClusterSnapshot(prefill=self.view.snapshot("prefill", model, now), decode=decodes,
+                                   index=self.index, bandwidth=self.bandwidth, inflight=list(self.inflight.values()))
+        return self.policy.choose(request, snapshot, now)
+
+    def record(self, request: ScheduleRequest, decision: Decision) -> None:
+        """The request was placed (its decode room reserved): account for it until it ends."""
+        now = self.clock()
+        self.index.record_hits(request.block_hashes, now)
+        self.num_prompt_tokens += request.num_prompt_tokens
+        self.num_hit_tokens += decision.prefill.prefix_tokens
+        self.view.note_assignment("prefill", decision.prefill.instance_id, request.num_prompt_tokens,
+                                  decision.prefill.prefill_s)
+        self.view.note_assignment("decode", decision.decode.instance_id, request.num_kv_tokens)
+        self.inflight[request.request_id] = InflightRequest(
+            decision.decode.instance_id, request.num_kv_tokens, now + decision.prefill.predicted_ttft_s, False)
+
+    def on_decode_started(self, request_id: str) -> None:
+        request = self.inflight.get(request_id)
+        if request is not None:
+            self.inflight[request_id] = dataclasses.replace(request, decode_start_s=self.clock(), is_decoding=True)
+
+    def on_finished(self, request_id: str, is_ok: bool) -> None:
+        request = self.inflight.pop(request_id, None)
+        if request is not None and request.is_decoding and is_ok:
+            now = self.clock()
+            self.decode_time.observe(now - request.decode_start_s, now)
+
+    def hot_spot_orders(self, model: str) -> list[ReplicationOrder]:
+        now = self.clock()
+        targets = rank_target_nodes(self.view.snapshot("prefill", model, now))
+        orders = hot_spot_orders(self.index, targets, self.bandwidth, now, HotSpotConfig())
+        return [o for o in orders if all(self.model_of_block.get(h) == model for h in o.hashes)]
+
+    def imbalance(self, model: str) -> float | None:
+        """f_im from each live instance's current SLO load (None until both sides exist)."""
+        now = self.clock()
+        prefill = [slo_load(s.queue_time_s, self.settings.ttft_slo_s)
+                   for s in self.view.snapshot("prefill", model, now)]
+        decode = [slo_load(self.policy.predictors.decode_step_s(s.num_running, s.num_context_tokens),
+                           self.settings.tbt_slo_s) for s in self.view.snapshot("decode", model, now)]
+        return imbalance_factor(prefill, decode) if prefill and decode else None
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
