@@ -13,23 +13,11 @@ from crescent.common.codec import decode
 from crescent.common.etcd import connect_etcd
 from crescent.common.messages import InstanceInfo
 from crescent.common.naming import Keys
-from crescent.common.tokenizer import ByteTokenizer
-from crescent.engine.emulated import emulated_token
+
+from expected import expected_text
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"
-
-
-def expected_text(prompt: str, max_tokens: int) -> str:
-    """What the emulated engine must answer: its token function, applied as prefill + decode would."""
-    prompt_ids = ByteTokenizer().encode(prompt)
-    token = emulated_token(sum(prompt_ids), len(prompt_ids))
-    tokens, context = [token], len(prompt_ids) + 1
-    for _ in range(max_tokens - 1):
-        token = emulated_token(token, context)
-        tokens.append(token)
-        context += 1
-    return ByteTokenizer().decode(tokens)
 
 
 async def stream_completion(session, url, prompt, max_tokens):

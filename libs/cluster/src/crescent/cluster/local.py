@@ -35,6 +35,14 @@ class ClusterSpec:
     log_format: str = "json"
     store_dram_bytes: int = 256 << 20
     store_ssd_bytes: int = 1 << 30
+    store_args: list[str] = field(default_factory=list)  # extra flags for every store
+    conductor_args: list[str] = field(default_factory=list)  # extra flags for the conductor
+    node_per_instance: bool = False  # each prefill/decode on a node of its own, with its own store
+
+    def nodes(self) -> dict[str, str]:
+        """instance id → node of every prefill and decode instance."""
+        ids = [f"prefill-{i}" for i in range(self.num_prefill)] + [f"decode-{i}" for i in range(self.num_decode)]
+        return {i: (f"node-{i}" if self.node_per_instance else "node0") for i in ids}
 
 
 class LocalCluster:
@@ -64,16 +72,28 @@ class LocalCluster:
                 "--log-format", self.spec.log_format, *extra]
         return ProcessSpec(name=instance_id, argv=argv, env=self.spec.env, stop_timeout_s=35.0)
 
+    def _store(self, node: str) -> ProcessSpec:
+        return self._service("store", f"store-{node}", [
+            "--node", node, "--dram-bytes", str(self.spec.store_dram_bytes),
+            "--ssd-path", str(self.spec.workdir / f"store-{node}.ssd"), "--ssd-bytes", str(self.spec.store_ssd_bytes),
+            *self.spec.store_args])
+
+    def conductor_spec(self, instance_id: str, port: int) -> ProcessSpec:
+        """A conductor of this cluster; more than one may run at once (they share no state)."""
+        spec = self._service("conductor", instance_id, ["--http-port", str(port), *self.spec.conductor_args])
+        spec.port = port
+        return spec
+
     def _specs(self) -> list[ProcessSpec]:
-        engine = self.spec.engine_args
-        store = ["--dram-bytes", str(self.spec.store_dram_bytes), "--ssd-path", str(self.spec.workdir / "store-0.ssd"),
-                 "--ssd-bytes", str(self.spec.store_ssd_bytes)]
-        specs = [self._service("store", "store-0", store)]
-        specs += [self._service("prefill", f"prefill-{i}", engine) for i in range(self.spec.num_prefill)]
-        specs += [self._service("decode", f"decode-{i}", engine) for i in range(self.spec.num_decode)]
-        conductor = self._service("conductor", "conductor-0", ["--http-port", str(self.spec.api_port)])
-        conductor.port = self.spec.api_port
-        return specs + [conductor]
+        nodes = self.spec.nodes()
+        specs = [self._store(node) for node in sorted(set(nodes.values()))]
+        specs += [self._service(instance_id.split("-")[0], instance_id, ["--node", node, *self.spec.engine_args])
+                  for instance_id, node in nodes.items()]
+        return specs + [self.conductor_spec("conductor-0", self.spec.api_port)]
+
+    def add_process(self, spec: ProcessSpec) -> ManagedProcess:
+        """Start one more process under this cluster's supervision and stop."""
+        return self._launch(spec)
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Start everything and wait until the conductor sees every worker; stop all on failure."""
@@ -101,7 +121,8 @@ class LocalCluster:
             return None
 
     def wait_serving(self, timeout_s: float) -> None:
-        expected = {"prefill": self.spec.num_prefill, "decode": self.spec.num_decode, "store": 1}
+        expected = {"prefill": self.spec.num_prefill, "decode": self.spec.num_decode,
+                    "store": len(set(self.spec.nodes().values()))}
         deadline = time.monotonic() + timeout_s
         while True:
             health = self.health()

@@ -236,26 +236,32 @@ class Conductor:
                 outcome = "ok"
                 return response
         except RejectedError as exc:
-            rejection = exc.rejection
             outcome = "rejected"
-            metrics.REJECTED.labels(rejection.reason.value).inc()
-            retry_after = {"Retry-After": str(max(1, math.ceil(rejection.retry_after_s)))}
-            has_no_instance = rejection.reason is RejectReason.NO_PREFILL or (
-                rejection.reason is RejectReason.NO_DECODE and not self.view.count("decode", time.monotonic()))
-            if has_no_instance:
-                raise ApiError(503, rejection.detail, type_="service_unavailable", code="no_capacity",
-                               headers=retry_after) from exc
-            raise ApiError(429, f"the cluster cannot serve this request within its SLOs now: {rejection.detail}",
-                           type_="rate_limit_error", code=rejection.reason.value, headers=retry_after) from exc
+            raise self._rejection_error(exc.rejection, request_id) from exc
         except RequestTimeoutError as exc:
-            raise ApiError(504, f"the cluster did not answer in time: {exc}", type_="timeout") from exc
+            raise ApiError(504, f"the cluster did not answer in time: {exc}", type_="timeout",
+                           headers={"X-Request-Id": request_id}) from exc
         except (RemoteError, RecoverableError) as exc:
-            raise ApiError(502, f"an instance failed the request: {exc}", type_="upstream_error") from exc
+            raise ApiError(502, f"an instance failed the request: {exc}", type_="upstream_error",
+                           headers={"X-Request-Id": request_id}) from exc
         finally:
             metrics.INFLIGHT.dec()
             self._num_inflight -= 1
             metrics.REQUESTS.labels(endpoint, outcome).inc()
             metrics.E2E.observe(time.monotonic() - arrived)
+
+
+    def _rejection_error(self, rejection, request_id: str) -> ApiError:
+        """429 when the cluster is too loaded for the SLOs (retry later), 503 when it has no
+        instance at all for this model."""
+        metrics.REJECTED.labels(rejection.reason.value).inc()
+        headers = {"Retry-After": str(max(1, math.ceil(rejection.retry_after_s))), "X-Request-Id": request_id}
+        has_no_instance = rejection.reason is RejectReason.NO_PREFILL or (
+            rejection.reason is RejectReason.NO_DECODE and not self.view.count("decode", time.monotonic()))
+        if has_no_instance:
+            return ApiError(503, rejection.detail, type_="service_unavailable", code="no_capacity", headers=headers)
+        return ApiError(429, f"the cluster cannot serve this request within its SLOs now: {rejection.detail}",
+                        type_="rate_limit_error", code=rejection.reason.value, headers=headers)
 
 
 class _Relay:
@@ -293,10 +299,11 @@ class _Relay:
         pieces.append(self.text.finish())
         body = full_response(self.gen, self.request_id, self.created, "".join(pieces), finish,
                              usage(num_prompt_tokens, self.num_generated))
-        return web.json_response(body)
+        return web.json_response(body, headers={"X-Request-Id": self.request_id})
 
     async def stream(self, request: web.Request, events, num_prompt_tokens: int) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                               "X-Request-Id": self.request_id})
         is_prepared = False
         is_first = True
         try:

@@ -112,11 +112,13 @@ class ClusterView:
             ))
         return snapshots
 
-    def note_assignment(self, role: str, instance_id: str, num_tokens: int, queue_s: float = 0.0) -> None:
-        """This conductor just gave the instance work its next telemetry will include."""
+    def note_assignment(self, role: str, instance_id: str, num_tokens: int, queue_s: float = 0.0,
+                        num_requests: int = 1) -> None:
+        """This conductor just gave the instance work its next telemetry will include (negative
+        amounts take back an assignment that did not happen)."""
         state = self.instances.get((role, instance_id))
         if state is not None:
-            state.num_assigned_since_load += 1
+            state.num_assigned_since_load += num_requests
             state.kv_assigned_since_load += num_tokens
             state.queue_s_assigned_since_load += queue_s
 

@@ -87,10 +87,11 @@ class RequestFlow:
                     span.set_attribute("crescent.rejected", outcome.reason.value)
                     raise RejectedError(outcome)
                 decode_id = outcome.decode.instance_id
+                self._scheduler.record(request, outcome)
                 if await self._reserve(decode_id, request.request_id, request.num_prompt_tokens, request.max_tokens):
                     break
+                self._scheduler.forget(request, outcome)
                 refused.append(decode_id)
-            self._scheduler.record(request, outcome)
             span.set_attribute("crescent.prefill", outcome.prefill.instance_id)
             span.set_attribute("crescent.decode", decode_id)
             span.set_attribute("crescent.prefix_tokens", outcome.prefill.prefix_tokens)

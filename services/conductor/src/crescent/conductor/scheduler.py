@@ -101,16 +101,24 @@ class Scheduler:
         return self.policy.choose(request, snapshot, now)
 
     def record(self, request: ScheduleRequest, decision: Decision) -> None:
-        """The request was placed (its decode room reserved): account for it until it ends."""
+        """Account for a placed request at once, before any await, so concurrent requests see
+        the queue it adds; `forget` undoes it if its decode reservation is refused."""
         now = self.clock()
         self.index.record_hits(request.block_hashes, now)
-        self.num_prompt_tokens += request.num_prompt_tokens
-        self.num_hit_tokens += decision.prefill.prefix_tokens
-        self.view.note_assignment("prefill", decision.prefill.instance_id, request.num_prompt_tokens,
-                                  decision.prefill.prefill_s)
-        self.view.note_assignment("decode", decision.decode.instance_id, request.num_kv_tokens)
+        self._assign(request, decision, sign=1)
         self.inflight[request.request_id] = InflightRequest(
             decision.decode.instance_id, request.num_kv_tokens, now + decision.prefill.predicted_ttft_s, False)
+
+    def forget(self, request: ScheduleRequest, decision: Decision) -> None:
+        self._assign(request, decision, sign=-1)
+        self.inflight.pop(request.request_id, None)
+
+    def _assign(self, request: ScheduleRequest, decision: Decision, sign: int) -> None:
+        self.num_prompt_tokens += sign * request.num_prompt_tokens
+        self.num_hit_tokens += sign * decision.prefill.prefix_tokens
+        self.view.note_assignment("prefill", decision.prefill.instance_id, sign * request.num_prompt_tokens,
+                                  sign * decision.prefill.prefill_s, sign)
+        self.view.note_assignment("decode", decision.decode.instance_id, sign * request.num_kv_tokens, 0.0, sign)
 
     def on_decode_started(self, request_id: str) -> None:
         request = self.inflight.get(request_id)
