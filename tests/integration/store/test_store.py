@@ -12,6 +12,7 @@ from crescent.common.bus import Bus
 from crescent.common.errors import RemoteError
 from crescent.common.etcd import connect_etcd
 from crescent.common.hashing import block_hashes
+from crescent.common.messages import InstanceLoad
 from crescent.common.store_messages import (
     AllocBlocks,
     BlockSlots,
@@ -193,6 +194,10 @@ async def test_replicate_pulls_blocks_from_another_node(stores, client_factory):
     assert count == 6 and got == data
     await wait_until(lambda: client.lookup_prefix(MODEL, hashes), 5, "index")
     assert await client.lookup_prefix(MODEL, hashes) == {"n1": 6, "n2": 6}
+    # n2's telemetry reports the bandwidth its pull from n1 achieved (the conductor's T_transfer).
+    loads = []
+    await client._bus.subscribe(client._subjects.telemetry("store", "store-n2"), InstanceLoad, loads.append)
+    await wait_until(lambda: loads and loads[-1].bandwidth.get("n1", 0) > 0, 5, "bandwidth in telemetry")
 
 
 async def test_killed_store_vanishes_from_etcd_and_others_are_unaffected(stores, client_factory):

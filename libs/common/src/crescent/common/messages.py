@@ -48,6 +48,9 @@ class InstanceLoad(Message):
     kv_used_tokens: int = 0
     kv_capacity_tokens: int = 0
     num_context_tokens: int = 0  # decode: context of the running batch (what a step's time depends on)
+    recent_ttft_s: float = 0.0  # prefill: mean measured queue + compute time of recent jobs
+    recent_tbt_s: float = 0.0  # decode: mean measured step time of recent steps
+    bandwidth: dict[str, float] = {}  # store: measured bytes/s of recent pulls, by source node
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -88,7 +88,7 @@ class Conductor:
         runtime.tasks.spawn("blocks-watch", blocks.run())
         if self.settings.hot_spot_period_s > 0:
             runtime.tasks.spawn("hot-spot-replication", self._replicate_hot_blocks())
-        await runtime.bus.subscribe(runtime.subjects.telemetry_all(), InstanceLoad, self.view.apply_load)
+        await runtime.bus.subscribe(runtime.subjects.telemetry_all(), InstanceLoad, self._on_load)
         timeouts = FlowTimeouts(reserve_s=self.settings.reserve_timeout_s, prefill_s=self.settings.prefill_timeout_s,
                                 start_s=self.settings.start_timeout_s, token_gap_s=self.settings.token_timeout_s)
         self._flow = RequestFlow(runtime.bus, runtime.subjects, self.scheduler, timeouts, self.tokenizer.eos_token_id)
@@ -102,6 +102,12 @@ class Conductor:
     def instance_info(self) -> InstanceInfo:
         return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             http_url=self._runtime.http_url, started_at=time.time())
+
+    def _on_load(self, load: InstanceLoad) -> None:
+        self.view.apply_load(load)
+        for source_node, bytes_per_s in load.bandwidth.items():
+            if bytes_per_s > 0:
+                self.scheduler.bandwidth.set(source_node, load.node, bytes_per_s)
 
     def health(self) -> dict:
         now = time.monotonic()

@@ -82,6 +82,7 @@ class StoreDaemon:
         self.metadata: MetadataWriter | None = None
         self._lock = asyncio.Lock()
         self._runtime: Runtime | None = None
+        self.pull_rate: dict[str, float] = {}  # source node → recent bytes/s of replication pulls
         self._handlers = {
             AllocBlocks: self.alloc, CommitBlocks: self.commit, AbortBlocks: self.abort,
             LookupBlocks: self.lookup, PinBlocks: self.pin, UnpinBlocks: self.unpin,
@@ -129,7 +130,8 @@ class StoreDaemon:
 
     def load(self) -> InstanceLoad:
         return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
-                            sent_at=time.time(), period_s=self.settings.telemetry_period_s)
+                            sent_at=time.time(), period_s=self.settings.telemetry_period_s,
+                            bandwidth=dict(self.pull_rate))
 
     async def drain(self) -> None:
         """Runs after the lease is revoked (block metadata gone): release memory and files."""
@@ -268,7 +270,9 @@ class StoreDaemon:
             remote = dict(zip(pinned.hashes, pinned.offsets))
             entries = [TransferEntry(Op.READ, self.segment_name, offset, pinned.segment, remote[h], self.block_bytes)
                        for h, offset in zip(slots.allocated, slots.offsets)]
+            started = time.monotonic()
             result = await self.transfer.transfer(entries, timeout=timeout_s)
+            self._note_rate(request.source_node, len(entries) * self.block_bytes, time.monotonic() - started)
             if not result.is_ok:
                 await self.abort(AbortBlocks(model=request.model, hashes=slots.allocated))
                 raise ReplicationFailed(request.source_node, result.failed()[0][1])
@@ -277,6 +281,13 @@ class StoreDaemon:
             await bus.request(source, UnpinBlocks(model=request.model, hashes=pinned.hashes), Done, timeout_s)
         return ReplicateReply(num_copied=len(slots.allocated),
                               num_present=len(request.hashes) - len(missing) + len(slots.existing))
+
+    def _note_rate(self, source_node: str, num_bytes: int, seconds: float) -> None:
+        """What the conductor's T_transfer uses: a moving average of achieved pull bandwidth."""
+        if num_bytes and seconds > 0:
+            rate = num_bytes / seconds
+            old = self.pull_rate.get(source_node)
+            self.pull_rate[source_node] = rate if old is None else 0.8 * old + 0.2 * rate
 
     async def stats(self, request: StoreStatsRequest) -> StoreStats:
         return StoreStats(node=self.settings.node, instance_id=self._runtime.instance_id,
