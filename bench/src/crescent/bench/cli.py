@@ -14,9 +14,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     control.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
     control.add_argument("--max-tokens", type=int, default=8, help="tokens per request (default 8)")
     transfer = benches.add_parser("transfer", help="shm and tcp GB/s against memcpy and loopback limits")
+    store = benches.add_parser("store", help="store put/get GB/s against Mooncake Store, client and store in separate processes")
+    store.add_argument("--repeat", type=int, default=5, help="timed rounds per case; the median is reported (default 5)")
+    store.add_argument("--batch-mib", type=int, default=16, help="MiB per put/get batch (default 16)")
+    store.add_argument("--skip-mooncake", action="store_true", help="measure Crescent only")
     schedule = benches.add_parser("schedule", help="scheduling decision time per request (kv-centric vs least-loaded)")
     schedule.add_argument("--repeat", type=int, default=200, help="requests per case (default 200)")
-    for sub in (control, transfer, schedule):
+    for sub in (control, transfer, store, schedule):
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
 
@@ -25,6 +29,11 @@ def run(args: argparse.Namespace) -> int:
         from crescent.bench.control_plane import run_control_plane_bench
 
         result = run_control_plane_bench(args.requests, args.concurrency, args.max_tokens)
+    elif args.bench == "store":
+        from crescent.bench.store_bench import run_store_bench
+
+        result = run_store_bench(repeat=args.repeat, batch_bytes=args.batch_mib << 20,
+                                 include_mooncake=not args.skip_mooncake)
     elif args.bench == "schedule":
         from crescent.bench.schedule_bench import run_schedule_bench
 

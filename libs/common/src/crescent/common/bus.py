@@ -72,6 +72,13 @@ class Bus:
         reconnects forever (it would also retry the first connection forever, hence the
         outer deadline)."""
         attempts = 0
+        bus: Bus | None = None
+
+        async def on_disconnected() -> None:
+            if bus is not None and bus._is_draining:
+                log.info("NATS connection closed")
+            else:
+                log.warning("NATS disconnected")
 
         async def on_error(exc: Exception) -> None:
             nonlocal attempts
@@ -87,12 +94,13 @@ class Bus:
                 max_reconnect_attempts=-1,
                 reconnect_time_wait=0.5,
                 error_cb=on_error,
-                disconnected_cb=_log_disconnected,
+                disconnected_cb=on_disconnected,
                 reconnected_cb=_log_reconnected,
             ), timeout_s)
         except (asyncio.TimeoutError, OSError, nats.errors.Error) as exc:
             raise UnreachableError("NATS", url, max(attempts, 1), repr(exc)) from exc
-        return cls(client)
+        bus = cls(client)
+        return bus
 
     @property
     def is_connected(self) -> bool:
@@ -193,10 +201,6 @@ class Bus:
                 task.cancel()
         if not self._client.is_closed:
             await self._client.close()
-
-
-async def _log_disconnected() -> None:
-    log.warning("NATS disconnected")
 
 
 async def _log_reconnected() -> None:

@@ -9,6 +9,7 @@ staging segment and the data plane (tcp, or rdma where there is a NIC).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,6 +41,9 @@ from crescent.transfer.hostinfo import host_id
 from crescent.transfer.segment import ShmMapping
 
 
+log = logging.getLogger(__name__)
+
+
 class StoreClientError(RecoverableError):
     pass
 
@@ -63,6 +67,7 @@ class StoreClient:
         self.directory = SegmentDirectory()
         self._indexes: dict[str, BlockIndex] = {}
         self._mappings: dict[str, ShmMapping] = {}
+        self._unmappable: set[str] = set()
         self._host_id = host_id()
         self._transfer: TransferEngine | None = None
         self._staging: ShmSegment | None = None
@@ -111,7 +116,11 @@ class StoreClient:
             return None
         try:
             mapping = ShmMapping(endpoint.shm_name, descriptor.size, endpoint.device, endpoint.inode)
-        except OSError:
+        except OSError as exc:
+            if segment not in self._unmappable:
+                self._unmappable.add(segment)
+                log.warning("cannot map a same-host store segment; using the data plane",
+                            extra={"segment": segment, "error": repr(exc)})
             return None
         self._mappings[segment] = mapping
         return mapping

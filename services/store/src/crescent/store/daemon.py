@@ -107,7 +107,6 @@ class StoreDaemon:
         self.transfer = TransferEngine(self.directory, config)
         await self.transfer.start()
         descriptor = self.transfer.register(self.segment)
-        await runtime.leased.put(runtime.keys.segments(settings.node), encode_segments([descriptor]))
         segments = PrefixMirror(runtime.etcd, runtime.keys.segments(""), self.directory.apply)
         await segments.load()
         runtime.tasks.spawn("segments-watch", segments.run())
@@ -117,6 +116,8 @@ class StoreDaemon:
         runtime.tasks.spawn("expire", self._expire_loop())
         await runtime.bus.serve(runtime.subjects.store_ctl(settings.node), StoreRequest | StoreStatsRequest,
                                 self.handle)
+        # Published last: whoever finds the segment in etcd can already talk to this store.
+        await runtime.leased.put(runtime.keys.segments(settings.node), encode_segments([descriptor]))
 
     async def handle(self, request):
         return await self._handlers[type(request)](request)
@@ -249,6 +250,7 @@ class StoreDaemon:
                     continue
                 self.metadata.delete(*key)
                 evicted.append(key[1])
+        await self.metadata.sync()
         return EvictReply(evicted=evicted, kept=kept)
 
     async def replicate(self, request: ReplicateBlocks) -> ReplicateReply:

@@ -2,9 +2,10 @@
 the store's lease, so a dead store's blocks vanish with it and a busy store does not issue
 one etcd round trip per block.
 
-Changes to one key within a batch collapse to the last one. `sync()` returns once everything
-queued before it is in etcd: the store answers a commit only after that, so a block the
-caller was told is stored is also findable.
+Changes to one key within a batch collapse to the last one; changes nobody waits for are held
+up to `interval_s` to batch more. `sync()` returns once everything queued before it is in
+etcd, and writes at once: the store answers a commit only after that, so a block the caller was
+told is stored is also findable, without the commit paying for the batching delay.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class MetadataWriter:
         self._interval_s = interval_s
         self._pending: dict[str, bytes | None] = {}  # key → value, None = delete
         self._wake = asyncio.Event()
+        self._urgent = asyncio.Event()  # someone waits in sync(): write now, do not batch longer
         self._written = asyncio.Condition()
         self._generation = 0  # batches queued so far
         self._flushed = 0  # batches in etcd so far
@@ -60,14 +62,21 @@ class MetadataWriter:
 
     async def sync(self, timeout_s: float = 10.0) -> None:
         target = self._generation + (1 if self._pending else 0)
+        if self._pending:
+            self._urgent.set()
         async with self._written:
             await asyncio.wait_for(self._written.wait_for(lambda: self._flushed >= target), timeout_s)
 
     async def run(self) -> None:
         while True:
             await self._wake.wait()
-            await asyncio.sleep(self._interval_s)
+            if not self._urgent.is_set():
+                try:
+                    await asyncio.wait_for(self._urgent.wait(), self._interval_s)
+                except asyncio.TimeoutError:
+                    pass
             self._wake.clear()
+            self._urgent.clear()
             batch, self._pending = self._pending, {}
             self._generation += 1
             generation = self._generation
