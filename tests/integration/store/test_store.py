@@ -228,3 +228,18 @@ async def test_killed_store_vanishes_from_etcd_and_others_are_unaffected(stores,
     assert await client.put_blocks(MODEL, "n1", hashes, data) == 3
     count, got = await read_back(client, "n1", hashes)
     assert count == 3 and got == data
+
+
+async def test_two_writers_of_the_same_blocks_never_double_allocate(stores, client_factory):
+    """Two conductors' requests may write one prefix at once: one allocation wins, the other
+    writer is told the blocks exist, and what is stored is one writer's bytes, whole."""
+    stores.start("n1")
+    first, second = await client_factory("w1"), await client_factory("w2")
+    await wait_for_segment(first, "n1")
+    await wait_for_segment(second, "n1")
+    hashes, data = blocks(8)
+    written = await asyncio.gather(first.put_blocks(MODEL, "n1", hashes, data),
+                                   second.put_blocks(MODEL, "n1", hashes, data))
+    assert sum(written) == 8
+    count, got = await read_back(first, "n1", hashes)
+    assert count == 8 and got == data
