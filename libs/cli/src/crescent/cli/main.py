@@ -7,6 +7,8 @@ import sys
 
 from crescent.bench import cli as bench_cli
 from crescent.cluster import up
+from crescent.engine import model_cli
+from crescent.engine.vllm import profile as profile_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +20,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser = commands.add_parser("bench", help="run a benchmark and write its JSON")
     bench_cli.add_arguments(bench_parser)
     bench_parser.set_defaults(run=bench_cli.run)
+    model_parser = commands.add_parser("model", help="build or check a model checkpoint")
+    model_cli.add_arguments(model_parser)
+    model_parser.set_defaults(run=model_cli.run)
+    profile_parser = commands.add_parser("profile", help="profile the vllm engine and write its fitted time models")
+    profile_cli.add_arguments(profile_parser)
+    profile_parser.set_defaults(run=profile_cli.run)
     return parser
 
 

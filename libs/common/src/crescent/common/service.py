@@ -105,6 +105,8 @@ class Runtime:
         self.etcd = await connect_etcd(self.settings.etcd_url, self.settings.connect_timeout_s)
         self.leased = LeasedKeys(self.etcd, self.settings.lease_ttl_s)
         await self.leased.start()
+        # Kept alive from now on: a service may take longer to start (a model loading) than the TTL.
+        self.tasks.spawn("lease-keepalive", self.leased.run())
 
     async def start_http(self) -> None:
         self._http_runner = web.AppRunner(self.http_app, access_log=None, handler_cancellation=True)
@@ -117,7 +119,6 @@ class Runtime:
 
     async def register(self, info: InstanceInfo) -> None:
         await self.leased.put(self.keys.instance(self.role, self.instance_id), encode(info))
-        self.tasks.spawn("lease-keepalive", self.leased.run())
 
     def start_telemetry(self, load: Callable[[], InstanceLoad]) -> None:
         self.tasks.spawn("telemetry", self._publish_telemetry(load))

@@ -9,13 +9,11 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from crescent.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, DecodeStep, PrefillOutput
 from crescent.engine.cost_model import CostModel
 
 log = logging.getLogger(__name__)
 
-FINISH_LENGTH = "length"
-FINISH_STOP = "stop"
-FINISH_ABORT = "abort"
 
 
 def emulated_token(previous: int, position: int) -> int:
@@ -23,14 +21,6 @@ def emulated_token(previous: int, position: int) -> int:
     if position % 6 == 5:
         return ord(" ")
     return ord("a") + (previous * 131 + position * 31) % 26
-
-
-@dataclass
-class PrefillOutput:
-    first_token: int
-    num_computed_tokens: int
-    num_cached_tokens: int
-    compute_s: float
 
 
 class EmulatedPrefillEngine:
@@ -42,18 +32,13 @@ class EmulatedPrefillEngine:
     def predict_s(self, num_tokens: int, num_cached: int = 0) -> float:
         return self.cost.prefill_s(num_tokens, num_cached)
 
-    async def prefill(self, token_ids: Sequence[int]) -> PrefillOutput:
+    async def prefill(self, token_ids: Sequence[int], request_id: str = "", sampling=None,
+                      save_to: Sequence[str] = ()) -> PrefillOutput:
         seconds = self.predict_s(len(token_ids))
         await asyncio.sleep(seconds)
         first = emulated_token(sum(token_ids), len(token_ids))
         return PrefillOutput(first_token=first, num_computed_tokens=len(token_ids),
                              num_cached_tokens=0, compute_s=seconds)
-
-
-@dataclass
-class DecodeStep:
-    token_ids: list[int]
-    finish_reason: str | None = None
 
 
 @dataclass
@@ -86,7 +71,7 @@ class EmulatedDecodeEngine:
         return self.cost.decode_step_s(self.num_running + extra_batch, self.num_context_tokens + extra_context)
 
     async def generate(self, request_id: str, token_ids: Sequence[int], first_token: int, max_new_tokens: int,
-                       stop_token_ids: Sequence[int] = ()) -> AsyncIterator[DecodeStep]:
+                       stop_token_ids: Sequence[int] = (), sampling=None) -> AsyncIterator[DecodeStep]:
         """Tokens after `first_token`, one DecodeStep per batch step, until a stop or the limit."""
         if max_new_tokens < 1:
             yield DecodeStep([], FINISH_LENGTH)

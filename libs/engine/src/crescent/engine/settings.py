@@ -6,24 +6,42 @@ from dataclasses import dataclass
 
 from crescent.common.config import CommonSettings, setting
 from crescent.common.errors import ConfigError
-from crescent.engine.cost_model import CostModel, ModelDims
+from crescent.engine.device_settings import EmulatedDevice
 
-ENGINES = ("emulated",)
+ENGINES = ("emulated", "vllm")
 
 
 @dataclass
-class EngineSettings(CommonSettings):
+class EngineSettings(EmulatedDevice, CommonSettings):
     """Settings of a worker that hosts an engine: which engine, which model, emulated device."""
 
-    engine: str = setting("emulated", "engine backend: emulated (cost model, no weights)")
-    model: str = setting("crescent-emulated", "model name this instance serves (the API's `model`)")
-    max_model_len: int = setting(32768, "longest prompt + output in tokens")
-    emulated_layers: int = setting(32, "emulated model: number of layers l")
-    emulated_hidden_size: int = setting(4096, "emulated model: model dimension d")
-    emulated_gqa: int = setting(1, "emulated model: query heads per KV head")
-    emulated_tflops: float = setting(100.0, "emulated device: sustained TFLOP/s")
-    emulated_memory_gbps: float = setting(1500.0, "emulated device: memory bandwidth in GB/s")
-    emulated_time_scale: float = setting(1.0, "multiplies emulated compute time; 0 = instant (control-plane benchmarks)")
+    engine: str = setting("emulated", "engine backend: emulated (cost model, no weights) or vllm (a real model)")
+    model: str = setting("crescent-emulated", "emulated: the model name served; vllm: a local Hugging Face "
+                                              "checkpoint directory (Llama family)")
+    served_model_name: str = setting("", "the API's `model` name (empty: --model for emulated, the "
+                                         "checkpoint directory's name for vllm)")
+    max_model_len: int = setting(32768, "longest prompt + output in tokens (vllm: at most the model's context)")
+    block_size: int = setting(512, "tokens per KV block in the store (cluster config: the conductor's "
+                                   "--block-size; a multiple of --vllm-block-size)")
+    vllm_block_size: int = setting(32, "vllm: tokens per paged KV block inside vLLM (CPU build: a multiple of 32)")
+    vllm_kv_cache_gib: int = setting(1, "vllm: GiB of paged KV cache (CPU build: VLLM_CPU_KVCACHE_SPACE)")
+    vllm_max_num_seqs: int = setting(64, "vllm: most requests in one running batch")
+    vllm_max_num_batched_tokens: int = setting(2048, "vllm: most tokens in one step (chunked prefill above)")
+    vllm_prefix_caching: bool = setting(True, "vllm: keep vLLM's own prefix cache in front of the store")
+    vllm_connector: bool = setting(True, "vllm: load prefixes from and save new KV to the store "
+                                         "(CrescentConnector); off: every prompt is recomputed")
+    vllm_enforce_eager: bool = setting(True, "vllm: no torch.compile / CUDA graphs (fast start; on GPUs turn off "
+                                             "for speed)")
+    vllm_seed: int = setting(0, "vllm: sampling seed")
+    kv_timeout_s: float = setting(10.0, "vllm: deadline of one store operation of the connector; a load that "
+                                        "misses it is recomputed")
+    drain_timeout_s: float = setting(30.0, "on SIGTERM, how long running requests may finish before they are aborted")
+    kv_use_mapping: bool = setting(True, "vllm: map stores on this host and copy KV in place; off: every "
+                                         "store is reached over the data plane (tcp), as a remote one")
+    kv_event_log: str = setting("", "vllm: append the connector's per-layer load/save timestamps to this "
+                                    "JSONL file (tests, debugging)")
+    kv_fault: str = setting("", "vllm, testing only: inject a store fault (evict_after_lookup: the store "
+                                "loses block 1 of a prefix between the connector's lookup and its load)")
 
     def validate(self) -> None:
         super().validate()
@@ -31,11 +49,23 @@ class EngineSettings(CommonSettings):
             raise ConfigError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if self.emulated_time_scale < 0 or self.emulated_tflops <= 0 or self.emulated_memory_gbps <= 0:
-            raise ConfigError("emulated_time_scale must be >= 0 and device speeds > 0")
+        self.validate_device()
+        if self.block_size < 1:
+            raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
+        if self.engine == "vllm":
+            if self.vllm_block_size < 1 or self.block_size % self.vllm_block_size:
+                raise ConfigError(f"block_size ({self.block_size}) must be a multiple of vllm_block_size "
+                                  f"({self.vllm_block_size})")
+            if self.vllm_kv_cache_gib <= 0 or self.kv_timeout_s <= 0:
+                raise ConfigError("vllm_kv_cache_gib and kv_timeout_s must be > 0")
+            if self.kv_fault not in ("", "evict_after_lookup"):
+                raise ConfigError(f"kv_fault must be empty or evict_after_lookup, got {self.kv_fault!r}")
 
-    def cost_model(self) -> CostModel:
-        dims = ModelDims(num_layers=self.emulated_layers, hidden_size=self.emulated_hidden_size,
-                         gqa=self.emulated_gqa)
-        return CostModel(dims=dims, flops_per_s=self.emulated_tflops * 1e12,
-                         memory_bytes_per_s=self.emulated_memory_gbps * 1e9, time_scale=self.emulated_time_scale)
+    @property
+    def model_name(self) -> str:
+        """The name clients ask for, and the model id in block hashes."""
+        if self.served_model_name:
+            return self.served_model_name
+        if self.engine == "vllm":
+            return self.model.rstrip("/").rsplit("/", 1)[-1]
+        return self.model

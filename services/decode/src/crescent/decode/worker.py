@@ -22,7 +22,8 @@ from crescent.common.messages import (
 from crescent.common.service import Runtime
 from crescent.common.tracing import tracer
 from crescent.decode.admission import KvLedger
-from crescent.engine.emulated import FINISH_ABORT, EmulatedDecodeEngine
+from crescent.engine.base import FINISH_ABORT
+from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,8 @@ log = logging.getLogger(__name__)
 class DecodeSettings(EngineSettings):
     """Settings of a decode worker: engine settings plus its KV room and drain deadline."""
 
-    kv_capacity_tokens: int = setting(262144, "KV room in tokens (prompt + output) this instance admits")
-    drain_timeout_s: float = setting(30.0, "on SIGTERM, how long running requests may finish before they are aborted")
+    kv_capacity_tokens: int = setting(262144, "KV room in tokens (prompt + output) this instance admits "
+                                              "(vllm: at most the engine's paged KV)")
 
     def validate(self) -> None:
         super().validate()
@@ -50,7 +51,7 @@ class DecodeWorker:
 
     def __init__(self, settings: DecodeSettings) -> None:
         self.settings = settings
-        self.engine = EmulatedDecodeEngine(settings.cost_model())
+        self.engine = build_engine(settings, self.role)
         self.ledger = KvLedger(settings.kv_capacity_tokens)
         self._generations: dict[str, asyncio.Task] = {}
         self._runtime: Runtime | None = None
@@ -58,35 +59,58 @@ class DecodeWorker:
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
         subjects, instance_id = runtime.subjects, runtime.instance_id
-        runtime.tasks.spawn("decode-batch", self.engine.run())
+        if self.is_vllm:
+            await self.engine.start()
+            self.ledger.capacity_tokens = min(self.settings.kv_capacity_tokens, self.engine.kv_capacity_tokens)
+        else:
+            runtime.tasks.spawn("decode-batch", self.engine.run())
         await runtime.bus.serve(subjects.decode_reserve(instance_id), Reservation, self.reserve)
         await runtime.bus.serve(subjects.decode_start(instance_id), DecodeStart, self.start_request)
         await runtime.bus.serve(subjects.decode_cancel(instance_id), DecodeCancel, self.cancel)
 
+    @property
+    def is_vllm(self) -> bool:
+        return self.settings.engine == "vllm"
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len if self.is_vllm else self.settings.max_model_len
+
     def instance_info(self) -> InstanceInfo:
         return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
-                            model=self.settings.model, http_url=self._runtime.http_url,
-                            max_model_len=self.settings.max_model_len,
-                            kv_capacity_tokens=self.settings.kv_capacity_tokens, started_at=time.time())
+                            model=self.settings.model_name, http_url=self._runtime.http_url,
+                            max_model_len=self.max_model_len,
+                            kv_capacity_tokens=self.ledger.capacity_tokens, started_at=time.time())
 
     def health(self) -> dict:
-        return {"num_running": self.engine.num_running, "kv_used_tokens": self.ledger.used_tokens}
+        details = {"num_running": self.engine.num_running, "kv_used_tokens": self.ledger.used_tokens,
+                   "engine": self.settings.engine}
+        if self.is_vllm:
+            stats = self.engine.stats
+            details.update(num_waiting=stats.num_waiting, kv_usage=round(stats.kv_usage, 4))
+        return details
 
     def load(self) -> InstanceLoad:
+        """Emulated: the ledger's view. vllm: vLLM's running batch, its waiting queue (plus
+        reservations not yet started) and its paged KV in use."""
         self.ledger.expire(time.monotonic())
+        num_queued, kv_used = len(self.ledger.reserved), self.ledger.used_tokens
+        if self.is_vllm:
+            stats = self.engine.stats
+            num_queued += stats.num_waiting
+            kv_used = max(kv_used, int(stats.kv_usage * self.engine.kv_capacity_tokens))
         return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
-                            num_queued=len(self.ledger.reserved), num_running=self.engine.num_running,
-                            kv_used_tokens=self.ledger.used_tokens,
-                            kv_capacity_tokens=self.settings.kv_capacity_tokens,
+                            num_queued=num_queued, num_running=self.engine.num_running,
+                            kv_used_tokens=kv_used, kv_capacity_tokens=self.ledger.capacity_tokens,
                             num_context_tokens=self.engine.num_context_tokens)
 
     async def reserve(self, reservation: Reservation) -> ReservationReply:
         need = reservation.num_prompt_tokens + reservation.max_tokens
         now = time.monotonic()
-        if need > self.settings.max_model_len:
+        if need > self.max_model_len:
             return ReservationReply(request_id=reservation.request_id, accepted=False,
-                                    reason=f"{need} tokens exceed max_model_len {self.settings.max_model_len}")
+                                    reason=f"{need} tokens exceed max_model_len {self.max_model_len}")
         if not self.ledger.can_reserve(need, now):
             return ReservationReply(request_id=reservation.request_id, accepted=False,
                                     reason=f"no KV room: {self.ledger.used_tokens} of "
@@ -113,9 +137,12 @@ class DecodeWorker:
         try:
             with tracer().start_as_current_span("decode.generate") as span:
                 steps = self.engine.generate(start.request_id, start.token_ids, start.first_token,
-                                             start.max_tokens - 1, start.sampling.stop_token_ids)
+                                             start.max_tokens - 1, start.sampling.stop_token_ids,
+                                             sampling=start.sampling)
                 num_tokens = 0
                 async for step in steps:
+                    if step.num_cached_tokens is not None:
+                        span.set_attribute("crescent.num_cached_tokens", step.num_cached_tokens)
                     num_tokens += len(step.token_ids)
                     await self._runtime.bus.publish(subject, TokenChunk(
                         request_id=start.request_id, seq=seq, token_ids=step.token_ids,
@@ -140,6 +167,8 @@ class DecodeWorker:
         """Let running requests finish within drain_timeout_s, then abort the rest."""
         running = list(self._generations.values())
         if not running:
+            if self.is_vllm:
+                await self.engine.close()
             return
         log.info("draining", extra={"num_running": len(running)})
         _, unfinished = await asyncio.wait(running, timeout=self.settings.drain_timeout_s)
@@ -147,3 +176,5 @@ class DecodeWorker:
             self.engine.abort(request_id)
         if unfinished:
             await asyncio.wait(unfinished, timeout=5.0)
+        if self.is_vllm:
+            await self.engine.close()

@@ -2,6 +2,9 @@
 
 The queue's predicted drain time is what the conductor needs to estimate T_queue, so the
 worker keeps each queued job's predicted prefill time and publishes their sum.
+
+With the vllm engine, each job's full prompt blocks go to the store on the decode instance's
+node (and this node's, for later reuse), layer by layer while the prompt computes.
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ import asyncio
 import logging
 import time
 
-from crescent.common.errors import RecoverableError
+from crescent.common.codec import decode
+from crescent.common.errors import FatalError, MessageError, RecoverableError
 from crescent.common.messages import InstanceInfo, InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.service import Runtime
+from crescent.common.store_messages import PinBlocks, PinnedBlocks
 from crescent.common.tracing import tracer
-from crescent.engine.emulated import EmulatedPrefillEngine
+from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -24,39 +29,91 @@ class JobRejected(RecoverableError):
     """A job this instance will not run (wrong model, too long)."""
 
 
+async def check_store_block_bytes(runtime: Runtime, node: str, model: str, expected: int, timeout_s: float) -> None:
+    """The store on `node` must hold blocks of exactly this model's size; no store there is
+    only a warning (every prompt is then computed in full)."""
+    try:
+        pinned = await runtime.bus.request(runtime.subjects.store_ctl(node), PinBlocks(model=model, hashes=[]),
+                                           PinnedBlocks, timeout_s)
+    except RecoverableError as exc:
+        log.warning("no store answers on this node; prompts are computed in full",
+                    extra={"node": node, "error": str(exc)})
+        return
+    if pinned.block_bytes != expected:
+        raise FatalError(f"the store on node {node} has {pinned.block_bytes}-byte blocks; this model needs "
+                         f"{expected} (start the store with --block-bytes {expected})")
+
+
 class PrefillWorker:
     role = "prefill"
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
-        self.engine = EmulatedPrefillEngine(settings.cost_model())
+        self.engine = build_engine(settings, self.role)
+        self.cost = settings.cost_model()
         self._predicted_s: dict[str, float] = {}  # queued or running job → predicted prefill time
         self._turn = asyncio.Lock()  # FIFO: asyncio.Lock wakes waiters in arrival order
+        self._decode_nodes: dict[str, str] = {}
         self._runtime: Runtime | None = None
+
+    @property
+    def is_vllm(self) -> bool:
+        return self.settings.engine == "vllm"
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len if self.is_vllm else self.settings.max_model_len
 
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        if self.is_vllm:
+            if self.settings.vllm_connector:
+                await check_store_block_bytes(runtime, self.settings.node, self.settings.model_name,
+                                              self.engine.store_block_bytes, self.settings.kv_timeout_s)
+            await self.engine.start()
         await runtime.bus.serve(runtime.subjects.prefill_job(runtime.instance_id), PrefillJob, self.run_job)
 
     def instance_info(self) -> InstanceInfo:
         return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
-                            model=self.settings.model, http_url=self._runtime.http_url,
-                            max_model_len=self.settings.max_model_len, started_at=time.time())
+                            model=self.settings.model_name, http_url=self._runtime.http_url,
+                            max_model_len=self.max_model_len, started_at=time.time())
 
     def health(self) -> dict:
-        return {"num_queued": len(self._predicted_s)}
+        return {"num_queued": len(self._predicted_s), "engine": self.settings.engine}
 
     def load(self) -> InstanceLoad:
         return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
                             num_queued=len(self._predicted_s), queue_time_s=sum(self._predicted_s.values()))
 
+    async def _decode_node(self, job: PrefillJob) -> str:
+        """The node of the job's decode instance: from the job, else its registry entry."""
+        if job.decode_node or not job.decode_instance:
+            return job.decode_node
+        if job.decode_instance not in self._decode_nodes:
+            key = self._runtime.keys.instance("decode", job.decode_instance)
+            entry = await self._runtime.etcd.get(key.encode())
+            if entry is None:
+                log.warning("decode instance not registered; its node gets no KV",
+                            extra={"decode": job.decode_instance})
+                return ""
+            try:
+                self._decode_nodes[job.decode_instance] = decode(entry.value, InstanceInfo).node
+            except MessageError as exc:
+                log.warning("bad registry entry", extra={"decode": job.decode_instance, "error": str(exc)})
+                return ""
+        return self._decode_nodes[job.decode_instance]
+
     async def run_job(self, job: PrefillJob) -> PrefillResult:
-        if job.model != self.settings.model:
-            raise JobRejected(f"this instance serves {self.settings.model!r}, not {job.model!r}")
-        if not 0 < len(job.token_ids) <= self.settings.max_model_len:
-            raise JobRejected(f"prompt of {len(job.token_ids)} tokens is outside 1..{self.settings.max_model_len}")
-        self._predicted_s[job.request_id] = self.engine.predict_s(len(job.token_ids))
+        if job.model != self.settings.model_name:
+            raise JobRejected(f"this instance serves {self.settings.model_name!r}, not {job.model!r}")
+        if not 0 < len(job.token_ids) <= self.max_model_len:
+            raise JobRejected(f"prompt of {len(job.token_ids)} tokens is outside 1..{self.max_model_len}")
+        save_to: list[str] = []
+        if self.is_vllm:
+            decode_node = await self._decode_node(job)
+            save_to = list(dict.fromkeys(n for n in (decode_node, self.settings.node) if n))
+        self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids))
         enqueued = time.monotonic()
         try:
             with tracer().start_as_current_span("prefill.queue") as queue_span:
@@ -66,8 +123,11 @@ class PrefillWorker:
                 started = time.monotonic()
                 with tracer().start_as_current_span("prefill.compute") as span:
                     span.set_attribute("crescent.num_prompt_tokens", len(job.token_ids))
-                    output = await self.engine.prefill(job.token_ids)
+                    span.set_attribute("crescent.kv_targets", ",".join(save_to))
+                    output = await self.engine.prefill(job.token_ids, request_id=job.request_id,
+                                                       sampling=job.sampling, save_to=save_to)
                     span.set_attribute("crescent.num_computed_tokens", output.num_computed_tokens)
+                    span.set_attribute("crescent.num_cached_tokens", output.num_cached_tokens)
             finally:
                 self._turn.release()
         finally:
@@ -78,4 +138,11 @@ class PrefillWorker:
                              queue_s=started - enqueued, compute_s=time.monotonic() - started)
 
     async def drain(self) -> None:
-        """Jobs already accepted finish: the bus drain waits for their handlers."""
+        """Jobs already accepted finish (the bus drain waits for their handlers); a vllm
+        engine stops once they have, or after drain_timeout_s."""
+        if not self.is_vllm:
+            return
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while self._predicted_s and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.engine.close()

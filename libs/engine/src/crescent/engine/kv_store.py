@@ -1,0 +1,185 @@
+"""The store, as vLLM's synchronous connector code sees it: a StoreClient on its own event
+loop thread, and block operations at the granularity the connector needs (pin once, read one
+layer of many blocks, allocate, write one layer, commit).
+
+vLLM calls its connector from the engine-core process's threads, which run no asyncio loop
+of ours, so every call here hands a coroutine to the bridge loop and waits for it with a
+deadline; nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from crescent.common.bus import Bus
+from crescent.common.errors import RecoverableError
+from crescent.common.etcd import connect_etcd
+from crescent.common.store_messages import (
+    AbortBlocks,
+    AllocBlocks,
+    BlockSlots,
+    CommitBlocks,
+    Done,
+    LookupBlocks,
+    LookupReply,
+    PinBlocks,
+    PinnedBlocks,
+    ReplicateBlocks,
+    ReplicateReply,
+    UnpinBlocks,
+)
+from crescent.store.client import ClientConfig, StoreClient
+from crescent.transfer import Op
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class KvStoreError(RecoverableError):
+    """A store operation of the connector failed or missed its deadline: the blocks involved
+    are recomputed (loads) or simply not stored (saves)."""
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    nats_url: str
+    etcd_url: str
+    cluster: str
+    node: str
+    name: str
+    timeout_s: float = 10.0
+    staging_bytes: int = 16 << 20
+    use_mapping: bool = True  # False: even same-host stores go over the data plane
+
+
+class StoreBridge:
+    """Owns a thread running an event loop with a Bus, an etcd client and a StoreClient."""
+
+    def __init__(self, config: BridgeConfig) -> None:
+        self.config = config
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"crescent-kv {config.name}",
+                                        daemon=True)
+        self._bus: Bus | None = None
+        self._etcd = None
+        self.client: StoreClient | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+        self.call(self._connect(), self.config.timeout_s + 10)
+
+    async def _connect(self) -> None:
+        config = self.config
+        self._bus = await Bus.connect(config.nats_url, config.name, config.timeout_s)
+        self._etcd = await connect_etcd(config.etcd_url, config.timeout_s)
+        client_config = ClientConfig(node=config.node, timeout_s=config.timeout_s,
+                                     staging_bytes=config.staging_bytes, use_mapping=config.use_mapping)
+        self.client = StoreClient(self._bus, self._etcd, config.cluster, client_config)
+        await self.client.start()
+
+    def close(self) -> None:
+        if not self._thread.is_alive():
+            return
+        try:
+            self.call(self._disconnect(), 10)
+        except Exception as exc:  # closing is best effort: the process is going away
+            log.warning("store bridge close failed", extra={"error": repr(exc)})
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    async def _disconnect(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        if self._bus is not None:
+            await self._bus.drain()
+        if self._etcd is not None:
+            await self._etcd.close()
+
+    def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def call(self, coro: Awaitable[T], timeout_s: float | None = None) -> T:
+        """Run `coro` on the bridge loop and wait for it; errors become KvStoreError."""
+        future = self.submit(coro)
+        try:
+            return future.result(timeout_s or self.config.timeout_s)
+        except concurrent.futures.TimeoutError as exc:
+            future.cancel()
+            raise KvStoreError(f"store operation missed its {timeout_s or self.config.timeout_s}s deadline") from exc
+        except KvStoreError:
+            raise
+        except Exception as exc:
+            raise KvStoreError(f"store operation failed: {exc!r}") from exc
+
+
+class BlockOps:
+    """Block-level store operations for the connector (coroutines on the bridge loop).
+
+    These use the StoreClient's control requests and byte mover, one level below its
+    whole-block put_blocks/get_blocks, because the connector pins once and then reads or
+    writes one layer at a time while the model computes the next.
+    """
+
+    def __init__(self, client: StoreClient, model: str, timeout_s: float) -> None:
+        self.client = client
+        self.model = model
+        self.timeout_s = timeout_s
+
+    async def lookup(self, node: str, hashes: Sequence[bytes]) -> int:
+        """How many leading blocks of `hashes` the store on `node` holds right now."""
+        reply = await self.client._ctl(node, LookupBlocks(model=self.model, hashes=list(hashes)), LookupReply)
+        return len(reply.tiers)
+
+    async def best_remote(self, node: str, hashes: Sequence[bytes]) -> tuple[str, int]:
+        """The other node holding the longest prefix of `hashes` (cluster index), and its length."""
+        by_node = await self.client.lookup_prefix(self.model, hashes)
+        by_node.pop(node, None)
+        if not by_node:
+            return "", 0
+        best = max(sorted(by_node), key=lambda n: by_node[n])
+        return best, by_node[best]
+
+    async def replicate(self, source: str, target: str, hashes: Sequence[bytes]) -> ReplicateReply:
+        request = ReplicateBlocks(model=self.model, hashes=list(hashes), source_node=source)
+        return await self.client._ctl(target, request, ReplicateReply)
+
+    async def pin(self, node: str, hashes: Sequence[bytes]) -> PinnedBlocks:
+        request = PinBlocks(model=self.model, hashes=list(hashes), ttl_s=4 * self.timeout_s)
+        return await self.client._ctl(node, request, PinnedBlocks)
+
+    async def unpin(self, node: str, hashes: Sequence[bytes]) -> None:
+        if hashes:
+            await self.client._ctl(node, UnpinBlocks(model=self.model, hashes=list(hashes)), Done)
+
+    async def read(self, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]) -> None:
+        await self.client._move(Op.READ, segment, offsets, buffers)
+
+    async def alloc(self, node: str, hashes: Sequence[bytes]) -> BlockSlots:
+        request = AllocBlocks(model=self.model, hashes=list(hashes), ttl_s=4 * self.timeout_s)
+        return await self.client._ctl(node, request, BlockSlots)
+
+    def mapped(self, segment: str) -> memoryview | None:
+        """The store segment's memory, when it lives on this host (then bytes are copied in
+        place, in the caller's thread); None for a store reached over the data plane."""
+        mapping = self.client._mapping(segment)
+        return mapping.view if mapping is not None else None
+
+    async def write(self, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]) -> None:
+        await self.client._move(Op.WRITE, segment, offsets, buffers)
+
+    async def commit(self, node: str, hashes: Sequence[bytes]) -> None:
+        if hashes:
+            await self.client._ctl(node, CommitBlocks(model=self.model, hashes=list(hashes)), Done)
+
+    async def evict(self, node: str, hashes: Sequence[bytes]) -> None:
+        await self.client.evict(self.model, node, hashes)
+
+    async def abort(self, node: str, hashes: Sequence[bytes]) -> None:
+        if hashes:
+            await self.client._ctl(node, AbortBlocks(model=self.model, hashes=list(hashes)), Done)

@@ -1,0 +1,119 @@
+"""CrescentConnector: vLLM's KV connector (KVConnectorBase_V1) backed by Crescent's stores.
+
+Scheduler side (engine-core thread): `get_num_new_matched_tokens` asks this node's store how
+many leading blocks of the prompt it holds; when another node holds more (cluster block index)
+and remote loads are on, the load is asynchronous: the blocks are replicated into this node's
+store over the data plane, then copied into vLLM's paged KV while the request waits. The plan
+of each step (what to load, which new full blocks to save where) travels to the worker side
+in CrescentMetadata.
+
+Worker side (same process, inside the forward pass): sync loads pin their blocks once and read
+them layer by layer on the bridge loop, so `wait_for_layer_load(i)` waits only for layer i;
+`save_kv_layer(i)` hands layer i of every newly completed block to the bridge, which writes it
+into each target store (the decode node's and this node's) while layer i+1 computes;
+`wait_for_save` waits for the writes and commits. A block that is missing or fails is reported
+to vLLM (invalid block ids / failed receive) and recomputed; a failed save only means the
+block is not stored. Every wait has a deadline.
+
+Store block layout: layer-major, `k = block_size / vllm_block_size` vLLM blocks per layer
+slice, each vLLM block as vLLM's per-layer view holds it ([heads, tokens, 2·head_dim] on CPU).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from crescent.engine.kv_store import BlockOps, BridgeConfig, StoreBridge
+from crescent.engine.vllm.events import EventLog
+from crescent.engine.vllm.plan import PARAM_LOAD, PARAM_SAVE_TO, ConnectorConfig, CrescentMetadata
+from crescent.engine.vllm.scheduler_side import SchedulerSide
+from crescent.engine.vllm.worker_side import WorkerSide
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["PARAM_LOAD", "PARAM_SAVE_TO", "CrescentConnector", "CrescentMetadata"]
+
+
+class CrescentConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        self.config = ConnectorConfig.from_extra(extra)
+        self.vllm_block_size = vllm_config.cache_config.block_size
+        if self.config.block_size % self.vllm_block_size:
+            raise ValueError(f"Crescent block size {self.config.block_size} is not a multiple of vLLM's "
+                             f"{self.vllm_block_size}")
+        self.k = self.config.block_size // self.vllm_block_size
+        side = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
+        self.bridge = StoreBridge(BridgeConfig(
+            nats_url=self.config.nats_url, etcd_url=self.config.etcd_url, cluster=self.config.cluster,
+            node=self.config.node, name=f"{self.config.node}-{self.config.role}-kv-{side}",
+            timeout_s=self.config.timeout_s, use_mapping=self.config.use_mapping))
+        self.bridge.start()
+        self.ops = BlockOps(self.bridge.client, self.config.model, self.config.timeout_s)
+        self.events = EventLog(self.config.event_log)
+        self._scheduler = SchedulerSide(self) if role == KVConnectorRole.SCHEDULER else None
+        self._worker = WorkerSide(self) if role == KVConnectorRole.WORKER else None
+
+    def shutdown(self) -> None:
+        self.bridge.close()
+        self.events.close()
+
+    # scheduler side ------------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        return self._scheduler.num_new_matched_tokens(request, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        self._scheduler.after_alloc(request, list(blocks.get_block_ids()[0]), num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        return self._scheduler.build_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self._scheduler.loads_done(connector_output.finished_recving or set())
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Saves finish inside their step, so blocks may be freed now, except under a remote
+        fetch still in flight: those wait until the worker says the fetch is over."""
+        return self._scheduler.forget(request.request_id), None
+
+    # worker side ---------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._worker.register(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._worker.begin_step(connector_metadata)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        self._worker.start_loads()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        self._worker.wait_layer(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        self._worker.save_layer(layer_name, kv_layer)
+
+    def wait_for_save(self) -> None:
+        self._worker.finish_saves()
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        return self._worker.transfer_results(finished_req_ids)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_invalid_block_ids()

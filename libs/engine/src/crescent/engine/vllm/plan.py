@@ -1,0 +1,60 @@
+"""What the scheduler side of CrescentConnector tells its worker side each step (the plan),
+and the connector's configuration (vLLM's kv_connector_extra_config)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+PARAM_LOAD = "crescent_load"  # kv_transfer_params: False skips the store lookup
+PARAM_SAVE_TO = "crescent_save_to"  # kv_transfer_params: nodes whose stores get the prompt's blocks
+
+
+@dataclass
+class ConnectorConfig:
+    """From kv_connector_extra_config (see crescent.engine.vllm.engine.connector_extra_config)."""
+
+    nats_url: str
+    etcd_url: str
+    cluster: str
+    node: str
+    model: str
+    block_size: int
+    role: str = "prefill"
+    remote_loads: bool = True
+    timeout_s: float = 10.0
+    event_log: str = ""
+    use_mapping: bool = True
+    fault: str = ""  # testing only: "evict_after_lookup" drops block 1 between lookup and load
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any]) -> ConnectorConfig:
+        names = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in extra.items() if k in names})
+
+
+@dataclass
+class LoadSpec:
+    """Fill vLLM blocks from store blocks `first_block …` of a request's prompt."""
+
+    request_id: str
+    hashes: list[bytes]  # store blocks first_block … last, in order
+    first_block: int
+    fills: list[tuple[int, int, int]]  # (index into hashes, sub-block within it, vLLM block id)
+    source: str = ""  # async: the node to replicate from first; "" = this node's store, sync
+
+
+@dataclass
+class SaveSpec:
+    request_id: str
+    hashes: list[bytes]
+    vllm_block_ids: list[int]  # k per store block, in order
+    targets: list[str]
+
+
+@dataclass
+class CrescentMetadata(KVConnectorMetadata):
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)

@@ -1,0 +1,148 @@
+"""The scheduler side of CrescentConnector: per request, how many prompt tokens the store
+supplies (this node's store, or another node's, replicated here asynchronously); per step, which
+loads to run and which newly completed full blocks to save where."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from crescent.common.hashing import block_hashes
+from crescent.engine.kv_store import KvStoreError
+from crescent.engine.vllm.plan import (
+    PARAM_LOAD,
+    PARAM_SAVE_TO,
+    CrescentMetadata,
+    LoadSpec,
+    SaveSpec,
+)
+
+if TYPE_CHECKING:
+    from crescent.engine.vllm.connector import CrescentConnector
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Lookup:
+    num_computed: int
+    num_tokens: int
+    source: str
+
+
+@dataclass
+class _Tracked:
+    hashes: list[bytes]
+    block_ids: list[int]
+    save_to: list[str]
+    num_planned: int = 0  # store blocks below this are already in some SaveSpec
+
+
+class SchedulerSide:
+    """Decides per request how much the store supplies and, per step, what to save."""
+
+    def __init__(self, connector: CrescentConnector) -> None:
+        self.c = connector
+        self._lookups: dict[str, _Lookup] = {}
+        self._tracked: dict[str, _Tracked] = {}
+        self._pending_loads: list[LoadSpec] = []
+        self._fetching: set[str] = set()  # requests with a remote fetch in flight
+
+    def _hashes(self, request: Request) -> list[bytes]:
+        return block_hashes(list(request.prompt_token_ids or []), self.c.config.block_size, self.c.config.model)
+
+    def num_new_matched_tokens(self, request: Request, num_computed: int) -> tuple[int | None, bool]:
+        params = request.kv_transfer_params or {}
+        if not params.get(PARAM_LOAD, True):
+            return 0, False
+        cached = self._lookups.get(request.request_id)
+        if cached is not None and cached.num_computed == num_computed:
+            return cached.num_tokens, bool(cached.source)
+        prompt = list(request.prompt_token_ids or [])
+        vbs, bs = self.c.vllm_block_size, self.c.config.block_size
+        limit = (len(prompt) - 1) // vbs * vbs  # the last prompt token is always computed
+        hashes = self._hashes(request)[:(limit + bs - 1) // bs]
+        lookup = _Lookup(num_computed, 0, "")
+        if hashes and limit > num_computed:
+            try:
+                local = self.c.bridge.call(self.c.ops.lookup(self.c.config.node, hashes))
+                lookup.num_tokens = max(0, min(local * bs, limit) - num_computed)
+                if self.c.config.fault == "evict_after_lookup" and local >= 2:
+                    self.c.bridge.call(self.c.ops.evict(self.c.config.node, hashes[1:2]))
+                if self.c.config.remote_loads and local < len(hashes):
+                    source, remote = self.c.bridge.call(self.c.ops.best_remote(self.c.config.node, hashes))
+                    remote_tokens = min(remote * bs, limit) - num_computed
+                    if remote_tokens > lookup.num_tokens:
+                        lookup = _Lookup(num_computed, remote_tokens, source)
+            except KvStoreError as exc:
+                log.warning("store lookup failed; computing the whole prompt",
+                            extra={"request_id": request.request_id, "error": str(exc)})
+        self._lookups[request.request_id] = lookup
+        return lookup.num_tokens, bool(lookup.source)
+
+    def after_alloc(self, request: Request, block_ids: list[int], num_external: int) -> None:
+        request_id = request.request_id
+        lookup = self._lookups.pop(request_id, None)
+        if num_external > 0 and lookup is not None:
+            if lookup.source:
+                self._fetching.add(request_id)
+            self._pending_loads.append(self._load_spec(request, block_ids, lookup.num_computed,
+                                                       lookup.num_computed + num_external, lookup.source))
+        tracked = self._tracked.get(request_id)
+        if tracked is not None:
+            tracked.block_ids = block_ids
+            return
+        save_to = list((request.kv_transfer_params or {}).get(PARAM_SAVE_TO) or [])
+        if save_to:
+            self._tracked[request_id] = _Tracked(self._hashes(request), block_ids, save_to)
+
+    def _load_spec(self, request: Request, block_ids: list[int], start: int, end: int, source: str) -> LoadSpec:
+        vbs, k = self.c.vllm_block_size, self.c.k
+        first_block, last_block = start // (vbs * k), (end - 1) // (vbs * k)
+        hashes = self._hashes(request)[first_block:last_block + 1]
+        fills = [((v // k) - first_block, v % k, block_ids[v]) for v in range(start // vbs, end // vbs)]
+        return LoadSpec(request.request_id, hashes, first_block, fills, source)
+
+    def build_meta(self, output: SchedulerOutput) -> CrescentMetadata:
+        meta = CrescentMetadata(loads=self._pending_loads)
+        self._pending_loads = []
+        scheduled = output.num_scheduled_tokens
+        for new in output.scheduled_new_reqs:
+            tracked = self._tracked.get(new.req_id)
+            if tracked is not None:
+                tracked.block_ids = list(new.block_ids[0])
+                self._plan_save(meta, new.req_id, tracked, new.num_computed_tokens + scheduled.get(new.req_id, 0))
+        cached = output.scheduled_cached_reqs
+        for i, request_id in enumerate(cached.req_ids):
+            tracked = self._tracked.get(request_id)
+            if tracked is None:
+                continue
+            new_ids = cached.new_block_ids[i]
+            if new_ids is not None:
+                if request_id in cached.resumed_req_ids:
+                    tracked.block_ids = list(new_ids[0])
+                else:
+                    tracked.block_ids.extend(new_ids[0])
+            self._plan_save(meta, request_id, tracked, cached.num_computed_tokens[i] + scheduled.get(request_id, 0))
+        return meta
+
+    def _plan_save(self, meta: CrescentMetadata, request_id: str, tracked: _Tracked, end_tokens: int) -> None:
+        last = min(end_tokens // self.c.config.block_size, len(tracked.hashes))
+        if last <= tracked.num_planned:
+            return
+        k = self.c.k
+        ids = tracked.block_ids[tracked.num_planned * k:last * k]
+        meta.saves.append(SaveSpec(request_id, tracked.hashes[tracked.num_planned:last], ids, tracked.save_to))
+        tracked.num_planned = last
+
+    def loads_done(self, request_ids: set[str]) -> None:
+        self._fetching -= request_ids
+
+    def forget(self, request_id: str) -> bool:
+        """Drop a finished request; True while its remote fetch is still in flight."""
+        self._lookups.pop(request_id, None)
+        self._tracked.pop(request_id, None)
+        return request_id in self._fetching

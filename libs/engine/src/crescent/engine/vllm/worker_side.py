@@ -1,0 +1,305 @@
+"""The worker side of CrescentConnector, inside the forward pass: sync loads pinned once and
+read layer by layer ahead of the model; each finished layer of new full blocks written to every
+target store (in place when the store is on this host, over the data plane otherwise); commits
+at the end of the step; remote fetches finished between steps. Failures become invalid blocks
+or failed receives, which vLLM recomputes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+from crescent.engine.kv_store import KvStoreError
+from crescent.engine.vllm.plan import CrescentMetadata, LoadSpec, SaveSpec
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorTransferResults,
+)
+
+if TYPE_CHECKING:
+    from crescent.engine.vllm.connector import CrescentConnector
+
+log = logging.getLogger(__name__)
+
+
+_LAYER_NUMBER = re.compile(r"\.(\d+)\.")
+
+
+def _layer_order(names: list[str]) -> list[str]:
+    def number(name: str) -> int:
+        match = _LAYER_NUMBER.search(name)
+        return int(match.group(1)) if match else 0
+
+    return sorted(names, key=number)
+
+
+class _LoadJob:
+    """One request's sync load this step: pinned once, read layer by layer on the bridge."""
+
+    def __init__(self, spec: LoadSpec, num_layers: int, layer_bytes: int) -> None:
+        self.spec = spec
+        self.buffers = [torch.empty((len(spec.hashes), layer_bytes), dtype=torch.uint8) for _ in range(num_layers)]
+        self.layer_done = [threading.Event() for _ in range(num_layers)]
+        self.num_pinned = 0
+        self.error: BaseException | None = None
+
+
+class _SaveJob:
+    def __init__(self, spec: SaveSpec) -> None:
+        self.spec = spec
+        self.slots: dict[str, Any] = {}  # target → concurrent future of BlockSlots
+        self.writes: list[Any] = []  # concurrent futures of layer writes to remote stores
+        self.num_layers = 0  # layers handed to every target so far
+        self.is_failed = False
+
+
+class WorkerSide:
+    def __init__(self, connector: CrescentConnector) -> None:
+        self.c = connector
+        self.kv: dict[str, torch.Tensor] = {}
+        self.layer_index: dict[str, int] = {}
+        self.layer_bytes = 0
+        self._step = 0
+        self._loads: list[_LoadJob] = []
+        self._saves: list[_SaveJob] = []
+        self._async: dict[str, tuple[LoadSpec, Any]] = {}  # request → (spec, future of buffers)
+        self._ended: set[str] = set()  # requests that finished while their fetch was in flight
+        self._invalid: set[int] = set()
+        self._failed_requests: set[str] = set()  # requests whose load failed this step: saves skipped
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        names = _layer_order(list(kv_caches))
+        self.kv = {name: kv_caches[name] for name in names}
+        self.layer_index = {name: i for i, name in enumerate(names)}
+        per_block = {kv[0].numel() * kv.element_size() for kv in self.kv.values()}
+        if len(per_block) != 1:
+            raise ValueError(f"layers have different KV block sizes {sorted(per_block)}")
+        self.layer_bytes = self.c.k * per_block.pop()
+        log.info("CrescentConnector registered KV caches", extra={
+            "num_layers": len(names), "store_block_bytes": self.layer_bytes * len(names)})
+
+    @property
+    def block_bytes(self) -> int:
+        return self.layer_bytes * len(self.kv)
+
+    @staticmethod
+    def _fill(kv: torch.Tensor, buffer: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
+        """kv[vLLM block] = buffer's sub-block, for each (sub-block index, vLLM block id)."""
+        src = buffer.view(kv.dtype).view(-1, *kv.shape[1:])[torch.tensor([s for s, _ in pairs])]
+        kv[torch.tensor([d for _, d in pairs], device=kv.device)] = src.to(kv.device)
+
+    # the step's plan --------------------------------------------------------------------------
+    def begin_step(self, meta: KVConnectorMetadata) -> None:
+        self._step += 1
+        self._loads, self._saves = [], []
+        self._failed_requests = set()
+        if not isinstance(meta, CrescentMetadata):
+            return
+        for spec in meta.saves:
+            job = _SaveJob(spec)
+            for target in spec.targets:
+                job.slots[target] = self.c.bridge.submit(self.c.ops.alloc(target, spec.hashes))
+            self._saves.append(job)
+        for spec in meta.loads:
+            if spec.source:
+                self._async[spec.request_id] = (spec, self.c.bridge.submit(self._fetch_remote(spec)))
+            else:
+                job = _LoadJob(spec, len(self.kv), self.layer_bytes)
+                self.c.bridge.submit(self._read_layers(job))
+                self._loads.append(job)
+
+    def start_loads(self) -> None:
+        """Loads already started in begin_step (as soon as the plan was bound)."""
+
+    # loads ---------------------------------------------------------------------------------
+    async def _read_layers(self, job: _LoadJob) -> None:
+        node, hashes = self.c.config.node, job.spec.hashes
+        pinned = None
+        try:
+            pinned = await self.c.ops.pin(node, hashes)
+            self._check_block_bytes(pinned.block_bytes)
+            job.num_pinned = len(pinned.hashes)
+            for layer, buffer in enumerate(job.buffers):
+                offsets = [offset + layer * self.layer_bytes for offset in pinned.offsets]
+                views = [memoryview(buffer[i].numpy()) for i in range(job.num_pinned)]
+                await self.c.ops.read(pinned.segment, offsets, views)
+                job.layer_done[layer].set()
+        except Exception as exc:
+            job.error = exc
+        finally:
+            for event in job.layer_done:
+                event.set()
+            if pinned is not None:
+                try:
+                    await self.c.ops.unpin(node, pinned.hashes)
+                except Exception as exc:
+                    log.warning("unpin failed", extra={"error": repr(exc)})
+
+    def _check_block_bytes(self, store_bytes: int) -> None:
+        if store_bytes != self.block_bytes:
+            raise KvStoreError(f"the store's blocks are {store_bytes} bytes, this model's are {self.block_bytes}: "
+                               f"start the store with --block-bytes {self.block_bytes}")
+
+    def wait_layer(self, layer_name: str) -> None:
+        layer = self.layer_index.get(layer_name)
+        if layer is None:
+            return
+        kv = self.kv[layer_name]
+        for job in self._loads:
+            spec = job.spec
+            if not job.layer_done[layer].wait(self.c.config.timeout_s) and job.error is None:
+                job.error = KvStoreError(f"layer {layer} of {spec.request_id} not read within the deadline")
+            usable = 0 if job.error is not None else job.num_pinned
+            good = [(i * self.c.k + sub, dst) for i, sub, dst in spec.fills if i < usable]
+            if good:
+                self._fill(kv, job.buffers[layer], good)
+            bad = [dst for i, _, dst in spec.fills if i >= usable]
+            if bad:
+                self._invalid.update(bad)
+                self._failed_requests.add(spec.request_id)
+            if layer == 0:
+                self.c.events.write("load", request=spec.request_id, step=self._step, num_blocks=len(spec.hashes),
+                                    num_loaded=min(usable, len(spec.hashes)), num_vllm_blocks=len(good),
+                                    error=repr(job.error) if job.error else None)
+
+    async def _fetch_remote(self, spec: LoadSpec) -> tuple[int, list[torch.Tensor]]:
+        """Replicate from `spec.source` into this node's store, then read every layer."""
+        node = self.c.config.node
+        await self.c.ops.replicate(spec.source, node, spec.hashes)
+        job = _LoadJob(spec, len(self.kv), self.layer_bytes)
+        await self._read_layers(job)
+        if job.error is not None:
+            raise job.error
+        return job.num_pinned, job.buffers
+
+    def transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """Finished remote fetches: copied into their blocks (finished_recving), or, for a
+        request that ended meanwhile, only reported so vLLM may free its blocks
+        (finished_sending, as request_finished returned True for it)."""
+        results = KVConnectorTransferResults()
+        self._ended |= finished_req_ids & self._async.keys()
+        for request_id, (spec, future) in list(self._async.items()):
+            if not future.done():
+                continue
+            del self._async[request_id]
+            if request_id in self._ended:
+                self._ended.discard(request_id)
+                results.finished_sending.add(request_id)
+                continue
+            results.finished_recving.add(request_id)
+            try:
+                num_read, buffers = future.result()
+            except Exception as exc:
+                log.warning("remote prefix fetch failed; recomputing",
+                            extra={"request_id": request_id, "source": spec.source, "error": repr(exc)})
+                self.c.events.write("load", request=request_id, source=spec.source, num_blocks=len(spec.hashes),
+                                    num_loaded=0, error=repr(exc))
+                results.failed_recving.add(request_id)
+                continue
+            for layer_name, layer in self.layer_index.items():
+                kv = self.kv[layer_name]
+                good = [(i * self.c.k + sub, dst) for i, sub, dst in spec.fills if i < num_read]
+                if good:
+                    self._fill(kv, buffers[layer], good)
+            self._invalid.update(dst for i, _, dst in spec.fills if i >= num_read)
+            self.c.events.write("load", request=request_id, source=spec.source, num_blocks=len(spec.hashes),
+                                num_loaded=num_read, error=None)
+        return results
+
+    def take_invalid_block_ids(self) -> set[int]:
+        invalid, self._invalid = self._invalid, set()
+        return invalid
+
+    # saves ---------------------------------------------------------------------------------
+    def save_layer(self, layer_name: str, kv_layer: torch.Tensor) -> None:
+        """Layer i of this step's new full blocks → every target store. A store on this host is
+        written here, before layer i+1 computes; a remote one on the bridge, concurrently."""
+        layer = self.layer_index.get(layer_name)
+        if layer is None or not self._saves:
+            return
+        computed_at = time.time()
+        for job in self._saves:
+            if job.is_failed or job.spec.request_id in self._failed_requests:
+                job.is_failed = True
+                continue
+            ids = torch.tensor(job.spec.vllm_block_ids)
+            data = kv_layer[ids.to(kv_layer.device)].cpu().contiguous().view(torch.uint8)
+            data = data.view(len(job.spec.hashes), self.layer_bytes)
+            self.c.events.write("computed", request=job.spec.request_id, step=self._step, layer=layer,
+                                t=computed_at)
+            remote = []
+            for target, slots_future in job.slots.items():
+                try:
+                    slots = slots_future.result(self.c.config.timeout_s)
+                    self._check_block_bytes(slots.block_bytes)
+                    view = self.c.ops.mapped(slots.segment)
+                except Exception as exc:
+                    log.warning("KV allocation failed; not saving", extra={"node": target, "error": repr(exc)})
+                    job.is_failed = True
+                    break
+                if view is None:
+                    remote.append(target)
+                    continue
+                self._copy_in_place(job, layer, data, slots, view)
+                self.c.events.write("stored", request=job.spec.request_id, step=self._step, layer=layer,
+                                    node=target, num_blocks=len(slots.allocated), t=time.time())
+            if remote:
+                job.writes.append(self.c.bridge.submit(self._write_layer(job, layer, data, remote)))
+            job.num_layers += 1
+
+    def _copy_in_place(self, job: _SaveJob, layer: int, data: torch.Tensor, slots, view: memoryview) -> None:
+        row = {h: i for i, h in enumerate(job.spec.hashes)}
+        for block_hash, offset in zip(slots.allocated, slots.offsets):
+            start = offset + layer * self.layer_bytes
+            torch.frombuffer(view[start:start + self.layer_bytes], dtype=torch.uint8).copy_(data[row[block_hash]])
+
+    async def _write_layer(self, job: _SaveJob, layer: int, data: torch.Tensor, targets: list[str]) -> None:
+        for target in targets:
+            slots = await asyncio.wrap_future(job.slots[target])
+            if not slots.allocated:
+                continue
+            row = {h: i for i, h in enumerate(job.spec.hashes)}
+            offsets = [offset + layer * self.layer_bytes for offset in slots.offsets]
+            views = [memoryview(data[row[h]].numpy()) for h in slots.allocated]
+            await self.c.ops.write(slots.segment, offsets, views)
+            self.c.events.write("stored", request=job.spec.request_id, step=self._step, layer=layer, node=target,
+                                num_blocks=len(slots.allocated), t=time.time())
+
+    def finish_saves(self) -> None:
+        """Wait for this step's layer writes, then commit (or abort) each target's blocks."""
+        for job in self._saves:
+            deadline = time.monotonic() + self.c.config.timeout_s
+            for write in job.writes:
+                try:
+                    write.result(max(0.0, deadline - time.monotonic()))
+                except Exception as exc:
+                    log.warning("KV save failed; those blocks are not stored",
+                                extra={"request_id": job.spec.request_id, "error": repr(exc)})
+                    job.is_failed = True
+            if job.num_layers != len(self.kv):
+                job.is_failed = True
+            self._close_save(job)
+        self._saves = []
+        self._loads = []
+
+    def _close_save(self, job: _SaveJob) -> None:
+        for target, slots_future in job.slots.items():
+            try:
+                slots = slots_future.result(self.c.config.timeout_s)
+            except Exception as exc:
+                log.warning("KV allocation failed", extra={"node": target, "error": repr(exc)})
+                continue
+            finish = self.c.ops.abort if job.is_failed else self.c.ops.commit
+            try:
+                self.c.bridge.call(finish(target, slots.allocated))
+            except KvStoreError as exc:
+                log.warning("KV commit failed", extra={"node": target, "error": str(exc)})
+                continue
+            self.c.events.write("aborted" if job.is_failed else "committed", request=job.spec.request_id,
+                                step=self._step, node=target, num_blocks=len(slots.allocated),
+                                num_existing=len(slots.existing), t=time.time())

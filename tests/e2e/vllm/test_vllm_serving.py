@@ -1,0 +1,139 @@
+"""The vllm engine end to end: tiny Llama on the CPU build, float32, greedy; prefill and decode
+workers as processes with CrescentConnector moving KV through the node stores."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+from crescent.common.errors import RemoteError
+from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
+from crescent.common.naming import Subjects
+from vllm_helpers import BLOCK_SIZE, CLUSTER, MODEL, prompt_tokens, reference_tokens
+
+pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(900)]
+
+LENGTHS = [50, 130, 257, 400, 700, 1000, 1500, 2000]
+MAX_TOKENS = 12
+
+
+def events_of(cluster, instance_id: str, request_id: str, event: str) -> list[dict]:
+    """vLLM suffixes request ids internally: match `<request_id>-…`."""
+    return [e for e in cluster.events(instance_id)
+            if e["event"] == event and e["request"].startswith(f"{request_id}-")]
+
+
+async def test_disaggregated_1p1d_equals_plain_vllm_token_for_token(vllm_cluster, conductor, reference):
+    prompts = [prompt_tokens(n, seed=i) for i, n in enumerate(LENGTHS)]
+    expected = reference_tokens(reference, prompts, MAX_TOKENS)
+    results = await asyncio.gather(*(conductor.generate(p, MAX_TOKENS) for p in prompts))
+
+    for prompt, want, (got, prefill) in zip(prompts, expected, results):
+        assert got == want, f"{len(prompt)}-token prompt diverged"
+        assert prefill.num_computed_tokens == len(prompt)  # fresh prompts: nothing to reuse
+        # decode loaded every full block of the prompt from its node's store
+        full_blocks = len(prompt) // BLOCK_SIZE
+        loads = events_of(vllm_cluster, "decode-A", prefill.request_id, "load")
+        assert [(e["num_loaded"], e["num_blocks"], e["error"]) for e in loads] == \
+            ([(full_blocks, full_blocks, None)] if full_blocks else [])
+
+
+async def test_decode_telemetry_reports_vllm_batch_and_kv_usage(vllm_cluster, conductor):
+    telemetry: list[InstanceLoad] = []
+    await conductor.bus.subscribe(Subjects(CLUSTER).telemetry("decode", "decode-A"), InstanceLoad,
+                                  telemetry.append)
+    await asyncio.gather(*(conductor.generate(prompt_tokens(300, seed=600 + i), 150) for i in range(3)))
+    busy = [load for load in telemetry if load.num_running >= 1]
+    assert busy, "decode telemetry never showed vLLM's running batch"
+    assert all(load.kv_used_tokens > 0 and load.num_context_tokens > 0 for load in busy)
+    assert max(load.num_running for load in busy) >= 2  # the three generations overlap in one batch
+    assert telemetry[0].kv_capacity_tokens > 0
+
+
+async def test_shared_prefix_is_loaded_from_the_store_not_recomputed(vllm_cluster, conductor, reference):
+    prefix = prompt_tokens(1024, seed=100)
+    first, second = prefix + prompt_tokens(100, seed=101), prefix + prompt_tokens(130, seed=102)
+    expected = reference_tokens(reference, [first, second], MAX_TOKENS)
+
+    got_first, _ = await conductor.generate(first, MAX_TOKENS)
+    got_second, prefill = await conductor.generate(second, MAX_TOKENS)
+
+    assert [got_first, got_second] == expected
+    # prefill-A has vLLM's own prefix cache off: the 16 prefix blocks came from store-A
+    assert prefill.num_computed_tokens <= len(second) - len(prefix) + BLOCK_SIZE
+    [load] = events_of(vllm_cluster, "prefill-A", prefill.request_id, "load")
+    assert load["num_loaded"] >= len(prefix) // BLOCK_SIZE
+
+
+async def test_prefix_from_node_a_is_reused_by_prefill_on_node_b(vllm_cluster, conductor, reference):
+    """prefill-B maps no store: it replicates A's blocks into B's store, reads them and writes
+    its new blocks to A's and B's stores over the data plane (tcp)."""
+    prefix = prompt_tokens(768, seed=200)
+    on_a, on_b = prefix + prompt_tokens(70, seed=201), prefix + prompt_tokens(90, seed=202)
+    expected = reference_tokens(reference, [on_a, on_b], MAX_TOKENS)
+
+    got_a, _ = await conductor.generate(on_a, MAX_TOKENS, prefill_id="prefill-A")
+    got_b, prefill = await conductor.generate(on_b, MAX_TOKENS, prefill_id="prefill-B")
+
+    assert [got_a, got_b] == expected
+    assert prefill.num_computed_tokens <= len(on_b) - len(prefix) + BLOCK_SIZE
+    [load] = events_of(vllm_cluster, "prefill-B", prefill.request_id, "load")
+    assert load["source"] == "A" and load["num_loaded"] == len(prefix) // BLOCK_SIZE and load["error"] is None
+    stored = events_of(vllm_cluster, "prefill-B", prefill.request_id, "stored")
+    assert {(e["node"], e["layer"]) for e in stored} >= {("A", 0), ("A", 1), ("B", 0), ("B", 1)}
+
+
+async def test_block_lost_while_loading_is_recomputed_correctly(vllm_cluster, conductor, reference):
+    prompt = prompt_tokens(900, seed=300)
+    [want] = reference_tokens(reference, [prompt], MAX_TOKENS)
+
+    got, prefill = await conductor.generate(prompt, MAX_TOKENS, decode_id="decode-F")
+
+    assert got == want
+    [load] = events_of(vllm_cluster, "decode-F", prefill.request_id, "load")
+    assert load["num_blocks"] == len(prompt) // BLOCK_SIZE and load["num_loaded"] == 1  # block 1 was evicted
+
+
+async def test_kv_reaches_the_decode_store_layer_by_layer(vllm_cluster, conductor):
+    prompt = prompt_tokens(2000, seed=400)
+    _, prefill = await conductor.generate(prompt, 2)
+
+    stored = events_of(vllm_cluster, "prefill-A", prefill.request_id, "stored")
+    computed = events_of(vllm_cluster, "prefill-A", prefill.request_id, "computed")
+    last_step = max(e["step"] for e in computed)
+    last_layer = max(e["layer"] for e in computed)
+    last_layer_done = next(e["t"] for e in computed if e["step"] == last_step and e["layer"] == last_layer)
+    first_layer_stored = next(e["t"] for e in stored
+                              if e["step"] == last_step and e["layer"] == 0 and e["node"] == "A")
+    assert first_layer_stored < last_layer_done
+    assert {e["layer"] for e in stored if e["step"] == last_step} == set(range(last_layer + 1))
+    committed = events_of(vllm_cluster, "prefill-A", prefill.request_id, "committed")
+    assert sum(e["num_blocks"] + e["num_existing"] for e in committed) >= len(prompt) // BLOCK_SIZE
+
+
+async def test_prompt_over_the_context_is_rejected_and_the_worker_keeps_serving(vllm_cluster, conductor):
+    too_long = prompt_tokens(8193, seed=500)
+    job = PrefillJob(request_id="too-long", model=MODEL, token_ids=too_long, decode_instance="decode-A")
+    with pytest.raises(RemoteError, match="outside 1..8192"):
+        await conductor.bus.request(Subjects(CLUSTER).prefill_job("prefill-A"), job, PrefillResult, 30)
+    result = await conductor.prefill("prefill-A", prompt_tokens(20, seed=501))
+    assert result.num_computed_tokens == 20
+
+
+@pytest.mark.parametrize("problem", ["missing", "not-llama"])
+def test_bad_checkpoint_stops_the_worker_at_start_with_a_clear_error(tmp_path, problem):
+    import subprocess
+
+    model = tmp_path / "model"
+    if problem == "not-llama":
+        model.mkdir()
+        (model / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 10}')
+    argv = [sys.executable, "-m", "crescent.prefill", "--engine", "vllm", "--model", str(model),
+            "--nats-url", "nats://127.0.0.1:1", "--connect-timeout-s", "1", "--log-format", "text"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    reason = "no such directory" if problem == "missing" else "is not Llama family"
+    assert reason in done.stderr
