@@ -12,7 +12,8 @@ from crescent.common.bus import Bus
 from crescent.common.errors import RemoteError
 from crescent.common.etcd import connect_etcd
 from crescent.common.hashing import block_hashes
-from crescent.common.messages import InstanceLoad
+from crescent.common.errors import NoRespondersError
+from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.store_messages import (
     AllocBlocks,
     BlockSlots,
@@ -243,3 +244,37 @@ async def test_two_writers_of_the_same_blocks_never_double_allocate(stores, clie
     assert sum(written) == 8
     count, got = await read_back(first, "n1", hashes)
     assert count == 8 and got == data
+
+
+async def test_prefill_job_pulls_the_planned_prefix_into_its_node(stores, client_factory, infra, cluster_name,
+                                                                  tmp_path):
+    """The conductor's transfer plan (pull_from_node, pull_hashes) lands in the prefill node's store."""
+    stores.start("n1")
+    stores.start("n2")
+    argv = [sys.executable, "-m", "crescent.prefill", "--cluster", cluster_name, "--nats-url", infra.nats_url,
+            "--etcd-url", infra.etcd_url, "--node", "n2", "--instance-id", "prefill-n2", "--model", MODEL,
+            "--emulated-time-scale", "0"]
+    prefill = ManagedProcess(ProcessSpec(name="prefill-n2", argv=argv), tmp_path / "logs")
+    prefill.start()
+    try:
+        client = await client_factory()
+        await wait_for_segment(client, "n1")
+        await wait_for_segment(client, "n2")
+        hashes, data = blocks(4)
+        await client.put_blocks(MODEL, "n1", hashes, data)
+        job = PrefillJob(request_id="r1", model=MODEL, token_ids=list(range(100)), pull_from_node="n1",
+                         pull_hashes=hashes)
+        subject = client._subjects.prefill_job("prefill-n2")
+
+        async def answered():
+            try:
+                return await client._bus.request(subject, job, PrefillResult, 5)
+            except NoRespondersError:
+                return None
+
+        await wait_until(answered, 20, "prefill job answered")
+        assert await client.lookup(MODEL, "n2", hashes) == ["dram"] * 4
+        count, got = await read_back(client, "n2", hashes)
+        assert count == 4 and got == data
+    finally:
+        prefill.stop()

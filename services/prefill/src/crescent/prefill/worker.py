@@ -17,7 +17,7 @@ from crescent.common.codec import decode
 from crescent.common.errors import FatalError, MessageError, RecoverableError
 from crescent.common.messages import InstanceInfo, InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.service import Runtime
-from crescent.common.store_messages import PinBlocks, PinnedBlocks
+from crescent.common.store_messages import PinBlocks, PinnedBlocks, ReplicateBlocks, ReplicateReply
 from crescent.common.tracing import tracer
 from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
@@ -121,6 +121,7 @@ class PrefillWorker:
                 await self._turn.acquire()
             try:
                 started = time.monotonic()
+                await self._pull_prefix(job)
                 with tracer().start_as_current_span("prefill.compute") as span:
                     span.set_attribute("crescent.num_prompt_tokens", len(job.token_ids))
                     span.set_attribute("crescent.kv_targets", ",".join(save_to))
@@ -136,6 +137,24 @@ class PrefillWorker:
                              num_computed_tokens=output.num_computed_tokens,
                              num_cached_tokens=output.num_cached_tokens,
                              queue_s=started - enqueued, compute_s=time.monotonic() - started)
+
+    async def _pull_prefix(self, job: PrefillJob) -> None:
+        """The conductor's transfer plan: copy the prefix blocks this node lacks from the node
+        that has them into this node's store, where the engine then finds them. A failed pull
+        only means those blocks are computed instead."""
+        if not (job.pull_from_node and job.pull_hashes):
+            return
+        with tracer().start_as_current_span("prefill.load_kv") as span:
+            span.set_attribute("crescent.pull_from", job.pull_from_node)
+            span.set_attribute("crescent.num_blocks", len(job.pull_hashes))
+            request = ReplicateBlocks(model=job.model, hashes=job.pull_hashes, source_node=job.pull_from_node)
+            try:
+                await self._runtime.bus.request(self._runtime.subjects.store_ctl(self.settings.node), request,
+                                                ReplicateReply, self.settings.kv_timeout_s)
+            except RecoverableError as exc:
+                span.set_attribute("crescent.error", str(exc))
+                log.warning("prefix pull failed; computing it instead",
+                            extra={"request_id": job.request_id, "error": str(exc)})
 
     async def drain(self) -> None:
         """Jobs already accepted finish (the bus drain waits for their handlers); a vllm
