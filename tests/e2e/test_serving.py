@@ -106,6 +106,25 @@ async def test_one_request_is_one_trace_with_a_span_per_hop(dev_cluster, otlp):
     assert spans["prefill.compute"]["end"] <= spans["decode.generate"]["start"]
 
 
+async def test_cluster_view_reports_instances_and_measured_latencies(dev_cluster):
+    async with aiohttp.ClientSession() as session:
+        body = {"model": MODEL, "prompt": "measure me", "max_tokens": 8}
+        async with session.post(f"{dev_cluster.api_url}/v1/completions", json=body) as response:
+            assert response.status == 200
+        deadline = time.monotonic() + 5
+        while True:
+            async with session.get(f"{dev_cluster.api_url}/v1/cluster") as response:
+                view = await response.json()
+            loads = {i["role"]: i["load"] for i in view["instances"] if i["load"]}
+            if loads["prefill"]["recent_ttft_s"] > 0 and loads["decode"]["recent_tbt_s"] > 0:
+                break
+            assert time.monotonic() < deadline, loads
+            await asyncio.sleep(0.1)
+    assert {i["role"] for i in view["instances"]} == {"conductor", "prefill", "decode", "store"}
+    assert all(i["is_live"] for i in view["instances"])
+    assert view["policy"] == "kv-centric" and view["models"][MODEL]["pd_imbalance_factor"] > 0
+
+
 async def test_metrics_and_health(dev_cluster):
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{dev_cluster.api_url}/metrics") as response:

@@ -139,7 +139,9 @@ class Conductor:
                               "load": None if load is None else {
                                   "num_queued": load.num_queued, "num_running": load.num_running,
                                   "queue_time_s": load.queue_time_s, "kv_used_tokens": load.kv_used_tokens,
-                                  "kv_capacity_tokens": load.kv_capacity_tokens}})
+                                  "kv_capacity_tokens": load.kv_capacity_tokens,
+                                  "recent_ttft_s": load.recent_ttft_s, "recent_tbt_s": load.recent_tbt_s,
+                                  "bandwidth": load.bandwidth}})
         hottest = [{"hash": block.hash.hex(), "replicas": block.num_replicas, "hits": round(block.hits, 2)}
                    for block in self.scheduler.index.hottest(10, now)]
         models = {model: {"pd_imbalance_factor": self.scheduler.imbalance(model)}

@@ -20,6 +20,7 @@ from crescent.common.messages import (
     TokenChunk,
 )
 from crescent.common.service import Runtime
+from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
 from crescent.decode.admission import KvLedger
 from crescent.engine.base import FINISH_ABORT
@@ -54,6 +55,7 @@ class DecodeWorker:
         self.engine = build_engine(settings, self.role)
         self.ledger = KvLedger(settings.kv_capacity_tokens)
         self._generations: dict[str, asyncio.Task] = {}
+        self.recent_tbt = Ewma()  # measured time between tokens of running requests
         self._runtime: Runtime | None = None
 
     async def start(self, runtime: Runtime) -> None:
@@ -103,7 +105,8 @@ class DecodeWorker:
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
                             num_queued=num_queued, num_running=self.engine.num_running,
                             kv_used_tokens=kv_used, kv_capacity_tokens=self.ledger.capacity_tokens,
-                            num_context_tokens=self.engine.num_context_tokens)
+                            num_context_tokens=self.engine.num_context_tokens,
+                            recent_tbt_s=self.recent_tbt.value)
 
     async def reserve(self, reservation: Reservation) -> ReservationReply:
         need = reservation.num_prompt_tokens + reservation.max_tokens
@@ -140,7 +143,12 @@ class DecodeWorker:
                                              start.max_tokens - 1, start.sampling.stop_token_ids,
                                              sampling=start.sampling)
                 num_tokens = 0
+                last_step_at: float | None = None  # the wait for the first step is queueing, not TBT
                 async for step in steps:
+                    now = time.monotonic()
+                    if last_step_at is not None and step.token_ids:
+                        self.recent_tbt.add((now - last_step_at) / len(step.token_ids))
+                    last_step_at = now
                     if step.num_cached_tokens is not None:
                         span.set_attribute("crescent.num_cached_tokens", step.num_cached_tokens)
                     num_tokens += len(step.token_ids)

@@ -18,6 +18,7 @@ from crescent.common.errors import FatalError, MessageError, RecoverableError
 from crescent.common.messages import InstanceInfo, InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.service import Runtime
 from crescent.common.store_messages import PinBlocks, PinnedBlocks, ReplicateBlocks, ReplicateReply
+from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
 from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
@@ -53,6 +54,7 @@ class PrefillWorker:
         self.cost = settings.cost_model()
         self._predicted_s: dict[str, float] = {}  # queued or running job → predicted prefill time
         self._turn = asyncio.Lock()  # FIFO: asyncio.Lock wakes waiters in arrival order
+        self.recent_ttft = Ewma()  # measured queue + compute time of finished jobs
         self._decode_nodes: dict[str, str] = {}
         self._runtime: Runtime | None = None
 
@@ -84,7 +86,8 @@ class PrefillWorker:
     def load(self) -> InstanceLoad:
         return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
-                            num_queued=len(self._predicted_s), queue_time_s=sum(self._predicted_s.values()))
+                            num_queued=len(self._predicted_s), queue_time_s=sum(self._predicted_s.values()),
+                            recent_ttft_s=self.recent_ttft.value)
 
     async def _decode_node(self, job: PrefillJob) -> str:
         """The node of the job's decode instance: from the job, else its registry entry."""
@@ -133,10 +136,12 @@ class PrefillWorker:
                 self._turn.release()
         finally:
             self._predicted_s.pop(job.request_id, None)
+        finished = time.monotonic()
+        self.recent_ttft.add(finished - enqueued)
         return PrefillResult(request_id=job.request_id, first_token=output.first_token,
                              num_computed_tokens=output.num_computed_tokens,
                              num_cached_tokens=output.num_cached_tokens,
-                             queue_s=started - enqueued, compute_s=time.monotonic() - started)
+                             queue_s=started - enqueued, compute_s=finished - started)
 
     async def _pull_prefix(self, job: PrefillJob) -> None:
         """The conductor's transfer plan: copy the prefix blocks this node lacks from the node

@@ -19,6 +19,7 @@ from crescent.common.etcd import PrefixMirror
 from crescent.common.hashing import HASH_BYTES
 from crescent.common.messages import InstanceInfo, InstanceLoad, StoreStats, StoreStatsRequest
 from crescent.common.service import Runtime
+from crescent.common.telemetry import Ewma
 from crescent.common.store_messages import (
     AbortBlocks,
     AllocBlocks,
@@ -82,7 +83,7 @@ class StoreDaemon:
         self.metadata: MetadataWriter | None = None
         self._lock = asyncio.Lock()
         self._runtime: Runtime | None = None
-        self.pull_rate: dict[str, float] = {}  # source node → recent bytes/s of replication pulls
+        self.pull_rate: dict[str, Ewma] = {}  # source node → recent bytes/s of replication pulls
         self._handlers = {
             AllocBlocks: self.alloc, CommitBlocks: self.commit, AbortBlocks: self.abort,
             LookupBlocks: self.lookup, PinBlocks: self.pin, UnpinBlocks: self.unpin,
@@ -132,7 +133,7 @@ class StoreDaemon:
     def load(self) -> InstanceLoad:
         return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
-                            bandwidth=dict(self.pull_rate))
+                            bandwidth={node: rate.value for node, rate in self.pull_rate.items()})
 
     async def drain(self) -> None:
         """Runs after the lease is revoked (block metadata gone): release memory and files."""
@@ -287,9 +288,7 @@ class StoreDaemon:
     def _note_rate(self, source_node: str, num_bytes: int, seconds: float) -> None:
         """What the conductor's T_transfer uses: a moving average of achieved pull bandwidth."""
         if num_bytes and seconds > 0:
-            rate = num_bytes / seconds
-            old = self.pull_rate.get(source_node)
-            self.pull_rate[source_node] = rate if old is None else 0.8 * old + 0.2 * rate
+            self.pull_rate.setdefault(source_node, Ewma()).add(num_bytes / seconds)
 
     async def stats(self, request: StoreStatsRequest) -> StoreStats:
         return StoreStats(node=self.settings.node, instance_id=self._runtime.instance_id,
