@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 from crescent.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, DecodeStep, PrefillOutput
 from crescent.engine.cost_model import CostModel
+from crescent.engine.emulated_kv import EmulatedKv
 
 log = logging.getLogger(__name__)
-
 
 
 def emulated_token(previous: int, position: int) -> int:
@@ -24,21 +24,29 @@ def emulated_token(previous: int, position: int) -> int:
 
 
 class EmulatedPrefillEngine:
-    """Computes one prompt per call; the worker's queue decides the order."""
+    """Computes one prompt per call; the worker's queue decides the order. With `kv` attached,
+    a prefix held by this node's store is not computed, and the prompt's blocks are saved to
+    the `save_to` nodes' stores."""
 
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
+        self.kv: EmulatedKv | None = None
 
     def predict_s(self, num_tokens: int, num_cached: int = 0) -> float:
         return self.cost.prefill_s(num_tokens, num_cached)
 
     async def prefill(self, token_ids: Sequence[int], request_id: str = "", sampling=None,
                       save_to: Sequence[str] = ()) -> PrefillOutput:
-        seconds = self.predict_s(len(token_ids))
+        hashes = self.kv.hashes(token_ids) if self.kv else []
+        # The last token is always computed: its logits give the first output token.
+        num_cached = min(await self.kv.num_cached_tokens(hashes), len(token_ids) - 1) if hashes else 0
+        seconds = self.predict_s(len(token_ids), num_cached)
         await asyncio.sleep(seconds)
+        if hashes and save_to:
+            await self.kv.save(hashes, save_to)
         first = emulated_token(sum(token_ids), len(token_ids))
-        return PrefillOutput(first_token=first, num_computed_tokens=len(token_ids),
-                             num_cached_tokens=0, compute_s=seconds)
+        return PrefillOutput(first_token=first, num_computed_tokens=len(token_ids) - num_cached,
+                             num_cached_tokens=num_cached, compute_s=seconds)
 
 
 @dataclass

@@ -20,7 +20,9 @@ from crescent.common.service import Runtime
 from crescent.common.store_messages import PinBlocks, PinnedBlocks, ReplicateBlocks, ReplicateReply
 from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
+from crescent.engine.emulated_kv import EmulatedKv
 from crescent.engine.factory import build_engine
+from crescent.store.client import ClientConfig, StoreClient
 from crescent.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ class PrefillWorker:
         self.recent_ttft = Ewma()  # measured queue + compute time of finished jobs
         self._decode_nodes: dict[str, str] = {}
         self._runtime: Runtime | None = None
+        self._store: StoreClient | None = None  # the emulated engine's KV traffic
 
     @property
     def is_vllm(self) -> bool:
@@ -73,6 +76,13 @@ class PrefillWorker:
                 await check_store_block_bytes(runtime, self.settings.node, self.settings.model_name,
                                               self.engine.store_block_bytes, self.settings.kv_timeout_s)
             await self.engine.start()
+        else:
+            self._store = StoreClient(runtime.bus, runtime.etcd, self.settings.cluster,
+                                      ClientConfig(node=self.settings.node, timeout_s=self.settings.kv_timeout_s,
+                                                   staging_bytes=16 << 20))
+            await self._store.start()
+            self.engine.kv = EmulatedKv(self._store, self.settings.model_name, self.settings.block_size,
+                                        self.settings.node)
         await runtime.bus.serve(runtime.subjects.prefill_job(runtime.instance_id), PrefillJob, self.run_job)
 
     def instance_info(self) -> InstanceInfo:
@@ -112,10 +122,8 @@ class PrefillWorker:
             raise JobRejected(f"this instance serves {self.settings.model_name!r}, not {job.model!r}")
         if not 0 < len(job.token_ids) <= self.max_model_len:
             raise JobRejected(f"prompt of {len(job.token_ids)} tokens is outside 1..{self.max_model_len}")
-        save_to: list[str] = []
-        if self.is_vllm:
-            decode_node = await self._decode_node(job)
-            save_to = list(dict.fromkeys(n for n in (decode_node, self.settings.node) if n))
+        decode_node = await self._decode_node(job)
+        save_to = list(dict.fromkeys(n for n in (decode_node, self.settings.node) if n))
         self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids))
         enqueued = time.monotonic()
         try:
@@ -162,11 +170,12 @@ class PrefillWorker:
                             extra={"request_id": job.request_id, "error": str(exc)})
 
     async def drain(self) -> None:
-        """Jobs already accepted finish (the bus drain waits for their handlers); a vllm
-        engine stops once they have, or after drain_timeout_s."""
-        if not self.is_vllm:
-            return
+        """Jobs already accepted finish (or drain_timeout_s passes), then the engine's store
+        connection closes."""
         deadline = time.monotonic() + self.settings.drain_timeout_s
         while self._predicted_s and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        await self.engine.close()
+        if self.is_vllm:
+            await self.engine.close()
+        elif self._store is not None:
+            await self._store.close()

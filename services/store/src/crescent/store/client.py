@@ -68,6 +68,7 @@ class StoreClient:
         self._indexes: dict[str, BlockIndex] = {}
         self._mappings: dict[str, ShmMapping] = {}
         self._unmappable: set[str] = set()
+        self._block_bytes: dict[str, int] = {}
         self._host_id = host_id()
         self._transfer: TransferEngine | None = None
         self._staging: ShmSegment | None = None
@@ -195,6 +196,13 @@ class StoreClient:
             if pinned.hashes:
                 await self._ctl(node, UnpinBlocks(model=model, hashes=pinned.hashes), Done)
         return len(pinned.hashes)
+
+    async def block_bytes(self, node: str) -> int:
+        """The block (slot) size of `node`'s store."""
+        if node not in self._block_bytes:
+            pinned = await self._ctl(node, PinBlocks(model="", hashes=[]), PinnedBlocks)
+            self._block_bytes[node] = pinned.block_bytes
+        return self._block_bytes[node]
 
     async def lookup(self, model: str, node: str, hashes: Sequence[bytes]) -> list[str]:
         """Tiers of the longest prefix of `hashes` on `node`, asked of its store directly."""
