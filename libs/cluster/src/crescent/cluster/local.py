@@ -38,6 +38,9 @@ class ClusterSpec:
     store_args: list[str] = field(default_factory=list)  # extra flags for every store
     conductor_args: list[str] = field(default_factory=list)  # extra flags for the conductor
     node_per_instance: bool = False  # each prefill/decode on a node of its own, with its own store
+    engine: str = "emulated"  # or "vllm": a real model from model_dir
+    model_dir: Path | None = None
+    block_size: int = 64  # tokens per stored KV block (vllm; a multiple of vLLM's 32)
 
     def nodes(self) -> dict[str, str]:
         """instance id → node of every prefill and decode instance."""
@@ -72,22 +75,39 @@ class LocalCluster:
                 "--log-format", self.spec.log_format, *extra]
         return ProcessSpec(name=instance_id, argv=argv, env=self.spec.env, stop_timeout_s=35.0)
 
+    def _model_flags(self) -> dict[str, list[str]]:
+        """Per role, the flags that make every service agree on the model: its checkpoint,
+        tokenizer, block size and the bytes of one stored block."""
+        if self.spec.engine != "vllm":
+            return {"store": [], "worker": list(self.spec.engine_args), "conductor": []}
+        from crescent.engine.checkpoint import inspect_checkpoint
+
+        model_dir, block_size = str(self.spec.model_dir), str(self.spec.block_size)
+        block_bytes = str(inspect_checkpoint(model_dir).kv.block_bytes(self.spec.block_size))
+        return {"store": ["--block-bytes", block_bytes],
+                "worker": ["--engine", "vllm", "--model", model_dir, "--block-size", block_size,
+                           "--vllm-kv-cache-gib", "1", *self.spec.engine_args],
+                "conductor": ["--tokenizer", model_dir, "--block-size", block_size,
+                              "--kv-bytes-per-block", block_bytes]}
+
     def _store(self, node: str) -> ProcessSpec:
         return self._service("store", f"store-{node}", [
             "--node", node, "--dram-bytes", str(self.spec.store_dram_bytes),
             "--ssd-path", str(self.spec.workdir / f"store-{node}.ssd"), "--ssd-bytes", str(self.spec.store_ssd_bytes),
-            *self.spec.store_args])
+            *self._model_flags()["store"], *self.spec.store_args])
 
     def conductor_spec(self, instance_id: str, port: int) -> ProcessSpec:
         """A conductor of this cluster; more than one may run at once (they share no state)."""
-        spec = self._service("conductor", instance_id, ["--http-port", str(port), *self.spec.conductor_args])
+        spec = self._service("conductor", instance_id, ["--http-port", str(port), *self._model_flags()["conductor"],
+                                                        *self.spec.conductor_args])
         spec.port = port
         return spec
 
     def _specs(self) -> list[ProcessSpec]:
         nodes = self.spec.nodes()
         specs = [self._store(node) for node in sorted(set(nodes.values()))]
-        specs += [self._service(instance_id.split("-")[0], instance_id, ["--node", node, *self.spec.engine_args])
+        worker = self._model_flags()["worker"]
+        specs += [self._service(instance_id.split("-")[0], instance_id, ["--node", node, *worker])
                   for instance_id, node in nodes.items()]
         return specs + [self.conductor_spec("conductor-0", self.spec.api_port)]
 

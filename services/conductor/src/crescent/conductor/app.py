@@ -44,6 +44,7 @@ from crescent.conductor.openai_api import (
 )
 from crescent.conductor.settings import ConductorSettings
 from crescent.conductor.text import TextAssembler
+from crescent.engine.hf_tokenizer import HfTokenizer
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class Conductor:
 
     def __init__(self, settings: ConductorSettings) -> None:
         self.settings = settings
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer = HfTokenizer(settings.tokenizer) if settings.tokenizer else ByteTokenizer()
         self.view = ClusterView(clock=time.monotonic)
         self.scheduler = Scheduler(settings, self.view, time.monotonic)
         self._runtime: Runtime | None = None
@@ -275,7 +276,8 @@ class Conductor:
 class _Relay:
     """Turns a request's TokenEvents into one HTTP response (SSE or JSON), timing TTFT and TBT."""
 
-    def __init__(self, gen: GenerationRequest, request_id: str, tokenizer: ByteTokenizer, arrived: float) -> None:
+    def __init__(self, gen: GenerationRequest, request_id: str, tokenizer: ByteTokenizer | HfTokenizer,
+                 arrived: float) -> None:
         self.gen = gen
         self.request_id = request_id
         self.created = int(time.time())

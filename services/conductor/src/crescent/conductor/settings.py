@@ -31,6 +31,8 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     prefill_model: str = setting("", "JSON of a fitted prefill-time model (crescent profile); empty: the emulated cost model")
     hot_spot_period_s: float = setting(2.0, "interval of the hot-block replication pass (0: off)")
     seed: int = setting(0, "seed of the random baseline policy")
+    tokenizer: str = setting("", "checkpoint directory whose tokenizer.json the served model uses "
+                                 "(empty: the emulated engine's byte tokenizer)")
 
     def validate(self) -> None:
         super().validate()
