@@ -30,7 +30,7 @@ $(STAMP): $(addsuffix /pyproject.toml,$(PKGS)) requirements-dev.txt constraints.
 		$(addprefix -e ,$(PKGS)) -r requirements-dev.txt
 	touch $(STAMP)
 
-run: install
+run: install install-vllm
 	$(VENV)/bin/crescent up
 
 test: install install-vllm

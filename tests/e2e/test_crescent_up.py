@@ -19,7 +19,8 @@ pytestmark = pytest.mark.e2e
 def test_sigterm_stops_every_process_of_the_cluster(tmp_path):
     port = free_port()
     crescent = Path(sys.executable).parent / "crescent"
-    up = subprocess.Popen([str(crescent), "up", "--port", str(port), "--workdir", str(tmp_path)],
+    up = subprocess.Popen([str(crescent), "up", "--engine", "emulated", "--port", str(port), "--workdir",
+                           str(tmp_path)],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60

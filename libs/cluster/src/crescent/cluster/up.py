@@ -18,8 +18,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode", type=int, default=1, help="number of decode instances (default 1)")
     parser.add_argument("--workdir", type=Path, default=Path(".crescent"),
                         help="where logs and etcd data go (default .crescent)")
-    parser.add_argument("--engine", choices=("emulated", "vllm"), default="emulated",
-                        help="emulated (a cost model, no weights; default) or vllm (a real model, see --model)")
+    parser.add_argument("--engine", choices=("emulated", "vllm"), default="vllm",
+                        help="vllm (a real model, see --model; default) or emulated (a cost model, no weights)")
     parser.add_argument("--model", type=Path, default=None,
                         help="vllm: a local Hugging Face Llama-family checkpoint (default: build the tiny "
                              "test model into WORKDIR/models/tiny-llama)")
