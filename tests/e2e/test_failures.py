@@ -18,7 +18,8 @@ MODEL = "crescent-emulated"
 @pytest.fixture
 def cluster(tmp_path):
     # At half the emulated device's speed a 30k-token prompt prefills for about 4 s.
-    spec = ClusterSpec(workdir=tmp_path, api_port=free_port(), engine_args=["--emulated-time-scale", "0.5"])
+    spec = ClusterSpec(workdir=tmp_path, api_port=free_port(), engine_args=["--emulated-time-scale", "0.5"],
+                       decode_args=["--kv-capacity-tokens", "31000"])
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=60)
     yield cluster
@@ -67,3 +68,13 @@ async def test_prefill_killed_mid_job_fails_the_request_fast(cluster):
         assert "prefill-0" in (await response.json())["error"]["message"]
         assert time.monotonic() - killed_at < 5
         response.release()
+
+
+async def test_request_larger_than_any_decode_instance_gets_400_not_429(cluster):
+    # 31,504 tokens fit the model's context (32,768) but not the decode instance's KV room (31,000).
+    body = {"model": MODEL, "prompt": "y" * 31500, "max_tokens": 4}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{cluster.api_url}/v1/completions", json=body) as response:
+            assert response.status == 400
+            error = (await response.json())["error"]
+    assert error["code"] == "exceeds_kv_capacity" and "31000" in error["message"]

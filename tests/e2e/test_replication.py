@@ -23,7 +23,7 @@ SYSTEM_PROMPT = "You are Crescent's test assistant. Answer briefly and precisely
 
 @pytest.fixture
 def cluster(tmp_path):
-    spec = ClusterSpec(workdir=tmp_path, api_port=free_port(), num_prefill=4, num_decode=1, node_per_instance=True,
+    spec = ClusterSpec(workdir=tmp_path, api_port=free_port(), num_prefill=4, num_decode=4, node_per_instance=True,
                        engine_args=["--emulated-time-scale", "0.2"], store_dram_bytes=64 << 20,
                        store_ssd_bytes=64 << 20, conductor_args=["--hot-spot-period-s", "0.5"])
     cluster = LocalCluster(spec)

@@ -18,9 +18,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     store.add_argument("--repeat", type=int, default=5, help="timed rounds per case; the median is reported (default 5)")
     store.add_argument("--batch-mib", type=int, default=16, help="MiB per put/get batch (default 16)")
     store.add_argument("--skip-mooncake", action="store_true", help="measure Crescent only")
+    prefix = benches.add_parser("prefix-reuse", help="TTFT with 0 %% and 90 %% of the prompt cached: Crescent vs plain vLLM")
+    prefix.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: the tiny test model)")
+    prefix.add_argument("--repeat", type=int, default=3, help="prompts per case; the median is reported (default 3)")
     schedule = benches.add_parser("schedule", help="scheduling decision time per request (kv-centric vs least-loaded)")
     schedule.add_argument("--repeat", type=int, default=200, help="requests per case (default 200)")
-    for sub in (control, transfer, store, schedule):
+    for sub in (control, transfer, store, prefix, schedule):
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
 
@@ -34,6 +37,10 @@ def run(args: argparse.Namespace) -> int:
 
         result = run_store_bench(repeat=args.repeat, batch_bytes=args.batch_mib << 20,
                                  include_mooncake=not args.skip_mooncake)
+    elif args.bench == "prefix-reuse":
+        from crescent.bench.prefix_reuse import run_prefix_reuse_bench
+
+        result = run_prefix_reuse_bench(args.model, args.repeat)
     elif args.bench == "schedule":
         from crescent.bench.schedule_bench import run_schedule_bench
 

@@ -37,6 +37,7 @@ class ClusterSpec:
     store_ssd_bytes: int = 1 << 30
     store_args: list[str] = field(default_factory=list)  # extra flags for every store
     conductor_args: list[str] = field(default_factory=list)  # extra flags for the conductor
+    decode_args: list[str] = field(default_factory=list)  # extra flags for decode instances only
     node_per_instance: bool = False  # each prefill/decode on a node of its own, with its own store
     engine: str = "emulated"  # or "vllm": a real model from model_dir
     model_dir: Path | None = None
@@ -107,8 +108,10 @@ class LocalCluster:
         nodes = self.spec.nodes()
         specs = [self._store(node) for node in sorted(set(nodes.values()))]
         worker = self._model_flags()["worker"]
-        specs += [self._service(instance_id.split("-")[0], instance_id, ["--node", node, *worker])
-                  for instance_id, node in nodes.items()]
+        for instance_id, node in nodes.items():
+            role = instance_id.split("-")[0]
+            extra = self.spec.decode_args if role == "decode" else []
+            specs.append(self._service(role, instance_id, ["--node", node, *worker, *extra]))
         return specs + [self.conductor_spec("conductor-0", self.spec.api_port)]
 
     def add_process(self, spec: ProcessSpec) -> ManagedProcess:
