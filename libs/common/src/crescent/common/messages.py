@@ -134,11 +134,3 @@ class StoreStats(Message):
     num_blocks: int = 0
     used_bytes: int = 0
     capacity_bytes: int = 0
-
-
-class ClusterConfig(Message):
-    """The cluster-wide settings under `config` in etcd, written by the conductor."""
-
-    model: str
-    block_size: int
-    max_model_len: int

@@ -59,9 +59,6 @@ class Keys:
     def prefix(self) -> str:
         return f"/crescent/{self.cluster}/"
 
-    def config(self) -> str:
-        return f"{self.prefix}config"
-
     def instances(self) -> str:
         return f"{self.prefix}instances/"
 
