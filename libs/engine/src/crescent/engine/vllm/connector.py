@@ -24,9 +24,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from crescent.common.tracing import setup_tracing
 from crescent.engine.kv_store import BlockOps, BridgeConfig, StoreBridge
 from crescent.engine.vllm.events import EventLog
-from crescent.engine.vllm.plan import PARAM_LOAD, PARAM_SAVE_TO, ConnectorConfig, CrescentMetadata
+from crescent.engine.vllm.plan import PARAM_LOAD, PARAM_SAVE_TO, PARAM_TRACE, ConnectorConfig, CrescentMetadata
 from crescent.engine.vllm.scheduler_side import SchedulerSide
 from crescent.engine.vllm.worker_side import WorkerSide
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["PARAM_LOAD", "PARAM_SAVE_TO", "CrescentConnector", "CrescentMetadata"]
+__all__ = ["PARAM_LOAD", "PARAM_SAVE_TO", "PARAM_TRACE", "CrescentConnector", "CrescentMetadata"]
 
 
 class CrescentConnector(KVConnectorBase_V1):
@@ -67,12 +68,17 @@ class CrescentConnector(KVConnectorBase_V1):
         self.bridge.start()
         self.ops = BlockOps(self.bridge.client, self.config.model, self.config.timeout_s)
         self.events = EventLog(self.config.event_log)
+        # vLLM's engine core may run in a child process: give it its own exporter, so the
+        # connector's spans (load_kv, kv.transfer) join the request's trace from there.
+        self.tracer_provider = setup_tracing(f"{self.config.role}-kv", self.config.node)
+        self.tracer = self.tracer_provider.get_tracer("crescent")
         self._scheduler = SchedulerSide(self) if role == KVConnectorRole.SCHEDULER else None
         self._worker = WorkerSide(self) if role == KVConnectorRole.WORKER else None
 
     def shutdown(self) -> None:
         self.bridge.close()
         self.events.close()
+        self.tracer_provider.shutdown()
 
     # scheduler side ------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:

@@ -18,7 +18,8 @@ from crescent.common.messages import SamplingParams as CrescentSampling
 from crescent.engine.base import FINISH_ABORT, DecodeStep, PrefillOutput
 from crescent.engine.checkpoint import Checkpoint, inspect_checkpoint
 from crescent.engine.settings import EngineSettings
-from crescent.engine.vllm.connector import PARAM_LOAD, PARAM_SAVE_TO
+from crescent.common import tracing
+from crescent.engine.vllm.connector import PARAM_LOAD, PARAM_SAVE_TO, PARAM_TRACE
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,8 @@ class VllmEngine:
         return SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
                               seed=sampling.seed, stop_token_ids=list(sampling.stop_token_ids),
                               ignore_eos=sampling.ignore_eos, output_kind=RequestOutputKind.DELTA,
-                              extra_args={"kv_transfer_params": kv} if kv and self.endpoints else None)
+                              extra_args={"kv_transfer_params": {**kv, PARAM_TRACE: tracing.inject_headers() or {}}}
+                              if kv and self.endpoints else None)
 
     def _check_length(self, num_tokens: int) -> None:
         if not 0 < num_tokens <= self.max_model_len:

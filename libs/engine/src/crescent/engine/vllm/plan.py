@@ -10,6 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 PARAM_LOAD = "crescent_load"  # kv_transfer_params: False skips the store lookup
 PARAM_SAVE_TO = "crescent_save_to"  # kv_transfer_params: nodes whose stores get the prompt's blocks
+PARAM_TRACE = "crescent_trace"  # kv_transfer_params: the request's W3C trace context (traceparent)
 
 
 @dataclass
@@ -44,6 +45,7 @@ class LoadSpec:
     first_block: int
     fills: list[tuple[int, int, int]]  # (index into hashes, sub-block within it, vLLM block id)
     source: str = ""  # async: the node to replicate from first; "" = this node's store, sync
+    trace: dict[str, str] = field(default_factory=dict)  # the request's trace context, for spans
 
 
 @dataclass
@@ -52,6 +54,7 @@ class SaveSpec:
     hashes: list[bytes]
     vllm_block_ids: list[int]  # k per store block, in order
     targets: list[str]
+    trace: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

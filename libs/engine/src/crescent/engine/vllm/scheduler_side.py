@@ -13,6 +13,7 @@ from crescent.engine.kv_store import KvStoreError
 from crescent.engine.vllm.plan import (
     PARAM_LOAD,
     PARAM_SAVE_TO,
+    PARAM_TRACE,
     CrescentMetadata,
     LoadSpec,
     SaveSpec,
@@ -38,7 +39,12 @@ class _Tracked:
     hashes: list[bytes]
     block_ids: list[int]
     save_to: list[str]
+    trace: dict[str, str]
     num_planned: int = 0  # store blocks below this are already in some SaveSpec
+
+
+def _trace(request: Request) -> dict[str, str]:
+    return dict((request.kv_transfer_params or {}).get(PARAM_TRACE) or {})
 
 
 class SchedulerSide:
@@ -97,14 +103,14 @@ class SchedulerSide:
             return
         save_to = list((request.kv_transfer_params or {}).get(PARAM_SAVE_TO) or [])
         if save_to:
-            self._tracked[request_id] = _Tracked(self._hashes(request), block_ids, save_to)
+            self._tracked[request_id] = _Tracked(self._hashes(request), block_ids, save_to, _trace(request))
 
     def _load_spec(self, request: Request, block_ids: list[int], start: int, end: int, source: str) -> LoadSpec:
         vbs, k = self.c.vllm_block_size, self.c.k
         first_block, last_block = start // (vbs * k), (end - 1) // (vbs * k)
         hashes = self._hashes(request)[first_block:last_block + 1]
         fills = [((v // k) - first_block, v % k, block_ids[v]) for v in range(start // vbs, end // vbs)]
-        return LoadSpec(request.request_id, hashes, first_block, fills, source)
+        return LoadSpec(request.request_id, hashes, first_block, fills, source, _trace(request))
 
     def build_meta(self, output: SchedulerOutput) -> CrescentMetadata:
         meta = CrescentMetadata(loads=self._pending_loads)
@@ -135,7 +141,8 @@ class SchedulerSide:
             return
         k = self.c.k
         ids = tracked.block_ids[tracked.num_planned * k:last * k]
-        meta.saves.append(SaveSpec(request_id, tracked.hashes[tracked.num_planned:last], ids, tracked.save_to))
+        meta.saves.append(SaveSpec(request_id, tracked.hashes[tracked.num_planned:last], ids, tracked.save_to,
+                                   tracked.trace))
         tracked.num_planned = last
 
     def loads_done(self, request_ids: set[str]) -> None:

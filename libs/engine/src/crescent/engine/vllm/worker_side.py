@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import torch
+from crescent.common.tracing import extract_headers
 from crescent.engine.kv_store import KvStoreError
 from crescent.engine.vllm.plan import CrescentMetadata, LoadSpec, SaveSpec
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -52,6 +53,7 @@ class _LoadJob:
 class _SaveJob:
     def __init__(self, spec: SaveSpec) -> None:
         self.spec = spec
+        self.started_ns = time.time_ns()
         self.slots: dict[str, Any] = {}  # target → concurrent future of BlockSlots
         self.writes: list[Any] = []  # concurrent futures of layer writes to remote stores
         self.num_layers = 0  # layers handed to every target so far
@@ -120,6 +122,7 @@ class WorkerSide:
     async def _read_layers(self, job: _LoadJob) -> None:
         node, hashes = self.c.config.node, job.spec.hashes
         pinned = None
+        span = self.span(f"{self.c.config.role}.load_kv", job.spec.trace, num_blocks=len(hashes))
         try:
             pinned = await self.c.ops.pin(node, hashes)
             self._check_block_bytes(pinned.block_bytes)
@@ -134,6 +137,10 @@ class WorkerSide:
         finally:
             for event in job.layer_done:
                 event.set()
+            span.set_attribute("crescent.num_loaded", job.num_pinned)
+            if job.error is not None:
+                span.set_attribute("crescent.error", repr(job.error))
+            span.end()
             if pinned is not None:
                 try:
                     await self.c.ops.unpin(node, pinned.hashes)
@@ -170,7 +177,10 @@ class WorkerSide:
     async def _fetch_remote(self, spec: LoadSpec) -> tuple[int, list[torch.Tensor]]:
         """Replicate from `spec.source` into this node's store, then read every layer."""
         node = self.c.config.node
-        await self.c.ops.replicate(spec.source, node, spec.hashes)
+        with self.c.tracer.start_as_current_span("kv.transfer", context=extract_headers(spec.trace)) as span:
+            span.set_attribute("crescent.source", spec.source)
+            span.set_attribute("crescent.num_blocks", len(spec.hashes))
+            await self.c.ops.replicate(spec.source, node, spec.hashes)
         job = _LoadJob(spec, len(self.kv), self.layer_bytes)
         await self._read_layers(job)
         if job.error is not None:
@@ -287,7 +297,22 @@ class WorkerSide:
         self._saves = []
         self._loads = []
 
+    def span(self, name: str, trace: dict[str, str], start_ns: int | None = None, **attributes: Any):
+        """A span of the request whose trace context the plan carries, started now or at `start_ns`."""
+        span = self.c.tracer.start_span(name, context=extract_headers(trace), start_time=start_ns)
+        for key, value in attributes.items():
+            span.set_attribute(f"crescent.{key}", value)
+        return span
+
     def _close_save(self, job: _SaveJob) -> None:
+        span = self.span("kv.transfer", job.spec.trace, job.started_ns, num_blocks=len(job.spec.hashes),
+                         targets=",".join(job.spec.targets), failed=job.is_failed)
+        try:
+            self._commit_save(job)
+        finally:
+            span.end()
+
+    def _commit_save(self, job: _SaveJob) -> None:
         for target, slots_future in job.slots.items():
             try:
                 slots = slots_future.result(self.c.config.timeout_s)
