@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time

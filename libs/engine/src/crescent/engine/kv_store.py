@@ -26,11 +26,8 @@ from crescent.common.store_messages import (
     BlockSlots,
     CommitBlocks,
     Done,
-    LookupBlocks,
-    LookupReply,
     PinBlocks,
     PinnedBlocks,
-    ReplicateBlocks,
     ReplicateReply,
     UnpinBlocks,
 )
@@ -133,8 +130,7 @@ class BlockOps:
 
     async def lookup(self, node: str, hashes: Sequence[bytes]) -> int:
         """How many leading blocks of `hashes` the store on `node` holds right now."""
-        reply = await self.client._ctl(node, LookupBlocks(model=self.model, hashes=list(hashes)), LookupReply)
-        return len(reply.tiers)
+        return len(await self.client.lookup(self.model, node, hashes))
 
     async def best_remote(self, node: str, hashes: Sequence[bytes]) -> tuple[str, int]:
         """The other node holding the longest prefix of `hashes` (cluster index), and its length."""
@@ -146,40 +142,39 @@ class BlockOps:
         return best, by_node[best]
 
     async def replicate(self, source: str, target: str, hashes: Sequence[bytes]) -> ReplicateReply:
-        request = ReplicateBlocks(model=self.model, hashes=list(hashes), source_node=source)
-        return await self.client._ctl(target, request, ReplicateReply)
+        return await self.client.replicate(self.model, hashes, source, target)
 
     async def pin(self, node: str, hashes: Sequence[bytes]) -> PinnedBlocks:
         request = PinBlocks(model=self.model, hashes=list(hashes), ttl_s=4 * self.timeout_s)
-        return await self.client._ctl(node, request, PinnedBlocks)
+        return await self.client.ctl(node, request, PinnedBlocks)
 
     async def unpin(self, node: str, hashes: Sequence[bytes]) -> None:
         if hashes:
-            await self.client._ctl(node, UnpinBlocks(model=self.model, hashes=list(hashes)), Done)
+            await self.client.ctl(node, UnpinBlocks(model=self.model, hashes=list(hashes)), Done)
 
     async def read(self, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]) -> None:
-        await self.client._move(Op.READ, segment, offsets, buffers)
+        await self.client.move(Op.READ, segment, offsets, buffers)
 
     async def alloc(self, node: str, hashes: Sequence[bytes]) -> BlockSlots:
         request = AllocBlocks(model=self.model, hashes=list(hashes), ttl_s=4 * self.timeout_s)
-        return await self.client._ctl(node, request, BlockSlots)
+        return await self.client.ctl(node, request, BlockSlots)
 
     def mapped(self, segment: str) -> memoryview | None:
         """The store segment's memory, when it lives on this host (then bytes are copied in
         place, in the caller's thread); None for a store reached over the data plane."""
-        mapping = self.client._mapping(segment)
+        mapping = self.client.mapping(segment)
         return mapping.view if mapping is not None else None
 
     async def write(self, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]) -> None:
-        await self.client._move(Op.WRITE, segment, offsets, buffers)
+        await self.client.move(Op.WRITE, segment, offsets, buffers)
 
     async def commit(self, node: str, hashes: Sequence[bytes]) -> None:
         if hashes:
-            await self.client._ctl(node, CommitBlocks(model=self.model, hashes=list(hashes)), Done)
+            await self.client.ctl(node, CommitBlocks(model=self.model, hashes=list(hashes)), Done)
 
     async def evict(self, node: str, hashes: Sequence[bytes]) -> None:
         await self.client.evict(self.model, node, hashes)
 
     async def abort(self, node: str, hashes: Sequence[bytes]) -> None:
         if hashes:
-            await self.client._ctl(node, AbortBlocks(model=self.model, hashes=list(hashes)), Done)
+            await self.client.ctl(node, AbortBlocks(model=self.model, hashes=list(hashes)), Done)

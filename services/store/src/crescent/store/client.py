@@ -102,10 +102,13 @@ class StoreClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _ctl(self, node: str, request, reply_type):
+    async def ctl(self, node: str, request, reply_type):
+        """One request to `node`'s store (store.<node>.ctl). With `move` and `mapping`, the
+        primitives for callers that work below whole blocks, like the vLLM connector, which
+        pins once and then moves one layer at a time."""
         return await self._bus.request(self._subjects.store_ctl(node), request, reply_type, self.config.timeout_s)
 
-    def _mapping(self, segment: str) -> ShmMapping | None:
+    def mapping(self, segment: str) -> ShmMapping | None:
         """The store's segment mapped here, if it lives on this host (and mapping is on)."""
         if not self.config.use_mapping:
             return None
@@ -126,9 +129,9 @@ class StoreClient:
         self._mappings[segment] = mapping
         return mapping
 
-    async def _move(self, op: Op, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]) -> None:
+    async def move(self, op: Op, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]) -> None:
         """Copy buffers into (WRITE) or out of (READ) the store's segment at `offsets`."""
-        mapping = self._mapping(segment)
+        mapping = self.mapping(segment)
         if mapping is not None:
             for offset, buffer in zip(offsets, buffers):
                 region = mapping.view[offset:offset + len(buffer)]
@@ -168,45 +171,45 @@ class StoreClient:
     async def put_blocks(self, model: str, node: str, hashes: Sequence[bytes], blocks: Sequence) -> int:
         """Store whole blocks on `node`'s store; blocks it already has are skipped. Returns
         how many were written."""
-        slots = await self._ctl(node, AllocBlocks(model=model, hashes=list(hashes)), BlockSlots)
+        slots = await self.ctl(node, AllocBlocks(model=model, hashes=list(hashes)), BlockSlots)
         if not slots.allocated:
             return 0
         by_hash = dict(zip(hashes, blocks))
         try:
-            await self._move(Op.WRITE, slots.segment, slots.offsets,
+            await self.move(Op.WRITE, slots.segment, slots.offsets,
                              [memoryview(by_hash[h]).cast("B") for h in slots.allocated])
         except BaseException:
-            await self._ctl(node, AbortBlocks(model=model, hashes=slots.allocated), Done)
+            await self.ctl(node, AbortBlocks(model=model, hashes=slots.allocated), Done)
             raise
-        await self._ctl(node, CommitBlocks(model=model, hashes=slots.allocated), Done)
+        await self.ctl(node, CommitBlocks(model=model, hashes=slots.allocated), Done)
         return len(slots.allocated)
 
     async def get_blocks(self, model: str, node: str, hashes: Sequence[bytes], out: Sequence[memoryview],
                          layer: int | None = None, num_layers: int = 1) -> int:
         """Read the longest prefix of `hashes` held on `node` into `out` (whole blocks, or one
         layer's contiguous slice of each); returns how many blocks were read."""
-        pinned = await self._ctl(node, PinBlocks(model=model, hashes=list(hashes)), PinnedBlocks)
+        pinned = await self.ctl(node, PinBlocks(model=model, hashes=list(hashes)), PinnedBlocks)
         try:
             offsets = pinned.offsets
             if layer is not None:
                 layer_bytes = pinned.block_bytes // num_layers
                 offsets = [offset + layer * layer_bytes for offset in offsets]
-            await self._move(Op.READ, pinned.segment, offsets, [memoryview(b).cast("B") for b in out[:len(offsets)]])
+            await self.move(Op.READ, pinned.segment, offsets, [memoryview(b).cast("B") for b in out[:len(offsets)]])
         finally:
             if pinned.hashes:
-                await self._ctl(node, UnpinBlocks(model=model, hashes=pinned.hashes), Done)
+                await self.ctl(node, UnpinBlocks(model=model, hashes=pinned.hashes), Done)
         return len(pinned.hashes)
 
     async def block_bytes(self, node: str) -> int:
         """The block (slot) size of `node`'s store."""
         if node not in self._block_bytes:
-            pinned = await self._ctl(node, PinBlocks(model="", hashes=[]), PinnedBlocks)
+            pinned = await self.ctl(node, PinBlocks(model="", hashes=[]), PinnedBlocks)
             self._block_bytes[node] = pinned.block_bytes
         return self._block_bytes[node]
 
     async def lookup(self, model: str, node: str, hashes: Sequence[bytes]) -> list[str]:
         """Tiers of the longest prefix of `hashes` on `node`, asked of its store directly."""
-        return (await self._ctl(node, LookupBlocks(model=model, hashes=list(hashes)), LookupReply)).tiers
+        return (await self.ctl(node, LookupBlocks(model=model, hashes=list(hashes)), LookupReply)).tiers
 
     async def watch_model(self, model: str) -> BlockIndex:
         """Start following blocks/<model>/ in etcd (the cluster-wide shadow index)."""
@@ -224,7 +227,7 @@ class StoreClient:
 
     async def replicate(self, model: str, hashes: Sequence[bytes], source_node: str, target_node: str) -> ReplicateReply:
         request = ReplicateBlocks(model=model, hashes=list(hashes), source_node=source_node)
-        return await self._ctl(target_node, request, ReplicateReply)
+        return await self.ctl(target_node, request, ReplicateReply)
 
     async def evict(self, model: str, node: str, hashes: Sequence[bytes]) -> EvictReply:
-        return await self._ctl(node, EvictBlocks(model=model, hashes=list(hashes)), EvictReply)
+        return await self.ctl(node, EvictBlocks(model=model, hashes=list(hashes)), EvictReply)
