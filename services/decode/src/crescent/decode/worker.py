@@ -29,6 +29,8 @@ from crescent.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
+CANCEL_MEMORY_S = 60.0
+
 
 @dataclass
 class DecodeSettings(EngineSettings):
@@ -55,6 +57,7 @@ class DecodeWorker:
         self.engine = build_engine(settings, self.role)
         self.ledger = KvLedger(settings.kv_capacity_tokens)
         self._generations: dict[str, asyncio.Task] = {}
+        self._cancelled: dict[str, float] = {}  # request id → until when a late start is refused
         self.recent_tbt = Ewma()  # measured time between tokens of running requests
         self._runtime: Runtime | None = None
 
@@ -127,6 +130,8 @@ class DecodeWorker:
             span.set_attribute("crescent.request_id", start.request_id)
             if start.request_id in self._generations:
                 raise StartRejected(f"request {start.request_id} is already running")
+            if start.request_id in self._cancelled:
+                raise StartRejected(f"request {start.request_id} was cancelled")
             if not self.ledger.activate(start.request_id, need, time.monotonic()):
                 raise StartRejected(f"no reservation for {start.request_id} and no KV room")
         task = asyncio.create_task(self._generate(start), name=f"decode {start.request_id}")
@@ -166,6 +171,11 @@ class DecodeWorker:
             self.ledger.release(start.request_id)
 
     async def cancel(self, cancel: DecodeCancel) -> Ack:
+        """Start and cancel arrive on different subjects and may be handled out of order, so a
+        cancel is remembered: a start that comes after it is refused instead of running."""
+        now = time.monotonic()
+        self._cancelled = {rid: t for rid, t in self._cancelled.items() if t > now}
+        self._cancelled[cancel.request_id] = now + CANCEL_MEMORY_S
         self.engine.abort(cancel.request_id)
         if cancel.request_id not in self._generations:
             self.ledger.release(cancel.request_id)

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from crescent.common.errors import RecoverableError
-from crescent.common.etcd import PrefixMirror
+from crescent.common.etcd import MirrorEvent, PrefixMirror
 from crescent.common.hashing import HASH_BYTES
 from crescent.common.messages import InstanceInfo, InstanceLoad, StoreStats, StoreStatsRequest
 from crescent.common.service import Runtime
@@ -269,6 +269,7 @@ class StoreDaemon:
             if pinned.block_bytes != self.block_bytes:
                 raise BadBlockRequest(f"{request.source_node} stores {pinned.block_bytes}-byte blocks, "
                                       f"this node {self.block_bytes}-byte blocks")
+            await self._know_segment(request.source_node, pinned.segment)
             slots = await self.alloc(AllocBlocks(model=request.model, hashes=pinned.hashes, ttl_s=2 * timeout_s))
             remote = dict(zip(pinned.hashes, pinned.offsets))
             entries = [TransferEntry(Op.READ, self.segment_name, offset, pinned.segment, remote[h], self.block_bytes)
@@ -284,6 +285,15 @@ class StoreDaemon:
             await bus.request(source, UnpinBlocks(model=request.model, hashes=pinned.hashes), Done, timeout_s)
         return ReplicateReply(num_copied=len(slots.allocated),
                               num_present=len(request.hashes) - len(missing) + len(slots.existing))
+
+    async def _know_segment(self, node: str, segment: str) -> None:
+        """A store that just started may not have reached this one's segment watch yet; read
+        its entry directly rather than fail the pull."""
+        if self.directory(segment) is None:
+            key = self._runtime.keys.segments(node)
+            entry = await self._runtime.etcd.get(key.encode())
+            if entry is not None:
+                self.directory.apply(MirrorEvent(key, entry.value))
 
     def _note_rate(self, source_node: str, num_bytes: int, seconds: float) -> None:
         """What the conductor's T_transfer uses: a moving average of achieved pull bandwidth."""
