@@ -28,7 +28,8 @@ def test_time_scale_zero_is_instant_and_decode_is_memory_bound_at_small_batch():
 async def test_emulated_output_is_deterministic():
     cost = CostModel(time_scale=0)
     prompt = [1, 2, 3]
-    first = (await EmulatedPrefillEngine(cost).prefill(prompt)).first_token
+    prefill = EmulatedPrefillEngine(cost)
+    first = (await prefill.compute(await prefill.plan(prompt))).first_token
     assert first == emulated_token(sum(prompt), len(prompt))
     engine = EmulatedDecodeEngine(cost)
     loop = asyncio.create_task(engine.run())

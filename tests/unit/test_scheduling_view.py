@@ -93,4 +93,26 @@ def test_models_lists_smallest_context_per_model():
     register(view, "prefill", "p0", max_model_len=100)
     register(view, "prefill", "p1", max_model_len=50)
     register(view, "prefill", "p2", model="other", max_model_len=10)
-    assert view.models(100.0) == {"m": 50, "other": 10}
+    assert view.models() == {"m": 50, "other": 10}
+
+
+def test_a_silent_instance_is_stale_but_still_registered(caplog):
+    """Slow is not dead: missed telemetry takes an instance out of new work (and is logged once),
+    but its model stays served and its requests wait, until its registry key goes."""
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "prefill", "p0")
+    view.apply_load(load("prefill", "p0"))
+    clock.now += 100.0
+    with caplog.at_level("INFO"):
+        view.log_changes(clock.now)
+        view.log_changes(clock.now)
+    assert view.snapshot("prefill", "m", clock.now) == []
+    assert view.is_registered("prefill", "p0") and view.models() == {"m": 0}
+    assert [r.message for r in caplog.records].count("instance stale: no new work until its telemetry resumes") == 1
+    view.apply_load(load("prefill", "p0"))
+    with caplog.at_level("INFO"):
+        view.log_changes(clock.now)
+    assert "instance back" in [r.message for r in caplog.records]
+    view.apply_registry(MirrorEvent("/crescent/c/instances/prefill/p0", None))
+    assert not view.is_registered("prefill", "p0") and view.models() == {}

@@ -65,6 +65,7 @@ class Bus:
         self._client = client
         self._handler_tasks: set[asyncio.Task] = set()
         self._is_draining = False
+        self.epoch = 0  # connections so far, less one: a reply or chunk sent across a reconnect may be lost
 
     @classmethod
     async def connect(cls, url: str, name: str, timeout_s: float = 10.0) -> Bus:
@@ -79,6 +80,11 @@ class Bus:
                 log.info("NATS connection closed")
             else:
                 log.warning("NATS disconnected")
+
+        async def on_reconnected() -> None:
+            if bus is not None:
+                bus.epoch += 1
+            log.info("NATS reconnected")
 
         async def on_error(exc: Exception) -> None:
             nonlocal attempts
@@ -95,7 +101,7 @@ class Bus:
                 reconnect_time_wait=0.5,
                 error_cb=on_error,
                 disconnected_cb=on_disconnected,
-                reconnected_cb=_log_reconnected,
+                reconnected_cb=on_reconnected,
             ), timeout_s)
         except (asyncio.TimeoutError, OSError, nats.errors.Error) as exc:
             raise UnreachableError("NATS", url, max(attempts, 1), repr(exc)) from exc
@@ -201,7 +207,3 @@ class Bus:
                 task.cancel()
         if not self._client.is_closed:
             await self._client.close()
-
-
-async def _log_reconnected() -> None:
-    log.info("NATS reconnected")

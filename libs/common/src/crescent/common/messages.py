@@ -75,6 +75,12 @@ class PrefillJob(Message):
     pull_hashes: list[bytes] = []
 
 
+class PrefillCancel(Message):
+    """Conductor → prefill.<id>.cancel: the client left or the job was placed elsewhere."""
+
+    request_id: str
+
+
 class PrefillResult(Message):
     request_id: str
     first_token: int

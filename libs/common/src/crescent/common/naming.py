@@ -29,6 +29,9 @@ class Subjects:
     def prefill_job(self, instance_id: str) -> str:
         return f"{self.prefix}prefill.{instance_id}.job"
 
+    def prefill_cancel(self, instance_id: str) -> str:
+        return f"{self.prefix}prefill.{instance_id}.cancel"
+
     def decode_reserve(self, instance_id: str) -> str:
         return f"{self.prefix}decode.{instance_id}.reserve"
 

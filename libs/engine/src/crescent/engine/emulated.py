@@ -23,10 +23,19 @@ def emulated_token(previous: int, position: int) -> int:
     return ord("a") + (previous * 131 + position * 31) % 26
 
 
+@dataclass(frozen=True)
+class PrefillPlan:
+    """What an emulated prefill will compute: the prompt, its block hashes and the cached prefix."""
+
+    token_ids: Sequence[int]
+    hashes: list[bytes]
+    num_cached: int
+
+
 class EmulatedPrefillEngine:
-    """Computes one prompt per call; the worker's queue decides the order. With `kv` attached,
-    a prefix held by this node's store is not computed, and the prompt's blocks are saved to
-    the `save_to` nodes' stores."""
+    """Computes one prompt per call in three steps, so the worker's queue holds only the compute:
+    `plan` asks this node's store which prefix it holds, `compute` takes the cost model's time,
+    `save` writes the prompt's blocks to the `save_to` nodes' stores."""
 
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
@@ -35,18 +44,22 @@ class EmulatedPrefillEngine:
     def predict_s(self, num_tokens: int, num_cached: int = 0) -> float:
         return self.cost.prefill_s(num_tokens, num_cached)
 
-    async def prefill(self, token_ids: Sequence[int], request_id: str = "", sampling=None,
-                      save_to: Sequence[str] = ()) -> PrefillOutput:
+    async def plan(self, token_ids: Sequence[int]) -> PrefillPlan:
         hashes = self.kv.hashes(token_ids) if self.kv else []
         # The last token is always computed: its logits give the first output token.
         num_cached = min(await self.kv.num_cached_tokens(hashes), len(token_ids) - 1) if hashes else 0
-        seconds = self.predict_s(len(token_ids), num_cached)
+        return PrefillPlan(token_ids, hashes, num_cached)
+
+    async def compute(self, plan: PrefillPlan) -> PrefillOutput:
+        seconds = self.predict_s(len(plan.token_ids), plan.num_cached)
         await asyncio.sleep(seconds)
-        if hashes and save_to:
-            await self.kv.save(hashes, save_to)
-        first = emulated_token(sum(token_ids), len(token_ids))
-        return PrefillOutput(first_token=first, num_computed_tokens=len(token_ids) - num_cached,
-                             num_cached_tokens=num_cached, compute_s=seconds)
+        first = emulated_token(sum(plan.token_ids), len(plan.token_ids))
+        return PrefillOutput(first_token=first, num_computed_tokens=len(plan.token_ids) - plan.num_cached,
+                             num_cached_tokens=plan.num_cached, compute_s=seconds)
+
+    async def save(self, plan: PrefillPlan, save_to: Sequence[str]) -> None:
+        if plan.hashes and save_to:
+            await self.kv.save(plan.hashes, save_to)
 
 
 @dataclass

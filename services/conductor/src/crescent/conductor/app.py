@@ -91,7 +91,8 @@ class Conductor:
             runtime.tasks.spawn("hot-spot-replication", self._replicate_hot_blocks())
         await runtime.bus.subscribe(runtime.subjects.telemetry_all(), InstanceLoad, self._on_load)
         timeouts = FlowTimeouts(reserve_s=self.settings.reserve_timeout_s, prefill_s=self.settings.prefill_timeout_s,
-                                start_s=self.settings.start_timeout_s, token_gap_s=self.settings.token_timeout_s)
+                                start_s=self.settings.start_timeout_s, token_gap_s=self.settings.token_timeout_s,
+                                placement_wait_s=self.settings.placement_wait_s)
         self._flow = RequestFlow(runtime.bus, runtime.subjects, self.scheduler, timeouts, self.tokenizer.eos_token_id)
         app = runtime.http_app
         app.middlewares.append(openai_errors)
@@ -115,9 +116,10 @@ class Conductor:
         return {"live_instances": {role: self.view.count(role, now) for role in ("prefill", "decode", "store")}}
 
     def load(self) -> InstanceLoad:
+        self.view.log_changes(time.monotonic())
         for role, count in self.health()["live_instances"].items():
             metrics.INSTANCES.labels(role).set(count)
-        for model in self.view.models(time.monotonic()):
+        for model in self.view.models():
             factor = self.scheduler.imbalance(model)
             if factor is not None:
                 metrics.IMBALANCE.labels(model).set(factor)
@@ -146,7 +148,7 @@ class Conductor:
         hottest = [{"hash": block.hash.hex(), "replicas": block.num_replicas, "hits": round(block.hits, 2)}
                    for block in self.scheduler.index.hottest(10, now)]
         models = {model: {"pd_imbalance_factor": self.scheduler.imbalance(model)}
-                  for model in self.view.models(now)}
+                  for model in self.view.models()}
         return web.json_response({"instances": instances, "cache_hit_rate": self.scheduler.cache_hit_rate,
                                   "num_blocks": self.scheduler.index.num_blocks, "hottest_blocks": hottest,
                                   "models": models, "policy": self.settings.policy,
@@ -156,7 +158,7 @@ class Conductor:
         """Give hot prefixes more replicas (paper §4.2), one pass every hot_spot_period_s."""
         while True:
             await asyncio.sleep(self.settings.hot_spot_period_s)
-            for model in self.view.models(time.monotonic()):
+            for model in self.view.models():
                 for order in self.scheduler.hot_spot_orders(model):
                     await self._replicate(model, order)
 
@@ -171,7 +173,7 @@ class Conductor:
             log.warning("hot-spot replication failed", extra={"target": order.target_node, "error": str(exc)})
 
     async def models(self, request: web.Request) -> web.Response:
-        served = self.view.models(time.monotonic())
+        served = self.view.models()
         data = [{"id": name, "object": "model", "created": 0, "owned_by": "crescent", "max_model_len": length}
                 for name, length in sorted(served.items())]
         return web.json_response({"object": "list", "data": data})
@@ -192,9 +194,9 @@ class Conductor:
 
     def _tokens(self, gen: GenerationRequest) -> tuple[list[int], int]:
         """Prompt tokens and max_tokens, checked against the model's context."""
-        served = self.view.models(time.monotonic())
+        served = self.view.models()
         if gen.model not in served:
-            raise ApiError(404, f"the model '{gen.model}' does not exist or has no live instance",
+            raise ApiError(404, f"the model '{gen.model}' does not exist: no instance serves it",
                            type_="not_found_error", param="model", code="model_not_found")
         if gen.prompt_token_ids is not None:
             token_ids = gen.prompt_token_ids

@@ -1,8 +1,10 @@
 """The conductor's shadow of the cluster: who is registered (etcd mirror) and how loaded they
 are (telemetry). Nothing here is authoritative; a restarted conductor rebuilds it all.
 
-An instance is live while its registry key exists and its telemetry is fresh: one that misses
-STALE_PERIODS telemetry periods gets no new work even before its lease runs out. Between two
+Slow is not dead. An instance is *live* (it gets new work) while its registry key exists and its
+telemetry is fresh; one that misses STALE_PERIODS telemetry periods is *stale*: it gets no new
+work, but the requests it holds wait for it. Only when its registry key goes (its lease expired
+or it deregistered) is it gone, and its requests move elsewhere. Between two
 telemetry messages the conductor counts its own assignments, so a burst of requests does not
 all land on the instance that looked idlest a moment ago.
 """
@@ -33,6 +35,7 @@ class InstanceState:
     num_assigned_since_load: int = 0
     kv_assigned_since_load: int = 0
     queue_s_assigned_since_load: float = 0.0
+    was_live: bool = True  # at the last look: each change is logged once
 
 
 @dataclass
@@ -50,7 +53,7 @@ class ClusterView:
         role, instance_id = parts[-2], parts[-1]
         if event.value is None:
             if self.instances.pop((role, instance_id), None) is not None:
-                log.info("instance left", extra={"role": role, "instance_id": instance_id})
+                log.warning("instance gone: its lease ended", extra={"role": role, "instance_id": instance_id})
             return
         try:
             info = decode(event.value, InstanceInfo)
@@ -84,13 +87,27 @@ class ClusterView:
         last_heard = state.load_received_at if state.load else state.registered_at
         return now - last_heard <= self.stale_periods * period
 
+    def log_changes(self, now: float) -> None:
+        """Log each instance that went stale or came back since the last call (once per change)."""
+        for (role, instance_id), state in self.instances.items():
+            is_live = self.is_live(state, now)
+            if is_live != state.was_live:
+                state.was_live = is_live
+                last_heard = state.load_received_at if state.load else state.registered_at
+                if is_live:
+                    log.info("instance back", extra={"role": role, "instance_id": instance_id})
+                else:
+                    log.warning("instance stale: no new work until its telemetry resumes",
+                                extra={"role": role, "instance_id": instance_id,
+                                       "silent_s": round(now - last_heard, 3)})
+
     def node_of(self, role: str, instance_id: str) -> str:
         state = self.instances.get((role, instance_id))
         return state.info.node if state is not None else ""
 
-    def is_instance_live(self, role: str, instance_id: str, now: float) -> bool:
-        state = self.instances.get((role, instance_id))
-        return state is not None and self.is_live(state, now)
+    def is_registered(self, role: str, instance_id: str) -> bool:
+        """Still in the registry: alive, however slow (its lease has not expired)."""
+        return (role, instance_id) in self.instances
 
     def snapshot(self, role: str, model: str, now: float) -> list[InstanceSnapshot]:
         """Live instances of `role` serving `model`, with this conductor's recent assignments added."""
@@ -122,14 +139,28 @@ class ClusterView:
             state.kv_assigned_since_load += num_tokens
             state.queue_s_assigned_since_load += queue_s
 
-    def models(self, now: float) -> dict[str, int]:
-        """Models a live prefill instance serves → their smallest max_model_len."""
+    def models(self) -> dict[str, int]:
+        """Models a registered prefill instance serves → their smallest max_model_len. Registered,
+        not live: a model whose instances are briefly silent (a NATS outage) still exists."""
         served: dict[str, int] = {}
         for (role, _), state in self.instances.items():
-            if role == "prefill" and self.is_live(state, now):
+            if role == "prefill":
                 model = state.info.model
                 served[model] = min(served.get(model, state.info.max_model_len), state.info.max_model_len)
         return served
 
     def count(self, role: str, now: float) -> int:
         return sum(1 for (r, _), s in self.instances.items() if r == role and self.is_live(s, now))
+
+    def count_live(self, role: str, model: str, now: float) -> int:
+        return sum(1 for (r, _), s in self.instances.items()
+                   if r == role and s.info.model == model and self.is_live(s, now))
+
+    def started_at(self, role: str, instance_id: str) -> float | None:
+        """When the registered process of this id started (None: not registered): tells a
+        restarted instance from the one that failed under the same id."""
+        state = self.instances.get((role, instance_id))
+        return state.info.started_at if state is not None else None
+
+    def count_registered(self, role: str, model: str) -> int:
+        return sum(1 for (r, _), s in self.instances.items() if r == role and s.info.model == model)

@@ -1,20 +1,30 @@
 """One request's trip through the cluster: place → reserve decode → prefill → start decode →
-relay tokens. Every step has a deadline; whatever happens, the decode side is released."""
+relay tokens. Every step has a deadline; whatever happens, the decode side is released.
+
+No admitted request is lost to an instance that dies (DESIGN §10). A prefill instance that is
+gone (its registry lease ended, or nobody answers on its subject) or that fails the job before
+the first token → the request is placed again without it. A decode instance that is gone or
+breaks the stream mid-way → the request goes on, on another decode instance, from its prompt
+plus the tokens already streamed, so the client sees one uninterrupted stream. A reply or
+chunk that may have been lost across a NATS reconnect is treated the same way. A slow instance
+(stale telemetry) is waited for: slow is not dead.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Collection
+from dataclasses import dataclass, field
 from typing import TypeVar
 
-from crescent.common.bus import Bus
-from crescent.common.errors import CrescentError, RecoverableError
+from crescent.common.bus import Bus, Stream
+from crescent.common.errors import CrescentError, NoRespondersError, RecoverableError, RemoteError
 from crescent.common.messages import (
     Ack,
     DecodeCancel,
     DecodeStart,
+    PrefillCancel,
     PrefillJob,
     PrefillResult,
     Reservation,
@@ -24,12 +34,16 @@ from crescent.common.messages import (
 )
 from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
-from crescent.conductor.policy import Decision, Rejection, ScheduleRequest
+from crescent.conductor import metrics
+from crescent.conductor.cluster_view import ClusterView
+from crescent.conductor.policy import Decision, DecodeChoice, Rejection, RejectReason, ScheduleRequest
 from crescent.conductor.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
-LIVENESS_CHECK_S = 0.25
+PRESENCE_CHECK_S = 0.25
+PLACEMENT_RETRY_S = 0.1
+MAX_MIGRATIONS = 4  # per stage: more means the request itself is the problem
 T = TypeVar("T")
 
 
@@ -42,11 +56,19 @@ class RejectedError(RecoverableError):
 
 
 class InstanceLostError(RecoverableError):
-    """The instance serving a request died or went stale while the request waited on it."""
+    """The instance serving a request left the registry while the request waited on it."""
+
+
+class ConnectionLostError(RecoverableError):
+    """NATS reconnected while a reply or chunk was due: it may have been lost."""
 
 
 class StreamBrokenError(RecoverableError):
     """The decode token stream lost a chunk or reported an error."""
+
+
+MOVABLE_ERRORS = (InstanceLostError, ConnectionLostError, StreamBrokenError, NoRespondersError, RemoteError)
+"""Failures after which a request is moved to another instance rather than failed."""
 
 
 @dataclass(frozen=True)
@@ -55,13 +77,61 @@ class FlowTimeouts:
     prefill_s: float = 120.0
     start_s: float = 5.0
     token_gap_s: float = 30.0
+    placement_wait_s: float = 10.0  # how long a request waits for a live instance to exist
 
 
 @dataclass
 class TokenEvent:
     token_ids: list[int]
     finish_reason: str | None = None
-    prefill: PrefillResult | None = None
+
+
+@dataclass
+class _DecodeSide:
+    """Which decode instance holds the request's KV room now, under which attempt id: every
+    attempt has its own id, so a late start, cancel or chunk of an earlier one never mixes in."""
+
+    request_id: str
+    instance_id: str = ""
+    attempt: int = 0
+    is_finished: bool = False  # decode released the room itself
+
+    @property
+    def attempt_id(self) -> str:
+        return self.request_id if self.attempt == 0 else f"{self.request_id}-m{self.attempt}"
+
+
+@dataclass
+class _Progress:
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    generated: list[int] = field(default_factory=list)
+
+    def decode_start(self, attempt_id: str) -> DecodeStart:
+        """Go on from the last generated token: the prompt and all earlier output are context."""
+        return DecodeStart(request_id=attempt_id, token_ids=self.prompt + self.generated[:-1],
+                           first_token=self.generated[-1],
+                           max_tokens=self.max_tokens - len(self.generated) + 1, sampling=self.sampling)
+
+
+class _Gone:
+    """Instances a request left because they failed it. An instance is left out only in the
+    incarnation that failed: the same id registered again (a restarted process) is usable."""
+
+    def __init__(self, view: ClusterView, role: str) -> None:
+        self._view = view
+        self._role = role
+        self._started_at: dict[str, float] = {}
+        self.count = 0
+
+    def add(self, instance_id: str) -> None:
+        self.count += 1
+        self._started_at[instance_id] = self._view.started_at(self._role, instance_id)
+
+    def ids(self) -> set[str]:
+        return {i for i, started in self._started_at.items()
+                if self._view.started_at(self._role, i) in (started, None)}
 
 
 class RequestFlow:
@@ -75,23 +145,51 @@ class RequestFlow:
         self._timeouts = timeouts
         self._eos_token_id = eos_token_id
 
-    async def place(self, request: ScheduleRequest, model: str) -> Decision:
+    async def generate(self, request_id: str, model: str, token_ids: list[int], max_tokens: int,
+                       sampling: SamplingParams) -> AsyncIterator[TokenEvent]:
+        """Tokens as they come; closing the iterator early cancels the request downstream."""
+        request = self._scheduler.request_for(request_id, model, token_ids, max_tokens)
+        progress = _Progress(list(token_ids), max_tokens, sampling)
+        decode = _DecodeSide(request_id)
+        try:
+            first_token = await self._prefill(request, model, progress, decode)
+            progress.generated.append(first_token)
+            finish = self._finish_on_first(first_token, max_tokens, sampling)
+            yield TokenEvent([first_token], finish)
+            if finish is not None:
+                return
+            async for event in self._decode(request, model, progress, decode):
+                yield event
+        finally:
+            self._scheduler.on_finished(request_id, decode.is_finished)
+            if decode.instance_id and not decode.is_finished:
+                await self._cancel_decode(decode)
+
+    async def place(self, request: ScheduleRequest, model: str, decode: _DecodeSide,
+                    exclude: Collection[str] = ()) -> Decision:
         """Ask the policy, then reserve KV room on the decode instance it chose; a decode that
         refuses (its room went to another conductor's request) is left out and the policy asked
-        again."""
+        again. While the model has registered instances but none live (a NATS outage, a restart),
+        the request waits up to placement_wait_s instead of failing."""
         with tracer().start_as_current_span("conductor.schedule") as span:
-            refused: list[str] = []
+            excluded = set(exclude)
+            deadline = self._clock() + self._timeouts.placement_wait_s
             while True:
-                outcome = self._scheduler.schedule(request, model, refused)
+                outcome = self._scheduler.schedule(request, model, excluded)
                 if isinstance(outcome, Rejection):
+                    if self._may_wait(outcome, model) and self._clock() < deadline:
+                        await asyncio.sleep(PLACEMENT_RETRY_S)
+                        continue
                     span.set_attribute("crescent.rejected", outcome.reason.value)
                     raise RejectedError(outcome)
                 decode_id = outcome.decode.instance_id
                 self._scheduler.record(request, outcome)
-                if await self._reserve(decode_id, request.request_id, request.num_prompt_tokens, request.max_tokens):
+                decode.instance_id = decode_id
+                if await self._reserve(decode_id, decode.attempt_id, request.num_prompt_tokens, request.max_tokens):
                     break
                 self._scheduler.forget(request, outcome)
-                refused.append(decode_id)
+                decode.instance_id = ""
+                excluded.add(decode_id)
             span.set_attribute("crescent.prefill", outcome.prefill.instance_id)
             span.set_attribute("crescent.decode", decode_id)
             span.set_attribute("crescent.prefix_tokens", outcome.prefill.prefix_tokens)
@@ -99,8 +197,18 @@ class RequestFlow:
             span.set_attribute("crescent.predicted_tbt_s", outcome.decode.predicted_tbt_s)
             return outcome
 
-    async def _reserve(self, decode_id: str, request_id: str, num_prompt_tokens: int, max_tokens: int) -> bool:
-        reservation = Reservation(request_id=request_id, num_prompt_tokens=num_prompt_tokens, max_tokens=max_tokens)
+    def _may_wait(self, rejection: Rejection, model: str) -> bool:
+        """No live instance of a role the model has registered instances of: one is slow or
+        restarting, so wait for it. A decode side that is live but full is a 429 at once."""
+        if rejection.reason is RejectReason.NO_PREFILL:
+            return self._view.count_registered("prefill", model) > 0
+        if rejection.reason is RejectReason.NO_DECODE:
+            return self._view.count_registered("decode", model) > 0 \
+                and not self._view.count_live("decode", model, self._clock())
+        return False
+
+    async def _reserve(self, decode_id: str, attempt_id: str, num_prompt_tokens: int, max_tokens: int) -> bool:
+        reservation = Reservation(request_id=attempt_id, num_prompt_tokens=num_prompt_tokens, max_tokens=max_tokens)
         try:
             reply = await self._bus.request(self._subjects.decode_reserve(decode_id), reservation,
                                             ReservationReply, self._timeouts.reserve_s)
@@ -111,59 +219,132 @@ class RequestFlow:
             log.info("reserve refused", extra={"decode": decode_id, "reason": reply.reason})
         return reply.accepted
 
-    async def generate(self, request_id: str, model: str, token_ids: list[int], max_tokens: int,
-                       sampling: SamplingParams) -> AsyncIterator[TokenEvent]:
-        """Tokens as they come; closing the iterator early cancels the request downstream."""
-        request = self._scheduler.request_for(request_id, model, token_ids, max_tokens)
-        decision = await self.place(request, model)
-        prefill, decode_id = decision.prefill, decision.decode.instance_id
-        stream = await self._bus.stream(self._subjects.tokens(request_id), TokenChunk)
-        decode_finished = False  # until decode says it is done, it holds KV for us
-        try:
-            job = PrefillJob(request_id=request_id, model=model, token_ids=token_ids, sampling=sampling,
-                             decode_instance=decode_id, decode_node=self._view.node_of("decode", decode_id),
+    async def _prefill(self, request: ScheduleRequest, model: str, progress: _Progress,
+                       decode: _DecodeSide) -> int:
+        """The first token, from the first prefill instance that survives the job."""
+        gone = _Gone(self._view, "prefill")
+        while True:
+            decision = await self.place(request, model, decode, gone.ids())
+            prefill = decision.prefill
+            job = PrefillJob(request_id=request.request_id, model=model, token_ids=progress.prompt,
+                             sampling=progress.sampling, decode_instance=decode.instance_id,
+                             decode_node=self._view.node_of("decode", decode.instance_id),
                              block_size=request.block_size, pull_from_node=prefill.transfer_source or "",
                              pull_hashes=list(prefill.transfer_hashes))
-            result = await self._while_live("prefill", prefill.instance_id, self._bus.request(
-                self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))
-            finish = self._finish_on_first(result.first_token, max_tokens, sampling)
-            yield TokenEvent([result.first_token], finish, prefill=result)
-            if finish is not None:
-                return
-            start = DecodeStart(request_id=request_id, token_ids=token_ids, first_token=result.first_token,
-                                max_tokens=max_tokens, sampling=sampling)
-            await self._while_live("decode", decode_id, self._bus.request(
-                self._subjects.decode_start(decode_id), start, Ack, self._timeouts.start_s))
-            self._scheduler.on_decode_started(request_id)
-            expected_seq = 0
-            while True:
-                chunk = await self._while_live("decode", decode_id, stream.next(self._timeouts.token_gap_s))
-                if chunk.seq != expected_seq:
-                    raise StreamBrokenError(f"token stream of {request_id} skipped from {expected_seq} to {chunk.seq}")
-                if chunk.error:
-                    raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
-                expected_seq += 1
-                yield TokenEvent(chunk.token_ids, chunk.finish_reason if chunk.is_final else None)
-                if chunk.is_final:
-                    decode_finished = True
-                    return
-        finally:
-            self._scheduler.on_finished(request_id, decode_finished)
-            await stream.close()
-            if not decode_finished:
-                await self._cancel(decode_id, request_id)
+            try:
+                result = await self._while_present("prefill", prefill.instance_id, self._bus.request(
+                    self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))
+                return result.first_token
+            except MOVABLE_ERRORS as exc:
+                if gone.count >= MAX_MIGRATIONS:
+                    raise
+                self._migrated("prefill", request.request_id, prefill.instance_id, exc, 0)
+                if not isinstance(exc, ConnectionLostError):
+                    gone.add(prefill.instance_id)
+                if not isinstance(exc, NoRespondersError):
+                    await self._cancel_prefill(prefill.instance_id, request.request_id)
+                self._scheduler.forget(request, decision)
+                await self._cancel_decode(decode)
+                decode.instance_id = ""
+                decode.attempt += 1
+            except asyncio.CancelledError:
+                await self._cancel_prefill(prefill.instance_id, request.request_id)
+                raise
 
-    async def _while_live(self, role: str, instance_id: str, step: Awaitable[T]) -> T:
-        """Await `step`, but give up as soon as the instance serving it leaves the cluster
-        (its lease expired or its telemetry went stale) instead of waiting out the deadline."""
+    async def _decode(self, request: ScheduleRequest, model: str, progress: _Progress,
+                      decode: _DecodeSide) -> AsyncIterator[TokenEvent]:
+        """Stream from the decode instance; when it is lost, go on from where it stopped on
+        another one, within MAX_MIGRATIONS moves."""
+        lost = _Gone(self._view, "decode")
+        while True:
+            stream = await self._bus.stream(self._subjects.tokens(decode.attempt_id), TokenChunk)
+            try:
+                async for event in self._stream_from(decode, progress, stream):
+                    yield event
+                return
+            except MOVABLE_ERRORS as exc:
+                if lost.count >= MAX_MIGRATIONS:
+                    raise
+                self._migrated("decode", request.request_id, decode.instance_id, exc, len(progress.generated))
+                if not isinstance(exc, ConnectionLostError):
+                    lost.add(decode.instance_id)
+            finally:
+                await stream.close()
+            await self._move_decode(request, model, progress, decode, lost)
+
+    async def _stream_from(self, decode: _DecodeSide, progress: _Progress, stream: Stream) -> AsyncIterator[TokenEvent]:
+        decode_id = decode.instance_id
+        await self._while_present("decode", decode_id, self._bus.request(
+            self._subjects.decode_start(decode_id), progress.decode_start(decode.attempt_id), Ack,
+            self._timeouts.start_s))
+        self._scheduler.on_decode_started(decode.request_id)
+        expected_seq = 0
+        while True:
+            chunk = await self._while_present("decode", decode_id, stream.next(self._timeouts.token_gap_s))
+            if chunk.seq != expected_seq:
+                raise StreamBrokenError(f"token stream of {decode.attempt_id} skipped from {expected_seq} "
+                                        f"to {chunk.seq}")
+            if chunk.error:
+                raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
+            expected_seq += 1
+            progress.generated.extend(chunk.token_ids)
+            if chunk.is_final:
+                decode.is_finished = True
+            yield TokenEvent(chunk.token_ids, chunk.finish_reason if chunk.is_final else None)
+            if chunk.is_final:
+                return
+
+    async def _move_decode(self, request: ScheduleRequest, model: str, progress: _Progress,
+                           decode: _DecodeSide, lost: _Gone) -> None:
+        """Release the old attempt and reserve room for the next one on a live decode instance."""
+        await self._cancel_decode(decode)
+        old_id = decode.instance_id
+        decode.attempt += 1
+        start = progress.decode_start(decode.attempt_id)
+        excluded = lost.ids()
+        deadline = self._clock() + self._timeouts.placement_wait_s
+        while True:
+            choice = self._scheduler.schedule_decode(request, model, excluded)
+            if isinstance(choice, DecodeChoice):
+                if await self._reserve(choice.instance_id, decode.attempt_id, len(start.token_ids) + 1,
+                                       start.max_tokens - 1):
+                    break
+                excluded.add(choice.instance_id)
+            elif self._clock() >= deadline:
+                decode.instance_id = ""
+                raise RejectedError(choice)
+            else:
+                await asyncio.sleep(PLACEMENT_RETRY_S)
+                excluded = lost.ids()
+        decode.instance_id = choice.instance_id
+        self._scheduler.move_decode(request, old_id, choice.instance_id)
+
+    def _migrated(self, stage: str, request_id: str, instance_id: str, cause: Exception, num_generated: int) -> None:
+        metrics.MIGRATIONS.labels(stage, type(cause).__name__).inc()
+        with tracer().start_as_current_span("conductor.migrate") as span:
+            span.set_attribute("crescent.stage", stage)
+            span.set_attribute("crescent.from_instance", instance_id)
+            span.set_attribute("crescent.cause", str(cause))
+            span.set_attribute("crescent.num_generated_tokens", num_generated)
+        log.warning("moving request to another instance", extra={
+            "request_id": request_id, "stage": stage, "instance_id": instance_id, "cause": str(cause),
+            "num_generated_tokens": num_generated})
+
+    async def _while_present(self, role: str, instance_id: str, step: Awaitable[T]) -> T:
+        """Await `step`, but give up as soon as the instance serving it leaves the registry, or
+        NATS reconnects (what was due may be lost), instead of waiting out the deadline. A slow
+        instance, one with stale telemetry, is waited for."""
+        epoch = self._bus.epoch
         task = asyncio.ensure_future(step)
         try:
             while True:
-                done, _ = await asyncio.wait([task], timeout=LIVENESS_CHECK_S)
+                done, _ = await asyncio.wait([task], timeout=PRESENCE_CHECK_S)
                 if done:
                     return task.result()
-                if not self._view.is_instance_live(role, instance_id, self._clock()):
+                if not self._view.is_registered(role, instance_id):
                     raise InstanceLostError(f"{role} instance {instance_id} left the cluster mid-request")
+                if self._bus.epoch != epoch:
+                    raise ConnectionLostError(f"NATS reconnected while waiting on {role} {instance_id}")
         finally:
             task.cancel()
 
@@ -174,10 +355,16 @@ class RequestFlow:
             return "length"
         return None
 
-    async def _cancel(self, decode_id: str, request_id: str) -> None:
+    async def _cancel_decode(self, decode: _DecodeSide) -> None:
+        await self._publish(self._subjects.decode_cancel(decode.instance_id), DecodeCancel(request_id=decode.attempt_id))
+
+    async def _cancel_prefill(self, instance_id: str, request_id: str) -> None:
+        await self._publish(self._subjects.prefill_cancel(instance_id), PrefillCancel(request_id=request_id))
+
+    async def _publish(self, subject: str, message: DecodeCancel | PrefillCancel) -> None:
         try:
-            await self._bus.publish(self._subjects.decode_cancel(decode_id), DecodeCancel(request_id=request_id))
+            await self._bus.publish(subject, message)
         except CrescentError as exc:
-            log.warning("cancel not sent", extra={"request_id": request_id, "error": str(exc)})
+            log.warning("cancel not sent", extra={"subject": subject, "error": str(exc)})
         except Exception as exc:  # the connection may be closing during shutdown
-            log.warning("cancel not sent", extra={"request_id": request_id, "error": repr(exc)})
+            log.warning("cancel not sent", extra={"subject": subject, "error": repr(exc)})

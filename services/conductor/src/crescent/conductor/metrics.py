@@ -19,3 +19,5 @@ IMBALANCE = Gauge("crescent_pd_imbalance_factor", "P/D imbalance factor f_im (>1
                   ["model"])
 CACHE_HIT_RATE = Gauge("crescent_cache_hit_rate", "Share of prompt tokens scheduled onto a cached prefix")
 REPLICATIONS = Counter("crescent_replication_orders", "Hot-spot replication orders sent, by outcome", ["outcome"])
+MIGRATIONS = Counter("crescent_request_migrations", "Requests moved to another instance, by stage and cause",
+                     ["stage", "cause"])

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import logging
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 from crescent.common.errors import ConfigError
@@ -24,6 +24,7 @@ from crescent.conductor.policy import (
     ClusterSnapshot,
     CostPredictors,
     Decision,
+    DecodeChoice,
     DecodeTimeEstimator,
     InflightRequest,
     PrefillTimeModel,
@@ -92,13 +93,22 @@ class Scheduler:
         hashes = block_hashes(token_ids, self.settings.block_size, model)
         return ScheduleRequest(request_id, hashes, len(token_ids), self.settings.block_size, max_tokens)
 
-    def schedule(self, request: ScheduleRequest, model: str, exclude_decodes: Sequence[str] = ()) -> Decision | Rejection:
-        """The policy's verdict on the cluster as it is now; nothing is recorded yet."""
+    def schedule(self, request: ScheduleRequest, model: str, exclude: Collection[str] = ()) -> Decision | Rejection:
+        """The policy's verdict on the cluster as it is now, leaving out the `exclude`d instances
+        (gone, or refused this request); nothing is recorded yet."""
         now = self.clock()
-        decodes = [s for s in self.view.snapshot("decode", model, now) if s.instance_id not in exclude_decodes]
-        snapshot = ClusterSnapshot(prefill=self.view.snapshot("prefill", model, now), decode=decodes,
-                                   index=self.index, bandwidth=self.bandwidth, inflight=list(self.inflight.values()))
-        return self.policy.choose(request, snapshot, now)
+        return self.policy.choose(request, self._snapshot(model, now, exclude), now)
+
+    def schedule_decode(self, request: ScheduleRequest, model: str,
+                        exclude: Collection[str] = ()) -> DecodeChoice | Rejection:
+        """A new decode instance for an admitted request whose decode instance is gone."""
+        return self.policy.choose_new_decode(request, self._snapshot(model, self.clock(), exclude))
+
+    def _snapshot(self, model: str, now: float, exclude: Collection[str]) -> ClusterSnapshot:
+        prefills = [s for s in self.view.snapshot("prefill", model, now) if s.instance_id not in exclude]
+        decodes = [s for s in self.view.snapshot("decode", model, now) if s.instance_id not in exclude]
+        return ClusterSnapshot(prefill=prefills, decode=decodes, index=self.index, bandwidth=self.bandwidth,
+                               inflight=list(self.inflight.values()))
 
     def record(self, request: ScheduleRequest, decision: Decision) -> None:
         """Account for a placed request at once, before any await, so concurrent requests see
@@ -119,6 +129,14 @@ class Scheduler:
         self.view.note_assignment("prefill", decision.prefill.instance_id, sign * request.num_prompt_tokens,
                                   sign * decision.prefill.prefill_s, sign)
         self.view.note_assignment("decode", decision.decode.instance_id, sign * request.num_kv_tokens, 0.0, sign)
+
+    def move_decode(self, request: ScheduleRequest, old_decode_id: str, new_decode_id: str) -> None:
+        """The request now decodes on `new_decode_id`."""
+        self.view.note_assignment("decode", old_decode_id, -request.num_kv_tokens, 0.0, -1)
+        self.view.note_assignment("decode", new_decode_id, request.num_kv_tokens)
+        inflight = self.inflight.get(request.request_id)
+        if inflight is not None:
+            self.inflight[request.request_id] = dataclasses.replace(inflight, decode_instance_id=new_decode_id)
 
     def on_decode_started(self, request_id: str) -> None:
         request = self.inflight.get(request_id)

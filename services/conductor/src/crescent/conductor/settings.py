@@ -21,6 +21,8 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     prefill_timeout_s: float = setting(120.0, "deadline of a prefill job, queueing included")
     start_timeout_s: float = setting(5.0, "deadline of a decode start")
     token_timeout_s: float = setting(30.0, "longest wait between two token chunks of a request")
+    placement_wait_s: float = setting(10.0, "how long a request waits for a live instance when the "
+                                            "model's instances are all briefly silent or restarting")
     policy: str = setting("kv-centric", f"scheduling policy: {', '.join(POLICIES)}")
     admission: str = setting("early", f"admission control: {', '.join(ADMISSIONS)}")
     ttft_slo_s: float = setting(30.0, "TTFT SLO that admission predicts against")
@@ -45,6 +47,7 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
             raise ConfigError(f"admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
         if self.block_size < 1 or self.kv_bytes_per_block < 1:
             raise ConfigError("block_size and kv_bytes_per_block must be >= 1")
-        for name in ("ttft_slo_s", "tbt_slo_s", "reserve_timeout_s", "prefill_timeout_s", "start_timeout_s", "token_timeout_s"):
+        for name in ("ttft_slo_s", "tbt_slo_s", "reserve_timeout_s", "prefill_timeout_s", "start_timeout_s", "token_timeout_s",
+                     "placement_wait_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")

@@ -132,6 +132,8 @@ class DecodeWorker:
                 raise StartRejected(f"request {start.request_id} is already running")
             if start.request_id in self._cancelled:
                 raise StartRejected(f"request {start.request_id} was cancelled")
+            if need > self.max_model_len:
+                raise StartRejected(f"{need} tokens exceed max_model_len {self.max_model_len}")
             if not self.ledger.activate(start.request_id, need, time.monotonic()):
                 raise StartRejected(f"no reservation for {start.request_id} and no KV room")
         task = asyncio.create_task(self._generate(start), name=f"decode {start.request_id}")

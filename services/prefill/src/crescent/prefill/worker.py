@@ -3,6 +3,11 @@
 The queue's predicted drain time is what the conductor needs to estimate T_queue, so the
 worker keeps each queued job's predicted prefill time and publishes their sum.
 
+The FIFO turn covers compute only: the etcd lookup of the decode node, the planned prefix pull
+and (emulated engine) the store lookup happen while the job waits for its turn, and the saves
+after it, so a slow or dead store never holds up the jobs behind. A job whose conductor cancels
+it (the client left, or the request moved on) stops where it is.
+
 With the vllm engine, each job's full prompt blocks go to the store on the decode instance's
 node (and this node's, for later reuse), layer by layer while the prompt computes.
 """
@@ -15,7 +20,7 @@ import time
 
 from crescent.common.codec import decode
 from crescent.common.errors import FatalError, MessageError, RecoverableError
-from crescent.common.messages import InstanceInfo, InstanceLoad, PrefillJob, PrefillResult
+from crescent.common.messages import Ack, InstanceInfo, InstanceLoad, PrefillCancel, PrefillJob, PrefillResult
 from crescent.common.service import Runtime
 from crescent.common.store_messages import PinBlocks, PinnedBlocks, ReplicateBlocks, ReplicateReply
 from crescent.common.telemetry import Ewma
@@ -55,6 +60,7 @@ class PrefillWorker:
         self.engine = build_engine(settings, self.role)
         self.cost = settings.cost_model()
         self._predicted_s: dict[str, float] = {}  # queued or running job → predicted prefill time
+        self._jobs: dict[str, asyncio.Task] = {}  # queued or running job → the task running it
         self._turn = asyncio.Lock()  # FIFO: asyncio.Lock wakes waiters in arrival order
         self.recent_ttft = Ewma()  # measured queue + compute time of finished jobs
         self._decode_nodes: dict[str, str] = {}
@@ -84,6 +90,7 @@ class PrefillWorker:
             self.engine.kv = EmulatedKv(self._store, self.settings.model_name, self.settings.block_size,
                                         self.settings.node)
         await runtime.bus.serve(runtime.subjects.prefill_job(runtime.instance_id), PrefillJob, self.run_job)
+        await runtime.bus.serve(runtime.subjects.prefill_cancel(runtime.instance_id), PrefillCancel, self.cancel)
 
     def instance_info(self) -> InstanceInfo:
         return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
@@ -122,34 +129,50 @@ class PrefillWorker:
             raise JobRejected(f"this instance serves {self.settings.model_name!r}, not {job.model!r}")
         if not 0 < len(job.token_ids) <= self.max_model_len:
             raise JobRejected(f"prompt of {len(job.token_ids)} tokens is outside 1..{self.max_model_len}")
-        decode_node = await self._decode_node(job)
-        save_to = list(dict.fromkeys(n for n in (decode_node, self.settings.node) if n))
         self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids))
+        self._jobs[job.request_id] = asyncio.current_task()
         enqueued = time.monotonic()
         try:
+            decode_node = await self._decode_node(job)
+            save_to = list(dict.fromkeys(n for n in (decode_node, self.settings.node) if n))
+            await self._pull_prefix(job)
+            plan = None if self.is_vllm else await self.engine.plan(job.token_ids)
             with tracer().start_as_current_span("prefill.queue") as queue_span:
                 queue_span.set_attribute("crescent.request_id", job.request_id)
                 await self._turn.acquire()
             try:
                 started = time.monotonic()
-                await self._pull_prefix(job)
                 with tracer().start_as_current_span("prefill.compute") as span:
                     span.set_attribute("crescent.num_prompt_tokens", len(job.token_ids))
                     span.set_attribute("crescent.kv_targets", ",".join(save_to))
-                    output = await self.engine.prefill(job.token_ids, request_id=job.request_id,
-                                                       sampling=job.sampling, save_to=save_to)
+                    if plan is None:
+                        output = await self.engine.prefill(job.token_ids, request_id=job.request_id,
+                                                           sampling=job.sampling, save_to=save_to)
+                    else:
+                        output = await self.engine.compute(plan)
                     span.set_attribute("crescent.num_computed_tokens", output.num_computed_tokens)
                     span.set_attribute("crescent.num_cached_tokens", output.num_cached_tokens)
             finally:
                 self._turn.release()
+            if plan is not None:
+                await self.engine.save(plan, save_to)
         finally:
             self._predicted_s.pop(job.request_id, None)
+            self._jobs.pop(job.request_id, None)
         finished = time.monotonic()
         self.recent_ttft.add(finished - enqueued)
         return PrefillResult(request_id=job.request_id, first_token=output.first_token,
                              num_computed_tokens=output.num_computed_tokens,
                              num_cached_tokens=output.num_cached_tokens,
                              queue_s=started - enqueued, compute_s=finished - started)
+
+    async def cancel(self, cancel: PrefillCancel) -> Ack:
+        """Stop a queued or running job: nobody waits for its result any more."""
+        task = self._jobs.get(cancel.request_id)
+        if task is not None:
+            log.info("prefill cancelled", extra={"request_id": cancel.request_id})
+            task.cancel()
+        return Ack(request_id=cancel.request_id)
 
     async def _pull_prefix(self, job: PrefillJob) -> None:
         """The conductor's transfer plan: copy the prefix blocks this node lacks from the node

@@ -33,7 +33,7 @@ from crescent.conductor.policy.decision import (
     ReplicationOrder,
     ScheduleRequest,
 )
-from crescent.conductor.policy.decode_load import DecodeLoad, choice_for, choose_by_tbt
+from crescent.conductor.policy.decode_load import DecodeLoad, choice_for, choose_by_tbt, current_loads
 from crescent.conductor.policy.decode_time import DecodeTimeEstimator
 from crescent.conductor.policy.eligibility import eligible_decode, eligible_prefill
 from crescent.conductor.policy.replication import on_demand_order
@@ -66,6 +66,16 @@ class Policy(ABC):
             return rejection
         self.accepted(prefill, decode)
         return Decision(prefill, decode, self.replication(prefill))
+
+    def choose_new_decode(self, request: ScheduleRequest, snapshot: ClusterSnapshot) -> DecodeChoice | Rejection:
+        """Where an admitted request goes on decoding when its decode instance is gone: the same
+        decode pick among instances with room, without admission (the request was admitted)."""
+        decodes = eligible_decode(snapshot.decode, request.num_kv_tokens)
+        if not decodes:
+            return Rejection(RejectReason.NO_DECODE,
+                             f"no live decode instance has room for {request.num_kv_tokens} tokens",
+                             self.admission.retry_after_s)
+        return self.choose_decode(request, current_loads(decodes))
 
     @abstractmethod
     def choose_prefill(self, request: ScheduleRequest, candidates: Sequence[InstanceSnapshot],

@@ -1,0 +1,147 @@
+"""Faults under load on a real 2-prefill 2-decode cluster: no admitted request is lost.
+
+Every request here either completes with exactly the emulated engine's tokens or is refused
+before any work; a worker that is paused (SIGSTOP) fails nothing, and a worker that is killed
+has its requests moved: prefill ones placed again, decode ones continued from the tokens
+already streamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import aiohttp
+import pytest
+
+from crescent.cluster.local import ClusterSpec, LocalCluster
+from crescent.cluster.processes import free_port
+
+from expected import expected_text
+
+pytestmark = pytest.mark.e2e
+MODEL = "crescent-emulated"
+PROMPT_BYTES = 1500  # ~0.2 s of emulated prefill
+MAX_TOKENS = 120  # ~1.2 s of emulated decode
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    spec = ClusterSpec(workdir=tmp_path_factory.mktemp("faults"), api_port=free_port(), num_prefill=2,
+                       num_decode=2, engine_args=["--emulated-time-scale", "1.0"])
+    cluster = LocalCluster(spec)
+    cluster.start(timeout_s=60)
+    yield cluster
+    cluster.stop()
+
+
+def process(cluster: LocalCluster, name: str):
+    return next(p for p in cluster.processes if p.spec.name == name)
+
+
+def prompt(i: int) -> str:
+    head = f"fault request {i} at {time.monotonic_ns()}: "
+    return head + "x" * (PROMPT_BYTES - len(head))
+
+
+async def stream(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int = MAX_TOKENS,
+                 on_token=None) -> tuple[int, str, str | None]:
+    """(HTTP status, streamed text, finish reason) of one streaming completion."""
+    body = {"model": MODEL, "prompt": text, "max_tokens": max_tokens, "stream": True}
+    async with session.post(f"{url}/v1/completions", json=body) as response:
+        if response.status != 200:
+            return response.status, await response.text(), None
+        pieces, finish = [], None
+        async for line in response.content:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            pieces.append(event["choices"][0]["text"])
+            finish = event["choices"][0]["finish_reason"] or finish
+            if on_token is not None:
+                on_token()
+        return 200, "".join(pieces), finish
+
+
+async def load_with_fault(cluster: LocalCluster, fault, num_requests: int = 8) -> list[tuple[str, tuple]]:
+    """Start `num_requests` streams, apply `fault` once they are under way, wait for them all."""
+    prompts = [prompt(i) for i in range(num_requests)]
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        tasks = [asyncio.create_task(stream(session, cluster.api_url, p)) for p in prompts]
+        await asyncio.sleep(0.5)
+        await fault()
+        results = await asyncio.gather(*tasks)
+    return list(zip(prompts, results))
+
+
+def assert_all_correct(results: list[tuple[str, tuple]]) -> None:
+    for text, (status, output, finish) in results:
+        assert status == 200, output
+        assert output == expected_text(text, MAX_TOKENS)
+        assert finish == "length"
+
+
+async def restart(cluster: LocalCluster, name: str) -> None:
+    process(cluster, name).start()
+    await asyncio.to_thread(cluster.wait_serving, 30)
+
+
+@pytest.mark.parametrize("name", ["prefill-0", "decode-0"])
+async def test_a_worker_paused_for_3s_fails_nothing(cluster, name):
+    async def pause():
+        process(cluster, name).signal(signal.SIGSTOP)
+        await asyncio.sleep(3.0)
+        process(cluster, name).signal(signal.SIGCONT)
+
+    assert_all_correct(await load_with_fault(cluster, pause))
+    await asyncio.to_thread(cluster.wait_serving, 10)
+
+
+async def test_killed_decode_streams_go_on_elsewhere_with_the_same_tokens(cluster):
+    async def kill():
+        process(cluster, "decode-0").signal(signal.SIGKILL)
+
+    results = await load_with_fault(cluster, kill)
+    assert_all_correct(results)
+    metrics = await _metrics(cluster)
+    assert 'crescent_request_migrations_total{cause="InstanceLostError",stage="decode"}' in metrics
+    await restart(cluster, "decode-0")
+
+
+async def test_killed_prefill_jobs_are_placed_again(cluster):
+    async def kill():
+        process(cluster, "prefill-1").signal(signal.SIGKILL)
+
+    # Long prompts so that jobs are queued on both prefill instances when one dies.
+    results = await load_with_fault(cluster, kill, num_requests=12)
+    assert_all_correct(results)
+    await restart(cluster, "prefill-1")
+
+
+async def test_client_gone_cancels_its_prefill_job(cluster):
+    """A client that leaves while its prompt waits in a prefill queue: the job is dropped."""
+    long_prompt = "y" * 6000  # ~0.9 s of prefill each
+    async with aiohttp.ClientSession() as session:
+        queued = [asyncio.create_task(stream(session, cluster.api_url, f"{i} {long_prompt}", 4)) for i in range(4)]
+        await asyncio.sleep(0.3)
+        for task in queued:
+            task.cancel()
+        await asyncio.gather(*queued, return_exceptions=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        logs = "".join(process(cluster, f"prefill-{i}").log_path.read_text() for i in range(2))
+        if logs.count('"prefill cancelled"') >= 2:
+            break
+        await asyncio.sleep(0.2)
+    assert logs.count('"prefill cancelled"') >= 2
+
+
+async def _metrics(cluster: LocalCluster) -> str:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{cluster.api_url}/metrics") as response:
+            return await response.text()
