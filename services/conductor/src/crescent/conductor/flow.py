@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from crescent.common.bus import Bus, Stream
-from crescent.common.errors import CrescentError, NoRespondersError, RecoverableError, RemoteError
+from crescent.common.errors import (
+    CrescentError,
+    NoRespondersError,
+    RecoverableError,
+    RemoteError,
+    RequestTimeoutError,
+)
 from crescent.common.messages import (
     Ack,
     DecodeCancel,
@@ -125,9 +131,10 @@ class _Gone:
         self._started_at: dict[str, float] = {}
         self.count = 0
 
-    def add(self, instance_id: str) -> None:
+    def add(self, instance_id: str, started_at: float | None) -> None:
+        """`instance_id`, in the incarnation that started at `started_at`, failed the request."""
         self.count += 1
-        self._started_at[instance_id] = self._view.started_at(self._role, instance_id)
+        self._started_at[instance_id] = started_at
 
     def ids(self) -> set[str]:
         return {i for i, started in self._started_at.items()
@@ -226,6 +233,7 @@ class RequestFlow:
         while True:
             decision = await self.place(request, model, decode, gone.ids())
             prefill = decision.prefill
+            incarnation = self._view.started_at("prefill", prefill.instance_id)
             job = PrefillJob(request_id=request.request_id, model=model, token_ids=progress.prompt,
                              sampling=progress.sampling, decode_instance=decode.instance_id,
                              decode_node=self._view.node_of("decode", decode.instance_id),
@@ -240,7 +248,7 @@ class RequestFlow:
                     raise
                 self._migrated("prefill", request.request_id, prefill.instance_id, exc, 0)
                 if not isinstance(exc, ConnectionLostError):
-                    gone.add(prefill.instance_id)
+                    gone.add(prefill.instance_id, incarnation)
                 if not isinstance(exc, NoRespondersError):
                     await self._cancel_prefill(prefill.instance_id, request.request_id)
                 self._scheduler.forget(request, decision)
@@ -258,6 +266,7 @@ class RequestFlow:
         lost = _Gone(self._view, "decode")
         while True:
             stream = await self._bus.stream(self._subjects.tokens(decode.attempt_id), TokenChunk)
+            incarnation = self._view.started_at("decode", decode.instance_id)
             try:
                 async for event in self._stream_from(decode, progress, stream):
                     yield event
@@ -267,16 +276,19 @@ class RequestFlow:
                     raise
                 self._migrated("decode", request.request_id, decode.instance_id, exc, len(progress.generated))
                 if not isinstance(exc, ConnectionLostError):
-                    lost.add(decode.instance_id)
+                    lost.add(decode.instance_id, incarnation)
             finally:
                 await stream.close()
             await self._move_decode(request, model, progress, decode, lost)
 
     async def _stream_from(self, decode: _DecodeSide, progress: _Progress, stream: Stream) -> AsyncIterator[TokenEvent]:
         decode_id = decode.instance_id
-        await self._while_present("decode", decode_id, self._bus.request(
-            self._subjects.decode_start(decode_id), progress.decode_start(decode.attempt_id), Ack,
-            self._timeouts.start_s))
+        try:
+            await self._while_present("decode", decode_id, self._bus.request(
+                self._subjects.decode_start(decode_id), progress.decode_start(decode.attempt_id), Ack,
+                self._timeouts.start_s))
+        except RequestTimeoutError as exc:  # nothing was generated on it: as good as gone
+            raise StreamBrokenError(f"decode {decode_id} did not acknowledge the start: {exc}") from exc
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
         while True:
@@ -332,16 +344,18 @@ class RequestFlow:
 
     async def _while_present(self, role: str, instance_id: str, step: Awaitable[T]) -> T:
         """Await `step`, but give up as soon as the instance serving it leaves the registry, or
-        NATS reconnects (what was due may be lost), instead of waiting out the deadline. A slow
+        is replaced by a restarted process under the same id, or NATS reconnects (what was due may
+        be lost), instead of waiting out the deadline. A slow
         instance, one with stale telemetry, is waited for."""
         epoch = self._bus.epoch
+        started_at = self._view.started_at(role, instance_id)
         task = asyncio.ensure_future(step)
         try:
             while True:
                 done, _ = await asyncio.wait([task], timeout=PRESENCE_CHECK_S)
                 if done:
                     return task.result()
-                if not self._view.is_registered(role, instance_id):
+                if self._view.started_at(role, instance_id) != started_at:  # gone, or a new process
                     raise InstanceLostError(f"{role} instance {instance_id} left the cluster mid-request")
                 if self._bus.epoch != epoch:
                     raise ConnectionLostError(f"NATS reconnected while waiting on {role} {instance_id}")
