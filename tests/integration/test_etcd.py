@@ -7,6 +7,7 @@ import pytest
 
 from crescent.common.errors import UnreachableError
 from crescent.common.etcd import LeasedKeys, MirrorEvent, PrefixMirror, connect_etcd
+from crescent.common.heartbeat import LeaseHeartbeat
 
 
 async def wait_for(predicate, timeout_s=10.0):
@@ -162,3 +163,24 @@ async def test_unreachable_etcd_fails_fast_with_a_clear_error():
     with pytest.raises(UnreachableError, match="etcd"):
         await connect_etcd("http://127.0.0.1:1", timeout_s=1.5)
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize("has_heartbeat", [True, False])
+async def test_heartbeat_thread_keeps_the_lease_while_the_event_loop_is_blocked(infra, has_heartbeat):
+    """Slow is not dead: a loop held by compute for twice the TTL keeps its registry key only
+    because the heartbeat thread keeps the lease alive."""
+    client = await connect_etcd(infra.etcd_url)
+    try:
+        keys = LeasedKeys(client, ttl_s=1)
+        await keys.start()
+        await keys.put("/t/busy", b"1")
+        heartbeat = LeaseHeartbeat(infra.etcd_url, keys, ttl_s=1, connect_timeout_s=5)
+        if has_heartbeat:
+            heartbeat.start()
+            await asyncio.sleep(0.5)  # connected
+        time.sleep(2.5)  # the event loop is blocked, as by a long engine step
+        held = await etcd_state(client, "/t/")
+        heartbeat.stop()
+        assert held == ({"/t/busy": b"1"} if has_heartbeat else {})
+    finally:
+        await client.close()

@@ -30,6 +30,7 @@ from crescent.common.codec import encode
 from crescent.common.config import CommonSettings
 from crescent.common.errors import ConfigError, FatalError
 from crescent.common.etcd import LeasedKeys, connect_etcd
+from crescent.common.heartbeat import LeaseHeartbeat
 from crescent.common.logs import setup_logging
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.common.naming import Keys, Subjects, check_token
@@ -86,6 +87,7 @@ class Runtime:
         self.bus: Bus | None = None
         self.etcd = None
         self.leased: LeasedKeys | None = None
+        self.heartbeat: LeaseHeartbeat | None = None
         self._http_runner: web.AppRunner | None = None
         self.health_details: Callable[[], dict] = dict
 
@@ -106,7 +108,12 @@ class Runtime:
         self.leased = LeasedKeys(self.etcd, self.settings.lease_ttl_s)
         await self.leased.start()
         # Kept alive from now on: a service may take longer to start (a model loading) than the TTL.
+        # The loop's keep-alive renews a lost lease; the heartbeat thread keeps it alive while
+        # compute holds the loop, so a busy instance is never taken for a dead one.
         self.tasks.spawn("lease-keepalive", self.leased.run())
+        self.heartbeat = LeaseHeartbeat(self.settings.etcd_url, self.leased, self.settings.lease_ttl_s,
+                                        self.settings.connect_timeout_s)
+        self.heartbeat.start()
 
     async def start_http(self) -> None:
         self._http_runner = web.AppRunner(self.http_app, access_log=None, handler_cancellation=True)
@@ -145,6 +152,8 @@ class Runtime:
 
     async def close(self) -> None:
         self.status = ServiceStatus.STOPPED
+        if self.heartbeat is not None:
+            await asyncio.to_thread(self.heartbeat.stop)
         await self.tasks.close()
         if self.bus is not None:
             await self.bus.drain()
