@@ -13,7 +13,6 @@ import logging
 import threading
 
 import aetcd
-
 from crescent.common.errors import UnreachableError
 from crescent.common.etcd import LeasedKeys, connect_etcd
 

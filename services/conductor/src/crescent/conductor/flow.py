@@ -42,7 +42,13 @@ from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
 from crescent.conductor.cluster_view import ClusterView
-from crescent.conductor.policy import Decision, DecodeChoice, Rejection, RejectReason, ScheduleRequest
+from crescent.conductor.policy import (
+    Decision,
+    DecodeChoice,
+    Rejection,
+    RejectReason,
+    ScheduleRequest,
+)
 from crescent.conductor.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
