@@ -50,4 +50,4 @@ def pytest_sessionfinish(session, exitstatus):
     """Tests SIGKILL processes on purpose; free the shared memory those leave behind."""
     from crescent.transfer import sweep_orphans
 
-    sweep_orphans(min_age_s=1.0)
+    sweep_orphans()

@@ -1,6 +1,8 @@
-"""`crescent up` as a user runs it: serves, then leaves no process behind after SIGTERM."""
+"""`crescent up` as a user runs it: serves, then leaves no process and no shared memory behind
+after SIGTERM or even SIGKILL."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +18,20 @@ from crescent.cluster.processes import free_port
 pytestmark = pytest.mark.e2e
 
 
+def wait_serving(up: subprocess.Popen, port: int) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        assert up.poll() is None, up.stdout.read()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
+                if json.load(response)["live_instances"] == {"prefill": 1, "decode": 1, "store": 1}:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, "crescent up did not start serving"
+        time.sleep(0.2)
+
+
 def test_sigterm_stops_every_process_of_the_cluster(tmp_path):
     port = free_port()
     crescent = Path(sys.executable).parent / "crescent"
@@ -23,17 +39,7 @@ def test_sigterm_stops_every_process_of_the_cluster(tmp_path):
                            str(tmp_path)],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert up.poll() is None, up.stdout.read()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
-                    if json.load(response)["live_instances"] == {"prefill": 1, "decode": 1, "store": 1}:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "crescent up did not start serving"
-            time.sleep(0.2)
+        wait_serving(up, port)
         body = json.dumps({"model": "crescent-emulated", "prompt": "Hello, Crescent", "max_tokens": 4}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
                                          headers={"Content-Type": "application/json"})
@@ -53,3 +59,29 @@ def test_sigterm_stops_every_process_of_the_cluster(tmp_path):
     finally:
         if up.poll() is None:
             up.kill()
+
+
+def test_sigkill_of_crescent_up_leaves_no_process_and_no_shared_memory(tmp_path):
+    port = free_port()
+    crescent = Path(sys.executable).parent / "crescent"
+    up = subprocess.Popen([str(crescent), "up", "--engine", "emulated", "--port", str(port),
+                           "--workdir", str(tmp_path)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    children = []
+    try:
+        wait_serving(up, port)
+        children = psutil.Process(up.pid).children(recursive=True)
+        segments = {f.path for child in children for f in child.open_files()
+                    if f.path.startswith("/dev/shm/crescent-")}
+        assert segments, "the store's DRAM pool is a /dev/shm segment"
+        up.kill()
+        up.wait(10)
+        _, alive = psutil.wait_procs(children, timeout=30)
+        assert alive == [], f"left running: {[p.cmdline() for p in alive]}"
+        assert [path for path in segments if os.path.exists(path)] == []
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for child in children:
+            if child.is_running():
+                child.kill()

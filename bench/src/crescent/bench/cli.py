@@ -23,7 +23,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prefix.add_argument("--repeat", type=int, default=3, help="prompts per case; the median is reported (default 3)")
     schedule = benches.add_parser("schedule", help="scheduling decision time per request (kv-centric vs least-loaded)")
     schedule.add_argument("--repeat", type=int, default=200, help="requests per case (default 200)")
-    for sub in (control, transfer, store, prefix, schedule):
+    chaos = benches.add_parser("chaos", help="what clients see while processes of an emulated cluster are "
+                                             "killed, restarted and paused, one fault at a time")
+    chaos.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
+    chaos.add_argument("--max-tokens", type=int, default=48, help="tokens per answer (default 48)")
+    chaos.add_argument("--workdir", type=Path, default=None,
+                       help="keep the cluster's logs here (default: a temporary directory)")
+    for sub in (control, transfer, store, prefix, schedule, chaos):
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
 
@@ -45,6 +51,10 @@ def run(args: argparse.Namespace) -> int:
         from crescent.bench.schedule_bench import run_schedule_bench
 
         result = run_schedule_bench(repeat=args.repeat)
+    elif args.bench == "chaos":
+        from crescent.bench.chaos import run_chaos_bench
+
+        result = run_chaos_bench(concurrency=args.concurrency, max_tokens=args.max_tokens, workdir=args.workdir)
     else:
         from crescent.bench.transfer_bench import run_transfer_bench
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import sys
 import time
 import urllib.error
@@ -17,16 +18,17 @@ from pathlib import Path
 
 from crescent.cluster.infra import etcd_spec, nats_spec
 from crescent.cluster.processes import ManagedProcess, ProcessError, ProcessSpec, free_port
+from crescent.cluster.restarts import Backoff, RestartSchedule
+from crescent.transfer import sweep_orphans
 
 log = logging.getLogger(__name__)
-
-RESTART_BACKOFF_S = (0.5, 1, 2, 5, 10)
 
 
 @dataclass
 class ClusterSpec:
     workdir: Path
-    api_port: int = 8000
+    api_port: int = 8000  # of the first conductor; any others listen on free ports
+    num_conductors: int = 1
     num_prefill: int = 1
     num_decode: int = 1
     cluster: str = "dev"
@@ -42,6 +44,7 @@ class ClusterSpec:
     engine: str = "emulated"  # or "vllm": a real model from model_dir
     model_dir: Path | None = None
     block_size: int = 64  # tokens per stored KV block (vllm; a multiple of vLLM's 32)
+    restart_backoff: Backoff = field(default_factory=Backoff)
 
     def nodes(self) -> dict[str, str]:
         """instance id → node of every prefill and decode instance."""
@@ -56,11 +59,16 @@ class LocalCluster:
         self.etcd_port = free_port()
         self.log_dir = spec.workdir / "logs"
         self.processes: list[ManagedProcess] = []
-        self._restart_at: dict[str, float] = {}
+        self.conductor_ports = [spec.api_port, *(free_port() for _ in range(spec.num_conductors - 1))]
+        self._restarts = RestartSchedule(spec.restart_backoff)
 
     @property
     def api_url(self) -> str:
-        return f"http://127.0.0.1:{self.spec.api_port}"
+        return self.conductor_urls[0]
+
+    @property
+    def conductor_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.conductor_ports]
 
     @property
     def nats_url(self) -> str:
@@ -112,14 +120,26 @@ class LocalCluster:
             role = instance_id.split("-")[0]
             extra = self.spec.decode_args if role == "decode" else []
             specs.append(self._service(role, instance_id, ["--node", node, *worker, *extra]))
-        return specs + [self.conductor_spec("conductor-0", self.spec.api_port)]
+        conductors = [self.conductor_spec(f"conductor-{i}", port)
+                      for i, port in enumerate(self.conductor_ports)]
+        return specs + conductors
+
+    def process(self, name: str) -> ManagedProcess:
+        """The process named `name`: "nats", "etcd", "store-node0", "prefill-1", "conductor-0"..."""
+        return next(p for p in self.processes if p.spec.name == name)
 
     def add_process(self, spec: ProcessSpec) -> ManagedProcess:
         """Start one more process under this cluster's supervision and stop."""
         return self._launch(spec)
 
     def start(self, timeout_s: float = 60.0) -> None:
-        """Start everything and wait until the conductor sees every worker; stop all on failure."""
+        """Start everything and wait until every conductor sees every worker; stop all on failure.
+
+        Starts clean: shared memory left by processes killed in an earlier run is swept, and
+        etcd starts empty (every key is leased to a process of the earlier run, so nothing in it
+        outlives that run by design; stale keys would point at blocks no store holds)."""
+        self._sweep_shared_memory()
+        shutil.rmtree(self.spec.workdir / "etcd-data", ignore_errors=True)
         try:
             for spec in (nats_spec(self.nats_port), etcd_spec(self.etcd_port, self.spec.workdir / "etcd-data")):
                 self._launch(spec).wait_ready(timeout_s)
@@ -136,9 +156,10 @@ class LocalCluster:
         self.processes.append(process)
         return process
 
-    def health(self) -> dict | None:
+    def health(self, url: str | None = None) -> dict | None:
+        """The /health body of the conductor at `url` (default: the first), None if unreachable."""
         try:
-            with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
+            with urllib.request.urlopen(f"{url or self.api_url}/health", timeout=2) as response:
                 return json.load(response)
         except (urllib.error.URLError, OSError, ValueError):
             return None
@@ -148,37 +169,50 @@ class LocalCluster:
                     "store": len(set(self.spec.nodes().values()))}
         deadline = time.monotonic() + timeout_s
         while True:
-            health = self.health()
-            if health and health.get("status") == "serving" and health.get("live_instances") == expected:
+            healths = [self.health(url) for url in self.conductor_urls]
+            if all(h and h.get("status") == "serving" and h.get("live_instances") == expected
+                   for h in healths):
                 return
             for process in self.processes:
                 if not process.is_running:
                     raise ProcessError(process.spec.name, f"exited with code {process.popen.returncode}",
                                        process.log_tail())
             if time.monotonic() > deadline:
-                raise ProcessError("cluster", f"not serving after {timeout_s}s; conductor health: {health}")
+                raise ProcessError("cluster",
+                                   f"not serving after {timeout_s}s; conductor health: {healths}")
             time.sleep(0.1)
 
     def supervise(self) -> None:
-        """Restart crashed processes with growing backoff; call this periodically."""
+        """Restart every process that exited without being stopped, after a backoff that grows
+        with each crash in a row, and sweep the shared memory it left. Call this periodically,
+        from the main thread (see ManagedProcess.start)."""
         now = time.monotonic()
         for process in self.processes:
-            if process.is_running:
-                continue
             name = process.spec.name
-            if name not in self._restart_at:
-                delay = RESTART_BACKOFF_S[min(process.num_starts - 1, len(RESTART_BACKOFF_S) - 1)]
-                self._restart_at[name] = now + delay
-                log.warning("%s exited with code %s; restarting in %ss", name, process.popen.returncode, delay)
-            elif now >= self._restart_at.pop(name):
+            if process.is_running or process.is_stopped:
+                self._restarts.forget(name)  # restarted or stopped by hand meanwhile
+            elif not self._restarts.is_pending(name):
+                delay_s = self._restarts.add_crash(name, now - process.started_at, now)
+                log.warning("%s exited with code %s; restarting in %.1fs (crash %d in a row)", name,
+                            process.popen.returncode, delay_s, self._restarts.num_crashes(name))
+                self._sweep_shared_memory()
+            elif self._restarts.take_due(name, now):
+                log.info("restarting %s", name)
                 process.start()
 
     def stop(self) -> None:
-        """Services first (conductor before workers), then etcd, then NATS."""
+        """Services first (conductors before workers), then etcd, then NATS; then sweep the shared
+        memory of any process that was killed rather than stopped."""
         for process in reversed(self.processes):
             code = process.stop()
             if code not in (0, None, -15):
                 log.warning("%s stopped with code %s", process.spec.name, code)
+        self._sweep_shared_memory()
+
+    def _sweep_shared_memory(self) -> None:
+        removed = sweep_orphans()
+        if removed:
+            log.warning("removed shared memory left by dead processes: %s", " ".join(removed))
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes if p.pid is not None]

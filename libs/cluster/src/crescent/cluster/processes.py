@@ -2,6 +2,9 @@
 
 Each child gets its own session (process group), so stopping it also stops anything it
 started, and a SIGKILL of the supervisor's group does not race the children's own shutdown.
+Each child also asks the kernel for SIGTERM when its parent dies (PR_SET_PDEATHSIG), so a
+supervisor killed by SIGKILL or the OOM killer leaves no orphans: they shut down as on a
+clean stop, and unlink their shared memory on the way out.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +55,8 @@ class ManagedProcess:
         self.log_path = log_dir / f"{spec.name}.log"
         self.popen: subprocess.Popen | None = None
         self.num_starts = 0
+        self.started_at: float | None = None  # time.monotonic() of the latest start
+        self.is_stopped = True  # not started yet, or stopped on purpose: not a crash
 
     @property
     def pid(self) -> int | None:
@@ -60,12 +67,21 @@ class ManagedProcess:
         return self.popen is not None and self.popen.poll() is None
 
     def start(self) -> None:
+        """Start (or restart) the process. Only from the main thread: the kernel signals the
+        child when the thread that forked it exits, not when the whole process does."""
+        if threading.current_thread() is not threading.main_thread():
+            raise ProcessError(self.spec.name, "must be started from the main thread (its "
+                                               "parent-death signal follows the forking thread)")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "crescent.cluster.die_with_parent", str(os.getpid()),
+                *self.spec.argv]
         with open(self.log_path, "ab") as log_file:
-            self.popen = subprocess.Popen(self.spec.argv, stdout=log_file, stderr=subprocess.STDOUT,
+            self.popen = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env={**os.environ, **self.spec.env},
                                           start_new_session=True)
         self.num_starts += 1
+        self.started_at = time.monotonic()
+        self.is_stopped = False
 
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -87,6 +103,7 @@ class ManagedProcess:
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after stop_timeout_s; returns the exit code."""
+        self.is_stopped = True
         if self.popen is None:
             return None
         self.signal(signal.SIGTERM)

@@ -206,4 +206,7 @@ class Bus:
             for task in still_running:
                 task.cancel()
         if not self._client.is_closed:
-            await self._client.close()
+            try:
+                await self._client.close()
+            except OSError as exc:  # the server went away first (a whole cluster stopping at once)
+                log.warning("NATS close incomplete", extra={"error": repr(exc)})

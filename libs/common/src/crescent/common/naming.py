@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from crescent.common.errors import ConfigError
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+TOKEN_PATTERN = r"^[A-Za-z0-9_-]+$"
+_TOKEN = re.compile(TOKEN_PATTERN)
 
 
 def check_token(kind: str, value: str) -> str:

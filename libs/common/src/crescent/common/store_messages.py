@@ -2,105 +2,107 @@
 reads, lookups, replication and eviction of KV blocks, named by (model, chained hash).
 
 Block bytes never travel here: they move on the data plane into and out of the slots these
-messages name (offsets into the store's registered segment).
+messages name (offsets into the store's registered segment). Field types from `bounds` carry
+the ranges a decoded body must respect.
 """
 
 from __future__ import annotations
 
+from crescent.common.bounds import BlockHashes, BlockTiers, Count, Id, Name, NumBytes, Offsets, Ttl
 from crescent.common.codec import Message
 
 
 class BlockMeta(Message):
     """Value of blocks/<model>/<hash>/<node> in etcd."""
 
-    tier: str
-    slot: int
-    size: int
+    tier: Name
+    slot: Count
+    size: NumBytes
 
 
 class AllocBlocks(Message):
-    model: str
-    hashes: list[bytes]
-    ttl_s: float = 30.0  # an allocation not committed by then is reclaimed
+    model: Name
+    hashes: BlockHashes
+    ttl_s: Ttl = 30.0  # an allocation not committed by then is reclaimed
 
 
 class BlockSlots(Message):
     """Where to write: `offsets[i]` in `segment` belongs to `allocated[i]`; blocks in
     `existing` are already stored and need no write."""
 
-    segment: str
-    block_bytes: int
-    allocated: list[bytes]
-    offsets: list[int]
-    existing: list[bytes] = []
+    segment: Name
+    block_bytes: NumBytes
+    allocated: BlockHashes
+    offsets: Offsets
+    existing: BlockHashes = []
 
 
 class CommitBlocks(Message):
-    model: str
-    hashes: list[bytes]
+    model: Name
+    hashes: BlockHashes
 
 
 class AbortBlocks(Message):
-    model: str
-    hashes: list[bytes]
+    model: Name
+    hashes: BlockHashes
 
 
 class LookupBlocks(Message):
-    model: str
-    hashes: list[bytes]
+    model: Name
+    hashes: BlockHashes
 
 
 class LookupReply(Message):
     """The longest prefix of the asked hashes this node holds, with each block's tier."""
 
-    tiers: list[str]
+    tiers: BlockTiers
 
 
 class PinBlocks(Message):
     """Pin the longest held prefix of `hashes` in DRAM (loading SSD blocks first) for reading."""
 
-    model: str
-    hashes: list[bytes]
-    ttl_s: float = 30.0
+    model: Name
+    hashes: BlockHashes
+    ttl_s: Ttl = 30.0
 
 
 class PinnedBlocks(Message):
-    segment: str
-    block_bytes: int
-    hashes: list[bytes]
-    offsets: list[int]
+    segment: Name
+    block_bytes: NumBytes
+    hashes: BlockHashes
+    offsets: Offsets
 
 
 class UnpinBlocks(Message):
-    model: str
-    hashes: list[bytes]
+    model: Name
+    hashes: BlockHashes
 
 
 class ReplicateBlocks(Message):
     """Pull these blocks from the store on `source_node` and keep them here."""
 
-    model: str
-    hashes: list[bytes]
-    source_node: str
+    model: Name
+    hashes: BlockHashes
+    source_node: Id
 
 
 class ReplicateReply(Message):
-    num_copied: int
-    num_present: int
+    num_copied: Count
+    num_present: Count
 
 
 class EvictBlocks(Message):
-    model: str
-    hashes: list[bytes]
+    model: Name
+    hashes: BlockHashes
 
 
 class EvictReply(Message):
-    evicted: list[bytes]
-    kept: list[bytes]  # pinned or not here
+    evicted: BlockHashes
+    kept: BlockHashes  # pinned or not here
 
 
 class Done(Message):
-    num_blocks: int
+    num_blocks: Count
 
 
 StoreRequest = (AllocBlocks | CommitBlocks | AbortBlocks | LookupBlocks | PinBlocks | UnpinBlocks

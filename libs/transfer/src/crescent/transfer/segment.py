@@ -14,7 +14,6 @@ import fcntl
 import mmap
 import os
 import secrets
-import time
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -107,16 +106,29 @@ class ShmSegment(Segment):
             raise ValueError(f"segment size must be positive, got {size}")
         shm_name = shm_name or f"crescent-{secrets.token_hex(8)}"
         path = _shm_path(shm_name)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        # The file gets its name only once it is locked and sized (an unnamed O_TMPFILE, then
+        # linked): a sweep never sees a live owner's file unlocked, and a process that dies
+        # before the link leaves nothing behind. It is then reopened by name, so that /proc (and
+        # lsof, psutil) shows who holds it; its lock is taken again before the first one goes.
+        unnamed_fd = os.open(SHM_DIR, os.O_TMPFILE | os.O_RDWR, 0o600)
+        fd, is_linked = -1, False
         try:
+            fcntl.flock(unnamed_fd, fcntl.LOCK_SH)
+            os.ftruncate(unnamed_fd, size)
+            _link_unnamed(unnamed_fd, path)
+            is_linked = True
+            fd = os.open(path, os.O_RDWR)
             fcntl.flock(fd, fcntl.LOCK_SH)
-            os.ftruncate(fd, size)
             flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if populate else 0)
             buffer = mmap.mmap(fd, size, flags=flags)
         except BaseException:
-            os.close(fd)
-            path.unlink(missing_ok=True)
+            if fd >= 0:
+                os.close(fd)
+            if is_linked:
+                path.unlink(missing_ok=True)
             raise
+        finally:
+            os.close(unnamed_fd)
         return cls(name, size, shm_name, fd, buffer)
 
     def view(self) -> memoryview:
@@ -143,6 +155,17 @@ class ShmSegment(Segment):
             pass
         self._view = None
         os.close(self._fd)
+
+
+def _link_unnamed(fd: int, path: Path) -> None:
+    """Give the O_TMPFILE `fd` the name `path`; FileExistsError if the name is taken. A dir fd
+    makes os.link call linkat with AT_SYMLINK_FOLLOW, which links the file the /proc entry
+    points to rather than the entry itself."""
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.link(f"/proc/self/fd/{fd}", path.name, dst_dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 class ShmMapping:
@@ -208,16 +231,14 @@ def shm_file_identity(shm_name: str) -> tuple[int, int] | None:
     return stat.st_dev, stat.st_ino
 
 
-def sweep_orphans(min_age_s: float = 10.0) -> list[str]:
+def sweep_orphans() -> list[str]:
     """Unlink /dev/shm/crescent-* files whose owner died without closing them (SIGKILL, OOM):
     otherwise their memory stays taken until reboot. A file is an orphan when no process holds
-    its shared lock; files younger than `min_age_s` are left alone, because their creator takes
-    the lock just after creating them. Returns the names removed."""
+    its shared lock; `ShmSegment.create` names a file only once it holds that lock, so a live
+    owner's file is never taken for one. Returns the names removed."""
     removed = []
     for path in SHM_DIR.glob("crescent-*"):
         try:
-            if time.time() - path.stat().st_mtime < min_age_s:
-                continue
             fd = os.open(path, os.O_RDWR)
         except OSError:
             continue

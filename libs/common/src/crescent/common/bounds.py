@@ -1,0 +1,57 @@
+"""The ranges control-plane message fields must lie in to decode (msgspec constraints).
+
+A body of the right types that carries a negative count, a NaN or infinite float, an absurd
+size or an id that would break a NATS subject is as malformed as one of the wrong types:
+`codec.decode` raises MessageError, the bus answers with an error reply, and no handler ever
+sees it (a NaN TTL, for one, would hold a decode instance's KV room for good). The bounds are
+protocol-wide sanity limits, far beyond what any instance accepts: each service still checks a
+request against its own limits (max_model_len, KV room). Constraints apply on decode only;
+building a message in code does not check them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from msgspec import Meta
+
+from crescent.common.naming import TOKEN_PATTERN
+
+MAX_SEQUENCE_TOKENS = 1 << 24  # prompt + output of one request: beyond any model's context
+MAX_TOKEN_ID = (1 << 32) - 1  # block hashing packs token ids as uint32
+MAX_COUNT = 1 << 40  # requests, tokens held by an instance, blocks, slots
+MAX_BYTES = 1 << 50  # a segment, an offset into one, a block (1 PiB)
+MAX_SECONDS = 7 * 24 * 3600.0  # a measured or predicted duration
+MAX_TTL_S = 3600.0  # how long a reservation, allocation or pin may hold resources unattended
+MAX_TIMESTAMP = 1e11  # wall-clock seconds since 1970 (the year 5138)
+MAX_BANDWIDTH = 1e13  # bytes/s (80 Tbit/s)
+MAX_TEMPERATURE = 100.0
+MAX_STOP_TOKENS = 1024
+MAX_HASH_BYTES = 64  # a block hash (the store checks the exact size)
+MAX_NAME_LENGTH = 253  # ids, nodes and models: a DNS name's length
+MAX_URL_LENGTH = 2048
+
+TokenCount = Annotated[int, Meta(ge=0, le=MAX_SEQUENCE_TOKENS)]
+TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
+TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_SEQUENCE_TOKENS)]
+StopTokenIds = Annotated[list[TokenId], Meta(max_length=MAX_STOP_TOKENS)]
+Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
+NumBytes = Annotated[int, Meta(ge=0, le=MAX_BYTES)]
+Offsets = Annotated[list[NumBytes], Meta(max_length=MAX_SEQUENCE_TOKENS)]  # one per block
+Seconds = Annotated[float, Meta(ge=0.0, le=MAX_SECONDS)]
+Period = Annotated[float, Meta(gt=0.0, le=MAX_SECONDS)]
+Ttl = Annotated[float, Meta(gt=0.0, le=MAX_TTL_S)]
+Timestamp = Annotated[float, Meta(ge=0.0, le=MAX_TIMESTAMP)]
+Bandwidth = Annotated[float, Meta(ge=0.0, le=MAX_BANDWIDTH)]
+Temperature = Annotated[float, Meta(ge=0.0, le=MAX_TEMPERATURE)]
+Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+BlockHash = Annotated[bytes, Meta(max_length=MAX_HASH_BYTES)]
+BlockHashes = Annotated[list[BlockHash], Meta(max_length=MAX_SEQUENCE_TOKENS)]  # ≥ 1 token each
+# Ids (requests, instances, nodes) become NATS subject tokens and etcd key segments, as
+# naming.check_token requires of the ids a service is configured with.
+Id = Annotated[str, Meta(max_length=MAX_NAME_LENGTH, pattern=TOKEN_PATTERN)]
+# An Id, or "" for none.
+OptionalId = Annotated[str, Meta(max_length=MAX_NAME_LENGTH, pattern=f"^$|{TOKEN_PATTERN}")]
+Name = Annotated[str, Meta(max_length=MAX_NAME_LENGTH)]  # models, tiers, codes, finish reasons
+Url = Annotated[str, Meta(max_length=MAX_URL_LENGTH)]
+BlockTiers = Annotated[list[Name], Meta(max_length=MAX_SEQUENCE_TOKENS)]  # one per block
