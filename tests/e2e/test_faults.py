@@ -145,3 +145,21 @@ async def _metrics(cluster: LocalCluster) -> str:
     async with aiohttp.ClientSession() as session:
         async with session.get(f"{cluster.api_url}/metrics") as response:
             return await response.text()
+
+
+@pytest.mark.parametrize("name", ["store-node0", "nats", "etcd"])
+async def test_store_killed_or_nats_or_etcd_restarted_under_load_fails_nothing(cluster, name):
+    """The store comes back empty (prompts are computed again); NATS and etcd come back on the
+    same ports, with etcd's data. Requests in flight move or wait; none fails."""
+    async def bounce():
+        target = process(cluster, name)
+        if name.startswith("store"):
+            target.signal(signal.SIGKILL)
+            await asyncio.sleep(0.5)
+        else:
+            await asyncio.to_thread(target.stop)
+        target.start()
+        await asyncio.to_thread(target.wait_ready, 30)
+
+    assert_all_correct(await load_with_fault(cluster, bounce))
+    await asyncio.to_thread(cluster.wait_serving, 30)

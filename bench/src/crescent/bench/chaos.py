@@ -7,7 +7,8 @@ cluster is whole and serving: SIGKILL of a prefill, a decode, the store, a condu
 of nats-server, of etcd; SIGSTOP of a prefill, of a decode for PAUSE_S. A case's window runs
 from its start (PRE_FAULT_S before the fault) to the start of the next, so every request
 belongs to one case. Per case: requests `sent`, `ok`, `rejected_before_work` (429/503 or a
-refused connection), `failed`, `wrong` (200 with other tokens), `max_latency_s`, and
+refused connection), `failed`, `wrong` (200 with other tokens), `retried` (answered only after
+the client retried a refused or dropped connection on the other conductor), `max_latency_s`, and
 `recovery_s`: from the fault to the first success among requests sent after the last request
 that did not succeed.
 """
@@ -159,7 +160,7 @@ def case_result(window: CaseWindow, outcomes: list[Outcome]) -> dict:
                     if o.status is Status.OK and o.started_at >= back_from), default=None)
     return {"case": window.fault.case, "sent": len(mine), "ok": counts[Status.OK],
             "rejected_before_work": counts[Status.REJECTED], "failed": counts[Status.FAILED],
-            "wrong": counts[Status.WRONG],
+            "wrong": counts[Status.WRONG], "retried": sum(1 for o in mine if o.num_attempts > 1),
             "max_latency_s": round(max((o.latency_s for o in mine), default=0.0), 3),
             "recovery_s": None if first_ok is None else round(first_ok - window.fault_at, 3)}
 

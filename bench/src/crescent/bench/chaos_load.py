@@ -4,8 +4,13 @@ conductors, each answer classified against the emulated engine's known tokens.
 A request is `rejected_before_work` only when the cluster said so before doing anything: a
 429 or 503 answer, or a connection to a conductor that was refused, so that nothing reached it.
 Connections are not reused: a request written to a pooled connection whose conductor has just
-died could not be told apart from one that died while the conductor worked on it, and a
-conductor that dies mid-request (reset, no answer) counts as `failed`.
+died could not be told apart from one that died while the conductor worked on it.
+
+A conductor holds its clients' connections, so a conductor that dies takes the answers it was
+writing with it. Clients do what the official `openai` SDK does by default (it retries a
+connection error): a request whose connection was refused or dropped before any answer came is
+sent once more, to the next conductor, and counted in `retried`; only a request that still gets
+no answer then is `failed`.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ class Outcome:
     ended_at: float
     status: Status
     cause: str = ""  # for failed and rejected requests: status code and message, or the exception
+    num_attempts: int = 1  # 2: the first connection was refused or dropped, and the client retried
 
     @property
     def latency_s(self) -> float:
@@ -97,27 +103,30 @@ class SteadyLoad:
     async def _request(self, session: aiohttp.ClientSession, number: int) -> Outcome:
         prompt = f"{SHARED_PREFIX}Question {number}: what comes next?"
         body = {"model": MODEL, "prompt": prompt, "max_tokens": self.max_tokens, "temperature": 0}
-        url = f"{self.urls[number % len(self.urls)]}/v1/completions"
         started = time.monotonic()
-        try:
-            async with session.post(url, json=body) as response:
-                payload = await response.read()
-                status_code = response.status
-        except aiohttp.ClientConnectorError as exc:
-            return Outcome(started, time.monotonic(), Status.REJECTED, f"connect: {exc.os_error!r}")
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            cause = f"{type(exc).__name__}: {exc}"[:120]
-            return Outcome(started, time.monotonic(), Status.FAILED, cause)
+        for attempt in range(2):
+            url = f"{self.urls[(number + attempt) % len(self.urls)]}/v1/completions"
+            try:
+                async with session.post(url, json=body) as response:
+                    payload = await response.read()
+                    status_code = response.status
+                break
+            except aiohttp.ClientConnectorError as exc:
+                status, cause = Status.REJECTED, f"connect: {exc.os_error!r}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                status, cause = Status.FAILED, f"{type(exc).__name__}: {exc}"[:120]
+        else:
+            return Outcome(started, time.monotonic(), status, cause, num_attempts=2)
         ended = time.monotonic()
         if status_code == 200:
             try:
                 text = json.loads(payload)["choices"][0]["text"]
             except (ValueError, KeyError, IndexError, TypeError):
-                return Outcome(started, ended, Status.FAILED, "200 with no completion in its body")
+                return Outcome(started, ended, Status.FAILED, "200 with no completion in its body", attempt + 1)
             is_right = text == expected_text(prompt, self.max_tokens)
-            return Outcome(started, ended, Status.OK if is_right else Status.WRONG)
+            return Outcome(started, ended, Status.OK if is_right else Status.WRONG, num_attempts=attempt + 1)
         status = Status.REJECTED if status_code in (429, 503) else Status.FAILED
-        return Outcome(started, ended, status, f"{status_code}: {_error_message(payload)}")
+        return Outcome(started, ended, status, f"{status_code}: {_error_message(payload)}", attempt + 1)
 
 
 def _error_message(payload: bytes) -> str:
