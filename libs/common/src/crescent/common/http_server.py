@@ -2,7 +2,8 @@
 
 aiohttp answers some requests before any handler or middleware sees them: a request line or
 header block it cannot parse or that is over its limits gets a plain-text 400 from the
-protocol itself, and so does an exception that escapes the application. Here those answers
+protocol itself, an Expect header it does not know a plain-text 417, and an exception that
+escapes the application a plain-text 500. Here those answers
 have the OpenAI error shape the API uses everywhere else, and each is logged once as the
 client's fault (4xx) or the server's (5xx). Idle connections, and clients that send their
 headers too slowly, are closed after `idle_timeout_s` (aiohttp's keep-alive timer runs from
@@ -14,10 +15,15 @@ from __future__ import annotations
 import logging
 from http import HTTPStatus
 
-from aiohttp import web
+from aiohttp import hdrs, web
 from aiohttp.http_exceptions import HttpProcessingError
 
 log = logging.getLogger(__name__)
+
+# After answering a request whose body was not read to the end (a 408, a 413), the rest of it
+# is read and dropped for at most this long before the connection closes, so that the client
+# reads the answer instead of a connection reset (aiohttp's default is 10 s).
+LINGER_S = 2.0
 
 
 def error_body(status: int, message: str) -> dict:
@@ -45,6 +51,19 @@ class _JsonErrorProtocol(web.RequestHandler):
         response.force_close()
         return response
 
+    async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
+                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
+        """An HTTP error raised where no middleware catches it (aiohttp's answer to an Expect
+        header it does not know, a 404 of a service without the conductor's middleware) is
+        plain text; it leaves as JSON instead, logged here."""
+        if isinstance(resp, web.HTTPException) and resp.status >= 400:
+            message = resp.text or resp.reason
+            log.info("request refused", extra={"status": resp.status, "path": request.path, "cause": message})
+            kept = {name: value for name, value in resp.headers.items()
+                    if name not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)}
+            resp = web.json_response(error_body(resp.status, message), status=resp.status, headers=kept)
+        return await super().finish_response(request, resp, start_time)
+
     def log_exception(self, *args, **kwargs) -> None:
         """A body that fails to decompress was answered with a 400 already; when aiohttp then
         drains the rest of it and meets the same error, that is no server fault."""
@@ -63,7 +82,8 @@ class JsonErrorRunner(web.AppRunner):
     """An AppRunner whose connections answer protocol-level errors with JSON."""
 
     def __init__(self, app: web.Application, idle_timeout_s: float) -> None:
-        super().__init__(app, access_log=None, handler_cancellation=True, keepalive_timeout=idle_timeout_s)
+        super().__init__(app, access_log=None, handler_cancellation=True, keepalive_timeout=idle_timeout_s,
+                         lingering_time=LINGER_S)
 
     async def _make_server(self) -> web.Server:
         # The application's own server, rebuilt with the same handler, factory and settings

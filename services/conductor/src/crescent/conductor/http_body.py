@@ -55,7 +55,11 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
         raise ApiError(413, f"the request body exceeds the limit of {request.client_max_size} bytes",
                        code="request_too_large") from exc
     except web.RequestPayloadError as exc:
-        raise bad_request(f"the request body cannot be read: {_cause(exc)}") from exc
+        encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
+        cause = _cause(exc)
+        if encoding:
+            cause = f"it is not valid {encoding} data ({cause})"
+        raise bad_request(f"the request body cannot be read: {cause}") from exc
 
 
 def _cause(exc: BaseException) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from crescent.conductor.openai_api import ApiError
 
@@ -37,9 +37,12 @@ def _log_answer(request: web.Request, status: int, cause: str, request_id: str |
 
 
 def _from_http_exception(exc: web.HTTPException) -> ApiError:
-    """aiohttp's own 404/405/413…: its text says more than its reason phrase."""
+    """aiohttp's own 404/405/413…: its text says more than its reason phrase, and its headers
+    (a 405's Allow) still apply."""
     kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
-    return ApiError(exc.status, exc.text or exc.reason or "error", type_=kind)
+    kept = {name: value for name, value in exc.headers.items()
+            if name not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)}
+    return ApiError(exc.status, exc.text or exc.reason or "error", type_=kind, headers=kept)
 
 
 @web.middleware

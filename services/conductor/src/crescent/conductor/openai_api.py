@@ -88,17 +88,21 @@ def _number(body: dict, name: str, default: float, low: float, high: float) -> f
     return float(value)
 
 
+def _token_count(body: dict, name: str, default: int | None) -> int | None:
+    value = _field(body, name, (int,), default)
+    if value is not None and not 1 <= value <= INT64_MAX:
+        raise bad_request(f"'{name}' must be between 1 and {INT64_MAX}, got {_shown(value)}", param=name)
+    return value
+
+
 def _common(body: Any, is_chat: bool) -> GenerationRequest:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     request = GenerationRequest(is_chat=is_chat, model=_field(body, "model", (str,)))
-    max_tokens = _field(body, "max_completion_tokens", (int,), None) if is_chat else None
-    if max_tokens is None:
-        max_tokens = _field(body, "max_tokens", (int,), None if is_chat else 16)
-    if max_tokens is not None and not 1 <= max_tokens <= INT64_MAX:
-        raise bad_request(f"'max_tokens' must be between 1 and {INT64_MAX}, got {_shown(max_tokens)}",
-                          param="max_tokens")
-    request.max_tokens = max_tokens
+    # Chat's max_completion_tokens wins over max_tokens; both are checked when both are given.
+    max_tokens = _token_count(body, "max_tokens", None if is_chat else 16)
+    completion_tokens = _token_count(body, "max_completion_tokens", None) if is_chat else None
+    request.max_tokens = max_tokens if completion_tokens is None else completion_tokens
     request.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     request.top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     request.seed = _field(body, "seed", (int,), None)
@@ -114,7 +118,7 @@ def _common(body: Any, is_chat: bool) -> GenerationRequest:
         raise bad_request("only n=1 is supported", param="n")
     request.stream = _field(body, "stream", (bool,), False)
     options = _field(body, "stream_options", (dict,), {})
-    request.include_usage = bool(options.get("include_usage", False))
+    request.include_usage = _field(options, "include_usage", (bool,), False)
     request.ignore_eos = _field(body, "ignore_eos", (bool,), False)
     return request
 

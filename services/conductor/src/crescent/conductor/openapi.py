@@ -22,27 +22,38 @@ _ERROR = {
                        "code": {"type": "string", "nullable": True}}}},
 }
 
+# OpenAPI 3.0's way to say JSON null: the parser takes a null optional field as absent.
+_NULL = {"type": "string", "nullable": True, "enum": [None]}
+
+
+def _optional(schema: dict) -> dict:
+    if "type" in schema:
+        return {**schema, "nullable": True}
+    return {"oneOf": [*schema["oneOf"], _NULL]}
+
+
 _STOP = {"oneOf": [{"type": "string", "minLength": 1},
                    {"type": "array", "items": {"type": "string", "minLength": 1}}]}
 
-_SAMPLING = {
-    "model": {"type": "string", "description": "a model from /v1/models"},
+_SAMPLING = {name: _optional(schema) for name, schema in {
     "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
     "top_p": {"type": "number", "minimum": 0, "maximum": 1},
     "seed": {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX},
     "stop": _STOP,
-    "n": {"type": "integer", "enum": [1]},
+    "n": {"type": "integer", "minimum": 1, "maximum": 1},
     "stream": {"type": "boolean"},
-    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
+    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean", "nullable": True}}},
     "ignore_eos": {"type": "boolean", "description": "generate max_tokens even past end-of-sequence"},
-}
+}.items()}
+_MODEL = {"type": "string", "description": "a model from /v1/models"}
 
 _COMPLETION_REQUEST = {
     "type": "object",
     "required": ["model", "prompt"],
     "properties": {
         **_SAMPLING,
+        "model": _MODEL,
         "prompt": {"oneOf": [{"type": "string", "minLength": 1},
                              {"type": "array", "minItems": 1,
                               "items": {"type": "integer", "minimum": 0, "maximum": INT64_MAX}}]},
@@ -54,7 +65,8 @@ _CHAT_REQUEST = {
     "required": ["model", "messages"],
     "properties": {
         **_SAMPLING,
-        "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
+        "model": _MODEL,
+        "max_completion_tokens": _optional({"type": "integer", "minimum": 1, "maximum": INT64_MAX}),
         "messages": {"type": "array", "minItems": 1, "items": {
             "type": "object",
             "required": ["role", "content"],
@@ -85,6 +97,10 @@ _CHAT = _response("chat.completion", {
                                          "role": {"type": "string"}, "content": {"type": "string"}}}}})
 
 
+# One server-sent event: its data is a chunk of the response as JSON, the last one "[DONE]".
+_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+
+
 def _json(schema: dict) -> dict:
     return {"application/json": {"schema": schema}}
 
@@ -105,7 +121,7 @@ def _generation(summary: str, request: dict, response: dict) -> dict:
         "requestBody": {"required": True, "content": _json(request)},
         "responses": {"200": {"description": "the whole response, or an SSE stream of chunks when "
                                              "stream is true",
-                              "content": {**_json(response), "text/event-stream": {"schema": {"type": "string"}}}},
+                              "content": {**_json(response), "text/event-stream": {"schema": _EVENT}}},
                       **_errors(400, 404, 408, 413, 415, 429, 502, 503, 504)},
     }}
 
