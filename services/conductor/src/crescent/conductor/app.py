@@ -30,7 +30,7 @@ from crescent.conductor import metrics
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.flow import FlowTimeouts, RejectedError, RequestFlow
 from crescent.conductor.http_body import read_json
-from crescent.conductor.http_errors import openai_errors
+from crescent.conductor.http_errors import REQUEST_ID, openai_errors
 from crescent.conductor.policy import RejectReason
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.openai_api import (
@@ -210,7 +210,7 @@ class Conductor:
         gen = parse(await self._read_json(request))
         token_ids, max_tokens = self._tokens(gen)
         request_id = ("chatcmpl-" if gen.is_chat else "cmpl-") + secrets.token_hex(12)
-        request["request_id"] = request_id
+        request[REQUEST_ID] = request_id
         sampling = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, seed=gen.seed,
                                   ignore_eos=gen.ignore_eos)
         metrics.INFLIGHT.inc()

@@ -18,6 +18,8 @@ from crescent.conductor.openai_api import ApiError
 log = logging.getLogger(__name__)
 
 _MAX_LOGGED_CAUSE = 500  # characters: a message may quote a client's input back to it
+# Where a handler keeps the id it gave the request, for the log line of a failure it did not expect.
+REQUEST_ID = web.RequestKey("request_id", str)
 
 
 def error_response(error: ApiError) -> web.Response:
@@ -59,7 +61,7 @@ async def openai_errors(request: web.Request,
         error = _from_http_exception(exc)
         response, cause = error_response(error), error.message
     except Exception as exc:
-        request_id = request.get("request_id")
+        request_id = request.get(REQUEST_ID)
         if request.writer.output_size > 0:
             # Too late for an error body: the connection is cut, and this is its only log line.
             log.exception("request failed mid-response", extra={"request_id": request_id,
