@@ -3,11 +3,11 @@
 aiohttp answers some requests before any handler or middleware sees them: a request line or
 header block it cannot parse or that is over its limits gets a plain-text 400 from the
 protocol itself, an Expect header it does not know a plain-text 417, and an exception that
-escapes the application a plain-text 500. Here those answers
-have the OpenAI error shape the API uses everywhere else, and each is logged once as the
-client's fault (4xx) or the server's (5xx). Idle connections, and clients that send their
-headers too slowly, are closed after `idle_timeout_s` (aiohttp's keep-alive timer runs from
-the moment a connection opens and again after each response).
+escapes the application a plain-text 500. Here those answers have the OpenAI error shape the
+API uses everywhere else, and each is logged once as the client's fault (4xx) or the server's
+(5xx). Idle connections, and clients that send their headers too slowly, are closed after
+`idle_timeout_s` (aiohttp's keep-alive timer runs from the moment a connection opens and again
+after each response).
 """
 
 from __future__ import annotations

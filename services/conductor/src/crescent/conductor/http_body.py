@@ -2,9 +2,10 @@
 
 The body is read under a deadline, so a client that sends it slowly holds a connection only
 that long. It is decoded by msgspec, which rejects what the standard library lets through and
-that would fail later, deep in the cluster: lone UTF-16 surrogates, NaN and Infinity literals,
-numbers that overflow a float and integers beyond 64 bits. Nesting too deep for the decoder's
-recursion is a RecursionError, caught here as well.
+that would fail later, deep in the cluster: lone UTF-16 surrogates (no UTF-8 encoder takes
+them), NaN and Infinity literals, numbers that overflow a float, integers of more than 4300
+digits. Nesting too deep for the decoder is a RecursionError, caught here as well. Integers
+the cluster cannot carry (beyond 64 bits) are openai_api's to refuse, field by field.
 """
 
 from __future__ import annotations
