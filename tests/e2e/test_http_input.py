@@ -29,6 +29,7 @@ pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"
 IDLE_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0
+MAX_BODY_BYTES = 1024 * 1024  # above the 100k-deep nesting cases
 CLOSE_DEADLINE_S = 15.0  # a generous bound on a 1 s timeout, for a loaded machine
 ENDPOINTS = ["/v1/completions", "/v1/chat/completions"]
 FUZZ = settings(max_examples=150, deadline=None, database=None,
@@ -41,7 +42,8 @@ def cluster(tmp_path_factory):
     spec = ClusterSpec(workdir=tmp_path_factory.mktemp("http-input"), api_port=free_port(),
                        engine_args=["--emulated-time-scale", "0", "--max-model-len", "512"],
                        conductor_args=["--http-idle-timeout-s", str(IDLE_TIMEOUT_S),
-                                       "--body-timeout-s", str(BODY_TIMEOUT_S)])
+                                       "--body-timeout-s", str(BODY_TIMEOUT_S),
+                                       "--max-body-bytes", str(MAX_BODY_BYTES)])
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=60)
     yield cluster
@@ -92,6 +94,9 @@ ISSUE_CASES = {
     "form-encoded": (b"model=x&prompt=y", {"Content-Type": "application/x-www-form-urlencoded"}, 415),
     "empty body": (b"", {}, 400),
     "oversize header": (body(), {"X-Padding": "a" * 20_000}, 400),
+    "oversize body": (body(prompt="x" * 2 * MAX_BODY_BYTES), {}, 413),
+    "oversize once decompressed": (gzip.compress(body(prompt="x" * 2 * MAX_BODY_BYTES)),
+                                   {"Content-Encoding": "gzip"}, 413),
     "unknown Expect": (body(), {"Expect": "nonsense"}, 417),
 }
 
