@@ -63,3 +63,32 @@ def test_response_shapes():
     plain = parse_completion({"model": "m", "prompt": "x"})
     body = full_response(plain, "id", 1, "abc", "length", {"total_tokens": 3})
     assert body["choices"][0]["text"] == "abc" and body["object"] == "text_completion"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("seed", 2**63), ("seed", -(2**63) - 1), ("seed", 10**30),
+    ("max_tokens", 2**63), ("max_tokens", -(10**400)),
+    ("temperature", 10**400), ("temperature", float("inf")), ("top_p", float("nan")),
+    ("stream_options", {"include_usage": "yes"}),
+])
+def test_numbers_outside_what_the_cluster_carries_are_400(field, value):
+    with pytest.raises(ApiError) as info:
+        parse_completion({"model": "m", "prompt": "x", field: value})
+    assert info.value.status == 400
+    assert len(info.value.message) < 200  # a huge number is not quoted whole
+
+
+def test_sixty_four_bit_extremes_are_accepted():
+    request = parse_completion({"model": "m", "prompt": [0, 2**63 - 1], "seed": -(2**63), "max_tokens": 2**63 - 1})
+    assert request.seed == -(2**63) and request.max_tokens == 2**63 - 1
+    with pytest.raises(ApiError) as info:
+        parse_completion({"model": "m", "prompt": [2**63]})
+    assert info.value.param == "prompt"
+
+
+def test_chat_checks_max_tokens_even_when_max_completion_tokens_wins():
+    messages = [{"role": "user", "content": "x"}]
+    assert parse_chat({"model": "m", "messages": messages, "max_tokens": 5, "max_completion_tokens": 3}).max_tokens == 3
+    with pytest.raises(ApiError) as info:
+        parse_chat({"model": "m", "messages": messages, "max_tokens": 0, "max_completion_tokens": 3})
+    assert info.value.param == "max_tokens"

@@ -119,6 +119,8 @@ class CommonSettings:
     advertise_host: str = setting("", "address peers use to reach this instance (empty: host, or the hostname when host is 0.0.0.0)")
     http_port: int = setting(0, "port of /health and /metrics (0 picks a free port)")
     max_body_bytes: int = setting(64 * 1024 * 1024, "largest HTTP request body accepted (larger gets 413)")
+    http_idle_timeout_s: float = setting(30.0, "an HTTP connection idle this long, or still sending its "
+                                               "request headers, is closed")
     lease_ttl_s: int = setting(5, "etcd lease TTL: a dead instance leaves the registry within this time")
     telemetry_period_s: float = setting(0.2, "interval of InstanceLoad telemetry on NATS")
     connect_timeout_s: float = setting(10.0, "how long to keep retrying NATS and etcd at start before exiting")
@@ -132,5 +134,7 @@ class CommonSettings:
             raise ConfigError(f"telemetry_period_s must be in [0.01, 10], got {self.telemetry_period_s}")
         if self.log_format not in ("json", "text"):
             raise ConfigError(f"log_format must be json or text, got {self.log_format!r}")
+        if self.http_idle_timeout_s <= 0:
+            raise ConfigError(f"http_idle_timeout_s must be > 0, got {self.http_idle_timeout_s}")
         if self.connect_timeout_s <= 0:
             raise ConfigError(f"connect_timeout_s must be > 0, got {self.connect_timeout_s}")

@@ -31,6 +31,7 @@ from crescent.common.config import CommonSettings
 from crescent.common.errors import ConfigError, FatalError
 from crescent.common.etcd import LeasedKeys, connect_etcd
 from crescent.common.heartbeat import LeaseHeartbeat
+from crescent.common.http_server import JsonErrorRunner
 from crescent.common.logs import setup_logging
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.common.naming import Keys, Subjects, check_token
@@ -116,7 +117,7 @@ class Runtime:
         self.heartbeat.start()
 
     async def start_http(self) -> None:
-        self._http_runner = web.AppRunner(self.http_app, access_log=None, handler_cancellation=True)
+        self._http_runner = JsonErrorRunner(self.http_app, self.settings.http_idle_timeout_s)
         await self._http_runner.setup()
         site = web.TCPSite(self._http_runner, self.settings.host, self.http_port)
         try:

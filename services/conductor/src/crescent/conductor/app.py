@@ -29,6 +29,8 @@ from crescent.common.tracing import tracer
 from crescent.conductor import metrics
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.flow import FlowTimeouts, RejectedError, RequestFlow
+from crescent.conductor.http_body import read_json
+from crescent.conductor.http_errors import REQUEST_ID, openai_errors
 from crescent.conductor.policy import RejectReason
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.openai_api import (
@@ -42,29 +44,12 @@ from crescent.conductor.openai_api import (
     usage,
     usage_chunk,
 )
+from crescent.conductor.openapi import OPENAPI
 from crescent.conductor.settings import ConductorSettings
 from crescent.conductor.text import TextAssembler
 from crescent.engine.hf_tokenizer import HfTokenizer
 
 log = logging.getLogger(__name__)
-
-
-def _error_response(error: ApiError) -> web.Response:
-    return web.json_response(error.body(), status=error.status, headers=error.headers)
-
-
-@web.middleware
-async def openai_errors(request: web.Request, handler: Callable) -> web.StreamResponse:
-    """Every error leaves as an OpenAI-style JSON body, including aiohttp's own 404/405/413."""
-    try:
-        return await handler(request)
-    except ApiError as error:
-        return _error_response(error)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
-        return _error_response(ApiError(exc.status, exc.reason or "error", type_=kind))
 
 
 class Conductor:
@@ -100,6 +85,7 @@ class Conductor:
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/cluster", self.cluster)
+        app.router.add_get("/openapi.json", self.openapi)
 
     def instance_info(self) -> InstanceInfo:
         return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
@@ -184,13 +170,11 @@ class Conductor:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, parse_chat, "chat")
 
+    async def openapi(self, request: web.Request) -> web.Response:
+        return web.json_response(OPENAPI)
+
     async def _read_json(self, request: web.Request) -> Any:
-        try:
-            return await request.json(loads=json.loads)
-        except json.JSONDecodeError as exc:
-            raise bad_request(f"the body is not valid JSON: {exc}") from exc
-        except UnicodeDecodeError as exc:
-            raise bad_request("the body is not UTF-8") from exc
+        return await read_json(request, self.settings.body_timeout_s)
 
     def _tokens(self, gen: GenerationRequest) -> tuple[list[int], int]:
         """Prompt tokens and max_tokens, checked against the model's context."""
@@ -228,6 +212,7 @@ class Conductor:
         gen = parse(await self._read_json(request))
         token_ids, max_tokens = self._tokens(gen)
         request_id = ("chatcmpl-" if gen.is_chat else "cmpl-") + secrets.token_hex(12)
+        request[REQUEST_ID] = request_id
         sampling = SamplingParams(temperature=gen.temperature, top_p=gen.top_p, seed=gen.seed,
                                   ignore_eos=gen.ignore_eos)
         metrics.INFLIGHT.inc()

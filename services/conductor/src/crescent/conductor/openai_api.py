@@ -6,7 +6,6 @@ deep in the cluster, far from the caller; each rejection names the offending par
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +49,9 @@ class GenerationRequest:
 
 
 _MISSING = object()
+# Integers the cluster carries are 64-bit (msgpack; vLLM's seed is a torch int64). JSON's
+# are not, so every one is checked against this range before it goes anywhere.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _field(body: dict, name: str, kinds: tuple[type, ...], default: Any = _MISSING) -> Any:
@@ -72,10 +74,24 @@ def _kind_names(kinds: tuple[type, ...]) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
+def _shown(value: float) -> str:
+    """A number as an error message quotes it: JSON integers may have thousands of digits."""
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:12]}… ({len(text)} characters)"
+
+
 def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = float(_field(body, name, (int, float), default))
-    if not (math.isfinite(value) and low <= value <= high):
-        raise bad_request(f"'{name}' must be between {low} and {high}, got {value}", param=name)
+    value = _field(body, name, (int, float), default)
+    # Compared before float(): an integer too large for a float would overflow it. NaN fails too.
+    if not low <= value <= high:
+        raise bad_request(f"'{name}' must be between {low} and {high}, got {_shown(value)}", param=name)
+    return float(value)
+
+
+def _token_count(body: dict, name: str, default: int | None) -> int | None:
+    value = _field(body, name, (int,), default)
+    if value is not None and not 1 <= value <= INT64_MAX:
+        raise bad_request(f"'{name}' must be between 1 and {INT64_MAX}, got {_shown(value)}", param=name)
     return value
 
 
@@ -83,15 +99,15 @@ def _common(body: Any, is_chat: bool) -> GenerationRequest:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     request = GenerationRequest(is_chat=is_chat, model=_field(body, "model", (str,)))
-    max_tokens = _field(body, "max_completion_tokens", (int,), None) if is_chat else None
-    if max_tokens is None:
-        max_tokens = _field(body, "max_tokens", (int,), None if is_chat else 16)
-    if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"'max_tokens' must be at least 1, got {max_tokens}", param="max_tokens")
-    request.max_tokens = max_tokens
+    # Chat's max_completion_tokens wins over max_tokens; both are checked when both are given.
+    max_tokens = _token_count(body, "max_tokens", None if is_chat else 16)
+    completion_tokens = _token_count(body, "max_completion_tokens", None) if is_chat else None
+    request.max_tokens = max_tokens if completion_tokens is None else completion_tokens
     request.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
     request.top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     request.seed = _field(body, "seed", (int,), None)
+    if request.seed is not None and not INT64_MIN <= request.seed <= INT64_MAX:
+        raise bad_request(f"'seed' must be a 64-bit signed integer, got {_shown(request.seed)}", param="seed")
     stop = _field(body, "stop", (str, list), [])
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop):
@@ -102,7 +118,7 @@ def _common(body: Any, is_chat: bool) -> GenerationRequest:
         raise bad_request("only n=1 is supported", param="n")
     request.stream = _field(body, "stream", (bool,), False)
     options = _field(body, "stream_options", (dict,), {})
-    request.include_usage = bool(options.get("include_usage", False))
+    request.include_usage = _field(options, "include_usage", (bool,), False)
     request.ignore_eos = _field(body, "ignore_eos", (bool,), False)
     return request
 
@@ -115,8 +131,8 @@ def parse_completion(body: Any) -> GenerationRequest:
             raise bad_request("'prompt' must not be empty", param="prompt")
         request.prompt_text = prompt
     elif prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if any(t < 0 for t in prompt):
-            raise bad_request("token ids in 'prompt' must be non-negative", param="prompt")
+        if not all(0 <= t <= INT64_MAX for t in prompt):
+            raise bad_request("token ids in 'prompt' must be non-negative 64-bit integers", param="prompt")
         request.prompt_token_ids = list(prompt)
     elif prompt and all(isinstance(p, (str, list)) for p in prompt):
         raise bad_request("batched prompts are not supported: send one prompt per request", param="prompt")

@@ -16,6 +16,7 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     """Settings of the conductor: its API port, deadlines of each request step, defaults."""
 
     http_port: int = setting(8000, "port of the OpenAI-compatible API, /health and /metrics")
+    body_timeout_s: float = setting(30.0, "deadline for a request's body to arrive (later gets 408)")
     default_max_tokens: int = setting(256, "max_tokens of a chat request that gives none")
     reserve_timeout_s: float = setting(2.0, "deadline of a decode reservation")
     prefill_timeout_s: float = setting(120.0, "deadline of a prefill job, queueing included")
@@ -48,6 +49,6 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
         if self.block_size < 1 or self.kv_bytes_per_block < 1:
             raise ConfigError("block_size and kv_bytes_per_block must be >= 1")
         for name in ("ttft_slo_s", "tbt_slo_s", "reserve_timeout_s", "prefill_timeout_s", "start_timeout_s", "token_timeout_s",
-                     "placement_wait_s"):
+                     "placement_wait_s", "body_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")

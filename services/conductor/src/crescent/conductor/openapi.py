@@ -1,0 +1,149 @@
+"""The OpenAPI 3.0 description the conductor serves at /openapi.json.
+
+It describes the subset of OpenAI's API that openai_api.py accepts, with the same ranges, so
+clients and API fuzzers can generate requests from it. Kept by hand, as it is small; the e2e
+test runs schemathesis against it, which fails where the parser refuses what the document
+calls valid or takes what it calls invalid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from crescent.conductor.openai_api import INT64_MAX, INT64_MIN
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type"],
+        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                       "param": {"type": "string", "nullable": True},
+                       "code": {"type": "string", "nullable": True}}}},
+}
+
+# OpenAPI 3.0's way to say JSON null: the parser takes a null optional field as absent.
+_NULL = {"type": "string", "nullable": True, "enum": [None]}
+
+
+def _optional(schema: dict) -> dict:
+    if "type" in schema:
+        return {**schema, "nullable": True}
+    return {"oneOf": [*schema["oneOf"], _NULL]}
+
+
+_STOP = {"oneOf": [{"type": "string", "minLength": 1},
+                   {"type": "array", "items": {"type": "string", "minLength": 1}}]}
+
+_SAMPLING = {name: _optional(schema) for name, schema in {
+    "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "seed": {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX},
+    "stop": _STOP,
+    "n": {"type": "integer", "minimum": 1, "maximum": 1},
+    "stream": {"type": "boolean"},
+    "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean", "nullable": True}}},
+    "ignore_eos": {"type": "boolean", "description": "generate max_tokens even past end-of-sequence"},
+}.items()}
+_MODEL = {"type": "string", "description": "a model from /v1/models"}
+
+_COMPLETION_REQUEST = {
+    "type": "object",
+    "required": ["model", "prompt"],
+    "properties": {
+        **_SAMPLING,
+        "model": _MODEL,
+        "prompt": {"oneOf": [{"type": "string", "minLength": 1},
+                             {"type": "array", "minItems": 1,
+                              "items": {"type": "integer", "minimum": 0, "maximum": INT64_MAX}}]},
+    },
+}
+
+_CHAT_REQUEST = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {
+        **_SAMPLING,
+        "model": _MODEL,
+        "max_completion_tokens": _optional({"type": "integer", "minimum": 1, "maximum": INT64_MAX}),
+        "messages": {"type": "array", "minItems": 1, "items": {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {"role": {"type": "string",
+                                    "enum": ["system", "user", "assistant", "tool", "developer"]},
+                           "content": {"type": "string"}}}},
+    },
+}
+
+_USAGE = {"type": "object", "properties": {name: {"type": "integer"} for name in
+                                           ("prompt_tokens", "completion_tokens", "total_tokens")}}
+
+
+def _response(kind: str, choice: dict) -> dict:
+    return {"type": "object", "required": ["id", "object", "choices"],
+            "properties": {"id": {"type": "string"}, "object": {"type": "string", "enum": [kind]},
+                           "created": {"type": "integer"}, "model": {"type": "string"},
+                           "choices": {"type": "array", "items": choice}, "usage": _USAGE}}
+
+
+_FINISH = {"type": "string", "nullable": True}
+_COMPLETION = _response("text_completion", {
+    "type": "object", "properties": {"index": {"type": "integer"}, "text": {"type": "string"},
+                                     "finish_reason": _FINISH}})
+_CHAT = _response("chat.completion", {
+    "type": "object", "properties": {"index": {"type": "integer"}, "finish_reason": _FINISH,
+                                     "message": {"type": "object", "properties": {
+                                         "role": {"type": "string"}, "content": {"type": "string"}}}}})
+
+
+# One server-sent event: its data is a chunk of the response as JSON, the last one "[DONE]".
+_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+
+
+def _json(schema: dict) -> dict:
+    return {"application/json": {"schema": schema}}
+
+
+def _errors(*statuses: int) -> dict:
+    return {str(status): {"description": description, "content": _json({"$ref": "#/components/schemas/Error"})}
+            for status, description in [(400, "invalid request"), (404, "unknown model"),
+                                        (408, "the body did not arrive in time"), (413, "body too large"),
+                                        (415, "not UTF-8 JSON"), (429, "over the SLOs now; retry later"),
+                                        (502, "an instance failed"), (503, "no instance for this model"),
+                                        (504, "the cluster did not answer in time")]
+            if status in statuses}
+
+
+def _generation(summary: str, request: dict, response: dict) -> dict:
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True, "content": _json(request)},
+        "responses": {"200": {"description": "the whole response, or an SSE stream of chunks when "
+                                             "stream is true",
+                              "content": {**_json(response), "text/event-stream": {"schema": _EVENT}}},
+                      **_errors(400, 404, 408, 413, 415, 429, 502, 503, 504)},
+    }}
+
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {"title": "Crescent conductor", "version": "1",
+             "description": "The OpenAI-compatible API of a Crescent cluster."},
+    "paths": {
+        "/v1/completions": _generation("Complete a prompt", _COMPLETION_REQUEST, _COMPLETION),
+        "/v1/chat/completions": _generation("Answer a conversation", _CHAT_REQUEST, _CHAT),
+        "/v1/models": {"get": {
+            "summary": "Models with a live instance",
+            "responses": {"200": {"description": "the served models", "content": _json({
+                "type": "object", "required": ["object", "data"],
+                "properties": {"object": {"type": "string", "enum": ["list"]},
+                               "data": {"type": "array", "items": {
+                                   "type": "object", "required": ["id"],
+                                   "properties": {"id": {"type": "string"}, "object": {"type": "string"},
+                                                  "max_model_len": {"type": "integer"}}}}}})}},
+        }},
+    },
+    "components": {"schemas": {"Error": _ERROR}},
+}
