@@ -77,8 +77,11 @@ def test_sigkill_of_crescent_up_leaves_no_process_and_no_shared_memory(tmp_path)
         up.kill()
         up.wait(10)
         _, alive = psutil.wait_procs(children, timeout=30)
-        assert alive == [], f"left running: {[p.cmdline() for p in alive]}"
-        assert [path for path in segments if os.path.exists(path)] == []
+        assert alive == [], f"left running: {[(p.status(), p.cmdline()) for p in alive]}"
+        left = [path for path in segments if os.path.exists(path)]
+        assert left == [], f"left in /dev/shm: {left}; up said: {up.stdout.read()}; " + " ".join(
+            f"\n--- {log.name}:\n" + "\n".join(log.read_text().splitlines()[-5:])
+            for log in (tmp_path / "logs").glob("*.log"))
     finally:
         if up.poll() is None:
             up.kill()
