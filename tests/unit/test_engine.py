@@ -68,3 +68,10 @@ def test_ledger_holds_room_until_released_and_expires_unstarted_reservations():
     ledger.reserve("b", 60, expires_at=10)
     assert ledger.can_reserve(60, now=11)  # b expired
     assert not ledger.activate("c", 200, now=12)
+
+
+def test_ledger_refuses_a_start_larger_than_its_reservation():
+    ledger = KvLedger(capacity_tokens=1000)
+    ledger.reserve("a", 60, expires_at=10)
+    assert not ledger.activate("a", 500, now=1)
+    assert ledger.activate("a", 60, now=1)

@@ -33,8 +33,12 @@ class KvLedger:
         self.reserved[request_id] = (num_tokens, expires_at)
 
     def activate(self, request_id: str, num_tokens: int, now: float) -> bool:
-        """Turn a reservation into a running request; without one, admit only if there is room."""
-        held = self.reserved.pop(request_id, None)
+        """Turn a reservation into a running request; without one (it expired), admit only if
+        there is room. A start that needs more than its reservation holds is refused."""
+        held = self.reserved.get(request_id)
+        if held is not None and held[0] < num_tokens:
+            return False
+        self.reserved.pop(request_id, None)
         if held is None and not self.can_reserve(num_tokens, now):
             return False
         self.active[request_id] = num_tokens
