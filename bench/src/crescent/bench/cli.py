@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -29,7 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     chaos.add_argument("--max-tokens", type=int, default=48, help="tokens per answer (default 48)")
     chaos.add_argument("--workdir", type=Path, default=None,
                        help="keep the cluster's logs here (default: a temporary directory)")
-    for sub in (control, transfer, store, prefix, schedule, chaos):
+    aiperf = benches.add_parser("aiperf", help="aiperf's Mooncake trace replay: Crescent 1P1D vs plain vLLM "
+                                               "(tiny model)")
+    aiperf.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (JSONL)")
+    aiperf.add_argument("--limit", type=int, default=200, help="requests replayed (default 200)")
+    aiperf.add_argument("--max-input-tokens", type=int, default=2048, help="prompts cut to this (default 2048)")
+    aiperf.add_argument("--aiperf", default="aiperf", help="the aiperf command (default: aiperf on PATH)")
+    for sub in (control, transfer, store, prefix, schedule, chaos, aiperf):
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
 
@@ -51,6 +58,14 @@ def run(args: argparse.Namespace) -> int:
         from crescent.bench.schedule_bench import run_schedule_bench
 
         result = run_schedule_bench(repeat=args.repeat)
+    elif args.bench == "aiperf":
+        from crescent.bench.aiperf_replay import AiperfError, run_aiperf_bench
+
+        try:
+            result = run_aiperf_bench(args.trace, args.limit, args.max_input_tokens, args.aiperf)
+        except AiperfError as exc:
+            print(f"crescent bench aiperf: error: {exc}", file=sys.stderr)
+            return 2
     elif args.bench == "chaos":
         from crescent.bench.chaos import run_chaos_bench
 

@@ -30,19 +30,20 @@ from crescent.engine.settings import EngineSettings
 log = logging.getLogger(__name__)
 
 CANCEL_MEMORY_S = 60.0
+EMULATED_KV_CAPACITY_TOKENS = 262144
 
 
 @dataclass
 class DecodeSettings(EngineSettings):
     """Settings of a decode worker: engine settings plus its KV room and drain deadline."""
 
-    kv_capacity_tokens: int = setting(262144, "KV room in tokens (prompt + output) this instance admits "
-                                              "(vllm: at most the engine's paged KV)")
+    kv_capacity_tokens: int = setting(0, "KV room in tokens (prompt + output) this instance admits; "
+                                         "0: all of the engine's paged KV (emulated: 262144)")
 
     def validate(self) -> None:
         super().validate()
-        if self.kv_capacity_tokens < 1:
-            raise ConfigError(f"kv_capacity_tokens must be >= 1, got {self.kv_capacity_tokens}")
+        if self.kv_capacity_tokens < 0:
+            raise ConfigError(f"kv_capacity_tokens must be >= 0, got {self.kv_capacity_tokens}")
 
 
 class StartRejected(RecoverableError):
@@ -55,7 +56,7 @@ class DecodeWorker:
     def __init__(self, settings: DecodeSettings) -> None:
         self.settings = settings
         self.engine = build_engine(settings, self.role)
-        self.ledger = KvLedger(settings.kv_capacity_tokens)
+        self.ledger = KvLedger(settings.kv_capacity_tokens or EMULATED_KV_CAPACITY_TOKENS)
         self._generations: dict[str, asyncio.Task] = {}
         self._cancelled: dict[str, float] = {}  # request id → until when a late start is refused
         self.recent_tbt = Ewma()  # measured time between tokens of running requests
@@ -66,7 +67,8 @@ class DecodeWorker:
         subjects, instance_id = runtime.subjects, runtime.instance_id
         if self.is_vllm:
             await self.engine.start()
-            self.ledger.capacity_tokens = min(self.settings.kv_capacity_tokens, self.engine.kv_capacity_tokens)
+            self.ledger.capacity_tokens = min(self.settings.kv_capacity_tokens or self.engine.kv_capacity_tokens,
+                                              self.engine.kv_capacity_tokens)
         else:
             runtime.tasks.spawn("decode-batch", self.engine.run())
         await runtime.bus.serve(subjects.decode_reserve(instance_id), Reservation, self.reserve)
@@ -120,7 +122,7 @@ class DecodeWorker:
         if not self.ledger.can_reserve(need, now):
             return ReservationReply(request_id=reservation.request_id, accepted=False,
                                     reason=f"no KV room: {self.ledger.used_tokens} of "
-                                           f"{self.settings.kv_capacity_tokens} tokens in use")
+                                           f"{self.ledger.capacity_tokens} tokens in use")
         self.ledger.reserve(reservation.request_id, need, now + reservation.ttl_s)
         return ReservationReply(request_id=reservation.request_id, accepted=True)
 

@@ -1,0 +1,140 @@
+"""`crescent bench aiperf`: aiperf's Mooncake trace replay against Crescent and plain vLLM, side
+by side in one run, on the same model, trace and load.
+
+  crescent-1p1d   `crescent up` topology: store, conductor, one prefill, one decode, vLLM engine
+  vllm            one plain vLLM OpenAI server (prefix cache on, its default)
+
+aiperf (`pip install aiperf`, in an environment of its own: it is not a Crescent dependency)
+replays the trace's requests at their timestamps (`--fixed-schedule`), prompts built from the
+hash ids, streaming completions; its tokenizer is the model's, which this module places in a
+private Hugging Face cache under a hub-style name, as aiperf's loader expects. Prompts are cut
+to `max_input_tokens` (keeping the leading hash ids) so the trace fits a small model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from crescent.cluster.local import ClusterSpec, LocalCluster
+from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
+
+ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
+HUB_NAME = "local/tiny-llama"
+HASH_BLOCK_TOKENS = 512  # the Mooncake traces' block size
+METRICS = {"ttft_ms": "time_to_first_token", "itl_ms": "inter_token_latency", "latency_ms": "request_latency"}
+
+
+class AiperfError(RuntimeError):
+    """aiperf is missing or did not finish."""
+
+
+def cut_trace(trace: Path, out: Path, limit: int, max_input_tokens: int) -> int:
+    """The first `limit` requests with prompts of at most `max_input_tokens`; returns the count."""
+    count = 0
+    with trace.open() as source, out.open("w") as sink:
+        for line in source:
+            if count == limit:
+                break
+            request = json.loads(line)
+            request["input_length"] = min(request["input_length"], max_input_tokens)
+            request["hash_ids"] = request["hash_ids"][:math.ceil(request["input_length"] / HASH_BLOCK_TOKENS)]
+            sink.write(json.dumps(request) + "\n")
+            count += 1
+    return count
+
+
+def hub_cache(model_dir: Path, hf_home: Path) -> None:
+    """The model's tokenizer under HUB_NAME in a Hugging Face cache at `hf_home`."""
+    repo = hf_home / "hub" / f"models--{HUB_NAME.replace('/', '--')}"
+    revision = "0" * 40
+    snapshot = repo / "snapshots" / revision
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, snapshot / name)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+
+
+def run_aiperf(aiperf: str, url: str, model: str, trace: Path, out_dir: Path, hf_home: Path) -> dict:
+    argv = [aiperf, "profile", "--model", model, "--tokenizer", HUB_NAME, "--url", url,
+            "--endpoint-type", "completions", "--streaming", "--custom-dataset-type", "mooncake_trace",
+            "--input-file", str(trace), "--fixed-schedule", "--artifact-dir", str(out_dir)]
+    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    with (out_dir.parent / f"{out_dir.name}.log").open("w") as log:
+        done = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
+    export = out_dir / "profile_export_aiperf.json"
+    if done.returncode != 0 or not export.exists():
+        raise AiperfError(f"aiperf exited with {done.returncode}; see {out_dir.parent / out_dir.name}.log")
+    return summarize(json.loads(export.read_text()))
+
+
+def summarize(export: dict) -> dict:
+    """Requests, errors and latency percentiles from aiperf's profile_export_aiperf.json."""
+    errors = sum(int(entry.get("count", 1)) for entry in export.get("error_summary") or [])
+    row: dict = {"requests": int(export["request_count"]["avg"]), "errors": errors}
+    for name, key in METRICS.items():
+        stats = export[key]
+        for stat in ("p50", "p90", "p99"):
+            row[f"{name}_{stat}"] = round(stats[stat], 1)
+    return row
+
+
+def _crescent(model_dir: Path, workdir: Path, run: callable) -> dict:
+    spec = ClusterSpec(workdir=workdir, api_port=free_port(), engine="vllm", model_dir=model_dir, env=ENV,
+                       store_dram_bytes=256 << 20, store_ssd_bytes=256 << 20)
+    cluster = LocalCluster(spec)
+    cluster.start(timeout_s=300)
+    try:
+        return run(cluster.api_url)
+    finally:
+        cluster.stop()
+
+
+def _plain_vllm(model_dir: Path, workdir: Path, run: callable) -> dict:
+    port = free_port()
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--served-model-name", model_dir.name, "--host", "127.0.0.1", "--port", str(port),
+            "--dtype", "float32", "--block-size", "32", "--enforce-eager", "--max-model-len", "8192"]
+    server = ManagedProcess(ProcessSpec(name="vllm", argv=argv, env={**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"},
+                                        port=port), workdir / "logs")
+    server.start()
+    try:
+        server.wait_ready(300)
+        return run(f"http://127.0.0.1:{port}")
+    finally:
+        server.stop()
+
+
+def run_aiperf_bench(trace: Path, limit: int = 200, max_input_tokens: int = 2048, aiperf: str = "aiperf",
+                     model_dir: Path | None = None) -> dict:
+    if shutil.which(aiperf) is None:
+        raise AiperfError(f"{aiperf!r} not found: pip install aiperf (in a virtual environment of its own) "
+                          "and pass --aiperf PATH")
+    with tempfile.TemporaryDirectory(prefix="crescent-aiperf-") as tmp:
+        workdir = Path(tmp)
+        if model_dir is None:
+            from crescent.engine.tiny_model import build_tiny_model
+
+            model_dir = build_tiny_model(workdir / "tiny-llama")
+        hf_home = workdir / "hf"
+        hub_cache(model_dir, hf_home)
+        cut = workdir / "trace.jsonl"
+        num_requests = cut_trace(trace, cut, limit, max_input_tokens)
+
+        def replay(name: str):
+            return lambda url: run_aiperf(aiperf, url, model_dir.name, cut, workdir / name, hf_home)
+
+        rows = {"crescent-1p1d": _crescent(model_dir, workdir / "crescent", replay("crescent-1p1d")),
+                "vllm": _plain_vllm(model_dir, workdir, replay("vllm"))}
+    cases = [{"case": name, **row} for name, row in rows.items()]
+    return {"bench": "aiperf", "cases": cases,
+            "config": {"trace": str(trace), "requests": num_requests, "max_input_tokens": max_input_tokens,
+                       "model": model_dir.name, "cpu_threads": os.cpu_count()}}
