@@ -49,7 +49,7 @@ def test_validation_runs_after_loading():
     with pytest.raises(ConfigError, match="lease_ttl_s"):
         load_settings(Example, ["--lease-ttl-s", "0"], {})
     with pytest.raises(ConfigError, match="kv_capacity_tokens"):
-        load_settings(DecodeSettings, [], {"CRESCENT_KV_CAPACITY_TOKENS": "0"})
+        load_settings(DecodeSettings, [], {"CRESCENT_KV_CAPACITY_TOKENS": "-1"})
 
 
 def test_to_argv_round_trips():

@@ -94,6 +94,7 @@ class PrefillJob(Message):
     block_size: TokenCount = 0  # tokens per KV block; 0: the job stores no KV
     pull_from_node: OptionalId = ""  # first pull pull_hashes from this node's store into ours
     pull_hashes: BlockHashes = []
+    timeout_s: Seconds = 0.0  # how long the conductor waits for the result; 0: no deadline
 
 
 class PrefillCancel(Message):

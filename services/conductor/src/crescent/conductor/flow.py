@@ -176,6 +176,8 @@ class RequestFlow:
         finally:
             self._scheduler.on_finished(request_id, decode.is_finished)
             if decode.instance_id and not decode.is_finished:
+                log.info("request ended before its decode; cancelling it",
+                         extra={"request_id": request_id, "decode": decode.instance_id})
                 await self._cancel_decode(decode)
 
     async def place(self, request: ScheduleRequest, model: str, decode: _DecodeSide,
@@ -244,7 +246,7 @@ class RequestFlow:
                              sampling=progress.sampling, decode_instance=decode.instance_id,
                              decode_node=self._view.node_of("decode", decode.instance_id),
                              block_size=request.block_size, pull_from_node=prefill.transfer_source or "",
-                             pull_hashes=list(prefill.transfer_hashes))
+                             pull_hashes=list(prefill.transfer_hashes), timeout_s=self._timeouts.prefill_s)
             try:
                 result = await self._while_present("prefill", prefill.instance_id, self._bus.request(
                     self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))

@@ -181,7 +181,10 @@ class DecodeWorker:
         self._cancelled = {rid: t for rid, t in self._cancelled.items() if t > now}
         self._cancelled[cancel.request_id] = now + CANCEL_MEMORY_S
         self.engine.abort(cancel.request_id)
-        if cancel.request_id not in self._generations:
+        generation = self._generations.get(cancel.request_id)
+        if generation is not None:  # it may not have reached the engine yet: stop it either way
+            generation.cancel()
+        else:
             self.ledger.release(cancel.request_id)
         return Ack(request_id=cancel.request_id)
 

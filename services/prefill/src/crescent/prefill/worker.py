@@ -106,13 +106,18 @@ class PrefillWorker:
                             num_queued=len(self._predicted_s), queue_time_s=sum(self._predicted_s.values()),
                             recent_ttft_s=self.recent_ttft.value)
 
-    async def _decode_node(self, job: PrefillJob) -> str:
+    async def _decode_node(self, job: PrefillJob, timeout_s: float) -> str:
         """The node of the job's decode instance: from the job, else its registry entry."""
         if job.decode_node or not job.decode_instance:
             return job.decode_node
         if job.decode_instance not in self._decode_nodes:
             key = self._runtime.keys.instance("decode", job.decode_instance)
-            entry = await self._runtime.etcd.get(key.encode())
+            try:
+                entry = await asyncio.wait_for(self._runtime.etcd.get(key.encode()), timeout_s)
+            except (asyncio.TimeoutError, OSError) as exc:
+                log.warning("registry unreachable; the decode node gets no KV",
+                            extra={"decode": job.decode_instance, "error": repr(exc)})
+                return ""
             if entry is None:
                 log.warning("decode instance not registered; its node gets no KV",
                             extra={"decode": job.decode_instance})
@@ -132,10 +137,11 @@ class PrefillWorker:
         self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids))
         self._jobs[job.request_id] = asyncio.current_task()
         enqueued = time.monotonic()
+        deadline = enqueued + (job.timeout_s or float("inf"))
         try:
-            decode_node = await self._decode_node(job)
+            decode_node = await self._decode_node(job, self._remote_timeout_s(deadline))
             save_to = list(dict.fromkeys(n for n in (decode_node, self.settings.node) if n))
-            await self._pull_prefix(job)
+            await self._pull_prefix(job, self._remote_timeout_s(deadline))
             plan = None if self.is_vllm else await self.engine.plan(job.token_ids)
             with tracer().start_as_current_span("prefill.queue") as queue_span:
                 queue_span.set_attribute("crescent.request_id", job.request_id)
@@ -174,7 +180,14 @@ class PrefillWorker:
             task.cancel()
         return Ack(request_id=cancel.request_id)
 
-    async def _pull_prefix(self, job: PrefillJob) -> None:
+    def _remote_timeout_s(self, deadline: float) -> float:
+        """A store or etcd call's deadline: kv_timeout_s, and never past the job's own deadline."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise JobRejected("the conductor's deadline for this job has passed")
+        return min(self.settings.kv_timeout_s, remaining)
+
+    async def _pull_prefix(self, job: PrefillJob, timeout_s: float) -> None:
         """The conductor's transfer plan: copy the prefix blocks this node lacks from the node
         that has them into this node's store, where the engine then finds them. A failed pull
         only means those blocks are computed instead."""
@@ -186,7 +199,7 @@ class PrefillWorker:
             request = ReplicateBlocks(model=job.model, hashes=job.pull_hashes, source_node=job.pull_from_node)
             try:
                 await self._runtime.bus.request(self._runtime.subjects.store_ctl(self.settings.node), request,
-                                                ReplicateReply, self.settings.kv_timeout_s)
+                                                ReplicateReply, timeout_s)
             except RecoverableError as exc:
                 span.set_attribute("crescent.error", str(exc))
                 log.warning("prefix pull failed; computing it instead",
