@@ -22,6 +22,10 @@ CAPACITIES = (500_000, 1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 2
 PREFILL_POLICIES = ("random", "least-loaded", "local-cache-aware", "kv-centric", "dynamo-kv", "llmd-score")
 TBT_SLOS = (0.1, 0.2, 0.3)
 COUPLED_SYSTEMS = ("vllm", "vllm-prefix-cache", "vllm-chunked")
+# Cache experiments have outputs of 1, which never decode; the conductor still reserves their
+# prompt's KV on a decode instance at placement, so decode room is made unbounded there to keep
+# rejections out of a hit-rate measurement.
+UNBOUNDED_DECODE_KV = 10**12
 
 
 def theoretical_hit_rate(trace: Trace) -> float:
@@ -47,7 +51,7 @@ def fig16(trace: Trace, args: argparse.Namespace) -> list[dict]:
     cases = []
     for capacity in CAPACITIES:
         config = config_from(args, num_prefill=1, num_decode=1, output_limit=1, cache_tokens_per_node=capacity,
-                             hot_spot_period_s=0, policy="local-cache-aware")
+                             hot_spot_period_s=0, policy="local-cache-aware", decode_kv_tokens=UNBOUNDED_DECODE_KV)
         label = "inf" if capacity is None else f"{capacity / 1e6:g}M"
         cases.append({**simulate(config, trace, f"lru-{label}"), "cache_tokens": capacity})
     cases.append({"case": "theoretical-max", "hit_rate": theoretical_hit_rate(trace)})
@@ -57,7 +61,8 @@ def fig16(trace: Trace, args: argparse.Namespace) -> list[dict]:
 def fig17(trace: Trace, args: argparse.Namespace) -> list[dict]:
     """10 prefill nodes × 3M tokens, outputs of 1: local cache-aware on local caches vs
     KV-centric on the global pool."""
-    common = {"num_prefill": 10, "num_decode": 2, "output_limit": 1, "cache_tokens_per_node": 3_000_000}
+    common = {"num_prefill": 10, "num_decode": 2, "output_limit": 1, "cache_tokens_per_node": 3_000_000,
+              "decode_kv_tokens": UNBOUNDED_DECODE_KV}
     return [simulate(config_from(args, policy="local-cache-aware", cache_scope="local", **common), trace, "local"),
             simulate(config_from(args, policy="kv-centric", cache_scope="global", **common), trace, "global")]
 
