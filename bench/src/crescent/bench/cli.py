@@ -23,7 +23,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prefix.add_argument("--repeat", type=int, default=3, help="prompts per case; the median is reported (default 3)")
     schedule = benches.add_parser("schedule", help="scheduling decision time per request (kv-centric vs least-loaded)")
     schedule.add_argument("--repeat", type=int, default=200, help="requests per case (default 200)")
-    for sub in (control, transfer, store, prefix, schedule):
+    lag = benches.add_parser("replay-lag", help="crescent replay's own scheduling lag at 50 requests/s")
+    lag.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (sped up to 50 req/s)")
+    lag.add_argument("--limit", type=int, default=1000, help="requests to replay (default 1000)")
+    lag.add_argument("--max-output-tokens", type=int, default=64, help="tokens streamed per request (default 64)")
+    for sub in (control, transfer, store, prefix, schedule, lag):
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
 
@@ -41,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
         from crescent.bench.prefix_reuse import run_prefix_reuse_bench
 
         result = run_prefix_reuse_bench(args.model, args.repeat)
+    elif args.bench == "replay-lag":
+        from crescent.bench.replay.lag_bench import run_replay_lag_bench
+
+        result = run_replay_lag_bench(args.trace, args.limit, args.max_output_tokens)
     elif args.bench == "schedule":
         from crescent.bench.schedule_bench import run_schedule_bench
 
