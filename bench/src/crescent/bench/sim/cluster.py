@@ -221,10 +221,16 @@ class DisaggregatedCluster:
                 decode.reserve(request.request_id, request.num_prompt + request.num_output)
             self.stores[decode.node].write(request.blocks)
             self.scheduler.on_decode_started(request.request_id)
-            load_s = request.num_prompt * self.costs.kv_bytes_per_token / (self.config.h2d_gbps * 1e9)
-            self.loop.after(load_s, self._join_decode, request)
+            self.loop.after(self._decode_load_s(request), self._join_decode, request)
         if prefill.queue:
             self._start_prefill(prefill)
+
+    def _decode_load_s(self, request: SimRequest) -> float:
+        """Host-to-device load of the prompt's KV on the decode node, pipelined with the
+        prefill layer by layer (each layer's KV lands in the decode node's DRAM as prefill
+        finishes it): what is left after the prefill ends is the last layer's share."""
+        load_s = request.num_prompt * self.costs.kv_bytes_per_token / (self.config.h2d_gbps * 1e9)
+        return load_s / self.config.model_dims.num_layers
 
     def _decode_admits(self, decode: DecodeInstance, request: SimRequest) -> bool:
         """The baseline's decode-side load check, made when the request reaches decode."""
