@@ -229,7 +229,7 @@ class DisaggregatedCluster:
         """Host-to-device load of the prompt's KV on the decode node, pipelined with the
         prefill layer by layer (each layer's KV lands in the decode node's DRAM as prefill
         finishes it): what is left after the prefill ends is the last layer's share."""
-        load_s = request.num_prompt * self.costs.kv_bytes_per_token / (self.config.h2d_gbps * 1e9)
+        load_s = request.num_prompt * self.config.model_dims.kv_bytes_per_token / (self.config.h2d_gbps * 1e9)
         return load_s / self.config.model_dims.num_layers
 
     def _decode_admits(self, decode: DecodeInstance, request: SimRequest) -> bool:

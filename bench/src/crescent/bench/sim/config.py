@@ -64,6 +64,7 @@ class SimConfig:
     memory_gbps: float = A800_X8_MEMORY_GBPS
     decode_kv_tokens: int | None = None  # None: what the HBM holds after the weights
     profile: Path | None = None
+    kv_bytes_per_token_stored: float | None = None  # KV bytes per token a store holds and moves (default: the model's)
     kvcache_balancing_threshold: float = 1.5
     chunk_tokens: int = 512  # vllm-chunked: tokens per step (vLLM 0.5's default budget)
     max_num_seqs: int = 256  # coupled instances: most requests in one batch (vLLM's default)
@@ -107,6 +108,11 @@ class SimConfig:
                          memory_bytes_per_s=self.memory_gbps * 1e9)
 
     def kv_bytes_per_token(self) -> float:
+        """What a block's bytes in the stores and on the wire are counted as. An emulated cluster
+        stores blocks of its store's --block-bytes whatever model it emulates, so validating
+        against one sets this apart from the model's own KV size."""
+        if self.kv_bytes_per_token_stored is not None:
+            return self.kv_bytes_per_token_stored
         return self.model_dims.kv_bytes_per_token
 
     def kv_capacity_tokens(self) -> int:

@@ -74,7 +74,7 @@ def plot_experiment(name: str, result: dict, path: Path) -> None:
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(slos))], [f"TBT ≤ {int(s * 1000)} ms" for s in slos])
         ax.set_ylabel("effective request capacity")
         ax.set_ylim(0, 1)
-        ax.legend()
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=len(systems))
         ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
