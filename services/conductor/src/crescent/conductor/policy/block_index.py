@@ -149,7 +149,7 @@ class BlockIndex:
         half_life = self.hit_half_life_s
         # _Hits.decayed written out: a pass ranks every hit block, and one comprehension over
         # plain tuples costs a third of a key function calling a method per block.
-        scored = [(-(hits.value * 0.5 ** (max(0.0, now - hits.at) / half_life)), hits.depth, h)
+        scored = [(-(hits.value * 0.5 ** ((now - hits.at if now > hits.at else 0.0) / half_life)), hits.depth, h)
                   for h, hits in self._hits.items()]
         return [HotBlock(h, len(self._holders[h]), -negated) for negated, _, h in heapq.nsmallest(k, scored)]
 
