@@ -51,3 +51,15 @@ def test_sim_names_the_bad_trace_line(tmp_path, capsys):
     path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1}\n')
     assert crescent("sim", "--trace", path) == 2
     assert f"{path}:2: missing field 'input_length'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["fig17", "table4"])
+def test_an_experiment_writes_its_json_and_png(tmp_path, name):
+    path = trace_file(tmp_path, [{"timestamp": i * 50, "input_length": 3000, "output_length": 20,
+                                  "hash_ids": [1, 2, 3, 4, 5, 10 + i]} for i in range(20)])
+    assert crescent("sim", "experiment", name, "--trace", path, "--out", tmp_path / "out", "--speed", "2") == 0
+    result = json.loads((tmp_path / "out" / f"{name}.json").read_text())
+    assert result["bench"] == f"sim-{name}" and result["speed"] == 2.0
+    assert [c["case"] for c in result["cases"]] == (["local", "global"] if name == "fig17"
+                                                   else ["baseline", "early", "predictive"])
+    assert (tmp_path / "out" / f"{name}.png").read_bytes()[:4] == b"\x89PNG"

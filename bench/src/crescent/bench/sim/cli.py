@@ -74,7 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     experiment = commands.add_parser("experiment", help="reproduce one of the paper's figures or tables")
     experiment.add_argument("name", choices=sorted(EXPERIMENTS))
-    experiment.add_argument("--trace", dest="experiment_trace", type=Path, required=True)
+    experiment.add_argument("--trace", dest="experiment_trace", type=Path, required=True, metavar="FILE",
+                            help="Mooncake-format JSONL trace")
     experiment.add_argument("--out", type=Path, required=True, help="directory for NAME.json and NAME.png")
     add_cluster_arguments(experiment)
 
