@@ -70,6 +70,7 @@ class DisaggregatedCluster:
                        for node in nodes}
         self.num_open = 0
         self.imbalance_samples: list[float] = []
+        self.load_timeline: list[tuple[float, float, float]] = []  # (time, prefill load, decode load)
         for instance in [*self.prefills.values(), *self.decodes.values()]:
             self._register(instance)
 
@@ -116,9 +117,16 @@ class DisaggregatedCluster:
             self.loop.after(self.config.telemetry_period_s, self._telemetry, instance)
 
     def _sample_imbalance(self, _: object) -> None:
+        """Each period: the conductor's f_im, and each side's true mean SLO load for a timeline
+        (the paper's Fig. 6: prefill and decode load swinging against each other)."""
         factor = self.scheduler.imbalance(MODEL)
         if factor is not None and self.num_open:
             self.imbalance_samples.append(factor)
+        now = self.loop.now
+        prefill = sum(p.queue_time_s(now) for p in self.prefills.values()) / len(self.prefills)
+        decode = sum(self.decode_step_s(d.batch.num_running, d.batch.context_tokens)
+                     for d in self.decodes.values()) / len(self.decodes)
+        self.load_timeline.append((now, prefill / self.config.ttft_slo_s, decode / self.config.tbt_slo_s))
         if self.num_open:
             self.loop.after(self.config.telemetry_period_s, self._sample_imbalance)
 

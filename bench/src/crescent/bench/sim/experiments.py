@@ -73,8 +73,14 @@ def fig5(trace: Trace, args: argparse.Namespace) -> list[dict]:
 
 
 def table4(trace: Trace, args: argparse.Namespace) -> list[dict]:
-    """Rejections on 8P+8D by admission (run with --speed 2 for the paper's setting)."""
-    return [simulate(config_from(args, admission=name), trace, name) for name in ("baseline", "early", "predictive")]
+    """Rejections on 8P+8D by admission (run with --speed 2 for the paper's setting), each case
+    with its load timeline: mean prefill and decode SLO load, one sample a second."""
+    cases = []
+    for name in ("baseline", "early", "predictive"):
+        run = SimRun(config_from(args, admission=name), trace).run()
+        per_second = {int(t): (round(p, 4), round(d, 4)) for t, p, d in run.cluster.load_timeline}
+        cases.append({**run.summary(name), "load_timeline": [[t, *loads] for t, loads in sorted(per_second.items())]})
+    return cases
 
 
 def fig23(trace: Trace, args: argparse.Namespace) -> list[dict]:

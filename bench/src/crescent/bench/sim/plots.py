@@ -48,8 +48,19 @@ def plot_experiment(name: str, result: dict, path: Path) -> None:
         fig, ax = plt.subplots(figsize=(7, 4))
         _bars(ax, [c["case"] for c in cases], [c["mean_ttft_s"] for c in cases], "mean TTFT (s)", title)
     elif name == "table4":
-        fig, ax = plt.subplots(figsize=(5, 4))
-        _bars(ax, [c["case"] for c in cases], [c["rejected"] for c in cases], "rejected requests", title)
+        fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [1, 2]})
+        _bars(left, [c["case"] for c in cases], [c["rejected"] for c in cases], "rejected requests", "rejections")
+        for case, colour in zip(cases, ("#4c72b0", "#dd8452", "#55a868")):
+            timeline = case.get("load_timeline", [])
+            right.plot([t for t, _, _ in timeline], [p for _, p, _ in timeline], color=colour, alpha=0.8,
+                       label=f"{case['case']}: prefill")
+            right.plot([t for t, _, _ in timeline], [d for _, _, d in timeline], color=colour, linestyle=":",
+                       label=f"{case['case']}: decode")
+        right.set_xlabel("time (s)")
+        right.set_ylabel("mean load (predicted time / SLO)")
+        right.set_title("load over time (Fig. 6)")
+        right.legend(fontsize=7, ncol=3)
+        fig.suptitle(title)
     elif name == "fig23":
         fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.5))
         labels = [c["case"] for c in cases]
