@@ -72,3 +72,25 @@ def test_global_cache_pulls_a_prefix_that_local_scope_recomputes():
                    trace).run()
     assert glob.requests[2].cached_tokens == 30 * 512
     assert glob.summary("g")["hit_rate"] > local.summary("l")["hit_rate"]
+
+
+def test_a_pull_takes_only_the_blocks_its_source_still_holds():
+    """The policy planned to pull blocks 0–3 from p1, but p1 evicted block 2 since: the prefill
+    pulls blocks 0–1 and reuses exactly those; nothing is read from a node that lacks it."""
+    from crescent.bench.sim.request import SimRequest
+    from crescent.conductor.policy import Decision, DecodeChoice, PrefillChoice
+
+    run = SimRun(SimConfig(num_prefill=2, num_decode=1), [])
+    cluster = run.cluster
+    blocks = tuple(i.to_bytes(8, "big") for i in range(6))
+    cluster.stores["p1"].write([blocks[0], blocks[1], blocks[3]])
+    choice = PrefillChoice("prefill-0", "p0", 4 * 512, 0, "p1", blocks[:4], 0.01, 0.0, 0.1)
+    request = SimRequest(0, 0.0, 6 * 512, 1, blocks)
+    request.decision = Decision(choice, DecodeChoice("decode-0", 0.01))
+    request.decode_id = "decode-0"
+    cluster.decodes["decode-0"].reserve(request.request_id, 6 * 512 + 1)
+    prefill = cluster.prefills["prefill-0"]
+    prefill.queue.append(request)
+    cluster._start_prefill(prefill)
+    assert request.cached_tokens == 2 * 512
+    assert [cluster.stores["p0"].holds(b) for b in blocks] == [True, True, False, False, False, False]

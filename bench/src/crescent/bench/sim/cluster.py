@@ -137,7 +137,7 @@ class DisaggregatedCluster:
             if held:
                 self.num_replication_orders += 1
                 done = self.network.transfer(source.node, target.node, len(held) * self.block_bytes, self.loop.now)
-                self.loop.at(done, lambda blocks, store=target: store.write(blocks), held)
+                self.loop.at(done, target.write, held)
         if self.num_open:
             self.loop.after(self.config.hot_spot_period_s, self._hot_spot)
 

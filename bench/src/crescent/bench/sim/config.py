@@ -10,6 +10,7 @@ decode (its fitted line) with measured figures.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,8 +36,8 @@ class SimCosts:
     """The truth the simulated engines run at (and, without a profile, what the conductor
     predicts with: the same cost model, as a real emulated cluster)."""
 
-    prefill_s: object  # (num_tokens, num_cached_tokens) -> seconds
-    decode_step_s: object  # (batch_size, total_context_tokens) -> seconds
+    prefill_s: Callable[[int, int], float]  # (num_tokens, num_cached_tokens) -> seconds
+    decode_step_s: Callable[[int, int], float]  # (batch_size, total_context_tokens) -> seconds
     kv_bytes_per_token: float
 
 
@@ -129,7 +130,7 @@ class SimConfig:
         return SimCosts(*load_profile(self.profile), self.kv_bytes_per_token())
 
 
-def roofline_decode(cost: CostModel):
+def roofline_decode(cost: CostModel) -> Callable[[int, int], float]:
     """CostModel.decode_step_s with its constants folded: the simulator calls it once per decode
     step of every instance, hundreds of thousands of times a run."""
     dims = cost.dims
@@ -147,7 +148,7 @@ def roofline_decode(cost: CostModel):
     return decode_step_s
 
 
-def load_profile(path: Path) -> tuple[PrefillTimeModel, object]:
+def load_profile(path: Path) -> tuple[PrefillTimeModel, Callable[[int, int], float]]:
     """(prefill model, decode step function) from a `crescent profile` JSON file."""
     try:
         data = json.loads(Path(path).read_text())
