@@ -10,8 +10,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from crescent.bench.replay.client import ReplayError, ReplayOptions, replay
-from crescent.bench.replay.prompts import PromptShape
 from crescent.bench.replay.records import OK, RequestRecord, summarize
 from crescent.bench.slo import SloTargets
 from crescent.bench.trace import TRACE_BLOCK_TOKENS, TraceError, load_trace
@@ -60,6 +58,10 @@ class ProgressBar:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Imported here: aiohttp and numpy are not needed by the other `crescent` commands.
+    from crescent.bench.replay.client import ReplayError, ReplayOptions, replay
+    from crescent.bench.replay.prompts import PromptShape
+
     try:
         trace = load_trace(args.trace, args.limit)
         slo = SloTargets(args.ttft_slo_s, args.tbt_slo_s)

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from crescent.bench.sim.config import ADMISSIONS, CACHE_SCOPES, COUPLED, SimConfig, SimConfigError
-from crescent.bench.sim.run import simulate
 from crescent.bench.trace import TraceError, load_trace
 from crescent.conductor.policy import POLICIES
 
@@ -90,6 +89,7 @@ def config_from(args: argparse.Namespace, **overrides) -> SimConfig:
 
 def run(args: argparse.Namespace) -> int:
     from crescent.bench.cli import format_table
+    from crescent.bench.sim.run import simulate
 
     try:
         if args.sim_command == "experiment":
