@@ -94,3 +94,27 @@ def test_a_pull_takes_only_the_blocks_its_source_still_holds():
     cluster._start_prefill(prefill)
     assert request.cached_tokens == 2 * 512
     assert [cluster.stores["p0"].holds(b) for b in blocks] == [True, True, False, False, False, False]
+
+
+def test_a_profile_file_times_prefill_and_decode(tmp_path):
+    """A `crescent profile` file replaces the cost model: prefill from its polynomial, decode
+    from its line; the conductor prices prefill with the same file."""
+    import json
+
+    from crescent.bench.sim.config import SimConfigError
+
+    profile = {"format": "crescent.prefill_poly.v1", "degree": 1, "scale": 1000.0,
+               "coefficients": [0.05, 1.0, -1.0],  # 0.05 + (n − p)/1000 s
+               "decode": {"format": "crescent.decode_linear.v1", "base_s": 0.02, "per_request_s": 0.001,
+                          "per_context_token_s": 0.0}}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    config = SimConfig(num_prefill=1, num_decode=1, profile=path)
+    run = SimRun(config, [item(0, 0.0, [1, 2], output_length=3)]).run()
+    request = run.requests[0]
+    assert request.compute_s == pytest.approx(0.05 + 1024 / 1000)
+    assert request.intervals_tbt_s == pytest.approx(0.021, abs=1e-3)  # one request in the batch
+    assert run.cluster.scheduler.policy.predictors.prefill_s(1024, 0) == pytest.approx(1.074)
+    path.write_text("{}")
+    with pytest.raises(SimConfigError, match="cannot use profile"):
+        SimRun(SimConfig(profile=path), [])
