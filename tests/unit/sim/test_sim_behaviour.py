@@ -20,7 +20,7 @@ def test_decode_tbt_is_the_step_time_and_ttft_the_prefill_time():
     assert request.ttft_s == pytest.approx(cost.prefill_s(1024, 0))
     # 10 decode steps, the batch of one growing by one token a step; TBT = mean of the longest 1
     steps = [cost.decode_step_s(1, 1025 + k) for k in range(10)]
-    assert request.intervals_tbt_s == pytest.approx(max(steps), rel=1e-6)
+    assert request.tbt_s == pytest.approx(max(steps), rel=1e-6)
 
 
 def test_a_coupled_prefill_stalls_the_running_batch():
@@ -31,11 +31,11 @@ def test_a_coupled_prefill_stalls_the_running_batch():
     plain.cluster.instances = plain.cluster.instances[:1]  # both requests on one instance
     plain.run()
     long_prefill_s = costs(plain.config).prefill_s(40 * 512, 0)
-    assert plain.requests[0].intervals_tbt_s >= long_prefill_s * 0.9
+    assert plain.requests[0].tbt_s >= long_prefill_s * 0.9
     chunked = SimRun(SimConfig(num_prefill=1, num_decode=1, coupled="vllm-chunked"), trace)
     chunked.cluster.instances = chunked.cluster.instances[:1]
     chunked.run()
-    assert chunked.requests[0].intervals_tbt_s < long_prefill_s / 5
+    assert chunked.requests[0].tbt_s < long_prefill_s / 5
     assert all(r.status is Status.OK for r in plain.requests + chunked.requests)
 
 
@@ -113,7 +113,7 @@ def test_a_profile_file_times_prefill_and_decode(tmp_path):
     run = SimRun(config, [item(0, 0.0, [1, 2], output_length=3)]).run()
     request = run.requests[0]
     assert request.compute_s == pytest.approx(0.05 + 1024 / 1000)
-    assert request.intervals_tbt_s == pytest.approx(0.021, abs=1e-3)  # one request in the batch
+    assert request.tbt_s == pytest.approx(0.021, abs=1e-3)  # one request in the batch
     assert run.cluster.scheduler.policy.predictors.prefill_s(1024, 0) == pytest.approx(1.074)
     path.write_text("{}")
     with pytest.raises(SimConfigError, match="cannot use profile"):

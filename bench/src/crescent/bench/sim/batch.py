@@ -40,7 +40,7 @@ class Batch:
         for request in done:
             self.num_running -= 1
             self.context_tokens -= request.num_prompt + request.num_output
-            request.intervals_tbt_s = self.tbt_of(request)
+            request.tbt_s = self.tbt_of(request)
         return done
 
     def tbt_of(self, request: SimRequest) -> float:

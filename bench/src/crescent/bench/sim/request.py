@@ -15,9 +15,9 @@ class Status(enum.Enum):
 
 
 class SimRequest:
-    __slots__ = ("arrival_s", "block_ids", "blocks", "cached_tokens", "compute_s", "decision", "decode_id",
-                 "first_emission", "first_token_s", "index", "intervals_tbt_s", "last_emission", "num_output",
-                 "num_prompt", "predicted_prefill_s", "reject_reason", "request_id", "status")
+    __slots__ = ("arrival_s", "blocks", "cached_tokens", "compute_s", "decision", "decode_id", "first_emission",
+                 "first_token_s", "index", "last_emission", "num_output", "num_prompt", "predicted_prefill_s",
+                 "reject_reason", "request_id", "status", "tbt_s")
 
     def __init__(self, index: int, arrival_s: float, num_prompt: int, num_output: int,
                  blocks: tuple[bytes, ...]) -> None:
@@ -37,7 +37,7 @@ class SimRequest:
         self.first_token_s: float | None = None
         self.first_emission = 0
         self.last_emission = 0
-        self.intervals_tbt_s = 0.0
+        self.tbt_s = 0.0
 
     @property
     def ttft_s(self) -> float | None:

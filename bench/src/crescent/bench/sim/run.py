@@ -59,7 +59,7 @@ class SimRun:
         done = [r for r in requests if r.status is Status.OK]
         prefilled = [r for r in requests if r.is_prefilled]
         ttfts = [r.ttft_s for r in done]
-        tbts = [r.intervals_tbt_s for r in done if r.num_output > 1]
+        tbts = [r.tbt_s for r in done if r.num_output > 1]
         num_prompt = sum(r.num_prompt for r in prefilled)
         statuses = Counter(r.status for r in requests)
         reasons = Counter(r.reject_reason for r in requests if r.reject_reason)
@@ -75,13 +75,13 @@ class SimRun:
             "mean_tbt_s": mean(tbts),
             "p90_tbt_s": percentile(tbts, 0.9),
             "effective_capacity": effective_capacity(
-                ((r.status is Status.OK, r.ttft_s, r.intervals_tbt_s) for r in requests), slo),
+                ((r.status is Status.OK, r.ttft_s, r.tbt_s) for r in requests), slo),
             "prefill_compute_s": mean([r.compute_s for r in prefilled]),
             "max_replicas": self.cluster.max_replicas,
             "wall_s": self.wall_s,
             "rejected_after_prefill": statuses[Status.REJECTED_AFTER_PREFILL],
             "rejected_by_reason": dict(sorted(reasons.items())),
-            "goodput_rps": sum(1 for r in done if r.ttft_s <= slo.ttft_s and r.intervals_tbt_s <= slo.tbt_s)
+            "goodput_rps": sum(1 for r in done if r.ttft_s <= slo.ttft_s and r.tbt_s <= slo.tbt_s)
                            / span_s if span_s else 0.0,
             "simulated_s": self.loop.now,
             "requests_per_wall_s": len(requests) / self.wall_s if self.wall_s else 0.0,
