@@ -108,3 +108,20 @@ def test_prefix_lengths_equal_a_brute_force_per_node_scan(holdings, hashes, remo
     best = max(expected.values(), default=0)
     assert match.best_len == best
     assert match.best_nodes == {n for n, length in expected.items() if length == best}
+
+
+@settings(max_examples=80, deadline=None)
+@given(hits=st.lists(st.tuples(st.integers(0, 40), st.floats(0, 300), st.integers(1, 5)), min_size=1, max_size=120),
+       k=st.integers(0, 12), now=st.floats(0, 400))
+def test_hottest_is_the_brute_force_ranking(hits, k, now):
+    """Skipping blocks whose undecayed count is below the k-th best decayed one changes nothing."""
+    index = BlockIndex(hit_half_life_s=30.0)
+    blocks = [bytes([i]) * 4 for i in range(41)]
+    for b in blocks:
+        index.add(b, "n0")
+    for block, at, repeat in sorted(hits, key=lambda hit: hit[1]):
+        for _ in range(repeat):
+            index.record_hits([blocks[block]], at)
+    expected = sorted((b for b in blocks if index.hits(b, now) > 0 or index.depth(b) is not None),
+                      key=lambda b: (-index.hits(b, now), index.depth(b), b))[:k]
+    assert [hot.hash for hot in index.hottest(k, now)] == expected

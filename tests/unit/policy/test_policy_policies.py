@@ -29,7 +29,8 @@ def make(name, **kw):
 
 
 def test_factory_builds_every_named_policy_and_refuses_unknown_ones():
-    assert set(POLICIES) == {"kv-centric", "random", "round-robin", "least-loaded", "local-cache-aware"}
+    assert set(POLICIES) == {"kv-centric", "random", "round-robin", "least-loaded", "local-cache-aware",
+                             "dynamo-kv", "llmd-score"}
     for name in POLICIES:
         policy = make(name, admission="early", slo=Slo(30.0, 0.1))
         assert policy.name == name and policy.admission.name == "early"

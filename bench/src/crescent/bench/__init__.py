@@ -1,2 +1,3 @@
-"""Benchmarks, trace replay and reports. Each benchmark writes
+"""Benchmarks, trace replay against live endpoints (replay/), the cluster simulator that runs
+the conductor's own scheduling code (sim/) and the paper's experiments. Each benchmark writes
 {"bench": NAME, "cases": [{"case": NAME, METRIC: NUMBER, ...}]}."""

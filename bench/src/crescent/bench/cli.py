@@ -36,7 +36,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     aiperf.add_argument("--limit", type=int, default=200, help="requests replayed (default 200)")
     aiperf.add_argument("--max-input-tokens", type=int, default=2048, help="prompts cut to this (default 2048)")
     aiperf.add_argument("--aiperf", default="aiperf", help="the aiperf command (default: aiperf on PATH)")
-    for sub in (control, transfer, store, prefix, schedule, chaos, aiperf):
+    lag = benches.add_parser("replay-lag", help="crescent replay's own scheduling lag at 50 requests/s")
+    lag.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (sped up to 50 req/s)")
+    lag.add_argument("--limit", type=int, default=1000, help="requests to replay (default 1000)")
+    lag.add_argument("--max-output-tokens", type=int, default=64, help="tokens streamed per request (default 64)")
+    for sub in (control, transfer, store, prefix, schedule, chaos, aiperf, lag):
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
 
@@ -54,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
         from crescent.bench.prefix_reuse import run_prefix_reuse_bench
 
         result = run_prefix_reuse_bench(args.model, args.repeat)
+    elif args.bench == "replay-lag":
+        from crescent.bench.replay.lag_bench import run_replay_lag_bench
+
+        result = run_replay_lag_bench(args.trace, args.limit, args.max_output_tokens)
     elif args.bench == "schedule":
         from crescent.bench.schedule_bench import run_schedule_bench
 

@@ -6,6 +6,8 @@ import argparse
 import sys
 
 from crescent.bench import cli as bench_cli
+from crescent.bench.replay import cli as replay_cli
+from crescent.bench.sim import cli as sim_cli
 from crescent.cluster import up
 from crescent.engine import model_cli
 from crescent.engine.vllm import profile as profile_cli
@@ -20,6 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_parser = commands.add_parser("bench", help="run a benchmark and write its JSON")
     bench_cli.add_arguments(bench_parser)
     bench_parser.set_defaults(run=bench_cli.run)
+    sim_parser = commands.add_parser("sim", help="simulate a cluster on a trace with the conductor's own policy")
+    sim_cli.add_arguments(sim_parser)
+    sim_parser.set_defaults(run=sim_cli.run)
+    replay_parser = commands.add_parser("replay", help="replay a trace against an OpenAI-compatible endpoint")
+    replay_cli.add_arguments(replay_parser)
+    replay_parser.set_defaults(run=replay_cli.run)
     model_parser = commands.add_parser("model", help="build or check a model checkpoint")
     model_cli.add_arguments(model_parser)
     model_parser.set_defaults(run=model_cli.run)

@@ -147,10 +147,11 @@ class BlockIndex:
     def hottest(self, k: int, now: float) -> list[HotBlock]:
         """The `k` blocks with the most decayed hits; on ties, shallower (parent) blocks first."""
         half_life = self.hit_half_life_s
-        ranked = heapq.nsmallest(
-            k, self._hits.items(),
-            key=lambda item: (-item[1].decayed(now, half_life), item[1].depth, item[0]))
-        return [HotBlock(h, len(self._holders[h]), hits.decayed(now, half_life)) for h, hits in ranked]
+        # _Hits.decayed written out: a pass ranks every hit block, and one comprehension over
+        # plain tuples costs a third of a key function calling a method per block.
+        scored = [(-(hits.value * 0.5 ** ((now - hits.at if now > hits.at else 0.0) / half_life)), hits.depth, h)
+                  for h, hits in self._hits.items()]
+        return [HotBlock(h, len(self._holders[h]), -negated) for negated, _, h in heapq.nsmallest(k, scored)]
 
     def depth(self, block_hash: bytes) -> int | None:
         """The position of the block in the requests that hit it, once it has been hit."""

@@ -38,8 +38,9 @@ class ScheduleRequest:
 
 @dataclass(frozen=True)
 class CostPredictors:
-    """The models a policy prices work with; the conductor passes fitted ones, the simulator
-    the emulated engine's cost model."""
+    """The models a policy prices work with: the conductor builds them from its settings (the
+    emulated engine's cost model, or a profile's fitted prefill model), and so does the
+    simulator, which runs the conductor's own Scheduler."""
 
     prefill_s: PrefillTimeFn
     decode_step_s: DecodeStepFn

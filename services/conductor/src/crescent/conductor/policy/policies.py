@@ -15,7 +15,7 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
-from crescent.conductor.policy import baselines, kv_centric, least_loaded
+from crescent.conductor.policy import baselines, kv_centric, least_loaded, peer_scores
 from crescent.conductor.policy.admission import (
     DEFAULT_RETRY_AFTER_S,
     Admission,
@@ -189,12 +189,44 @@ class RoundRobinPolicy(Policy):
         self.cursor.last_decode = decode.instance_id
 
 
+class DynamoKvPolicy(Policy):
+    """Dynamo's KV router cost (peer_scores): overlap-weighted prefill blocks, then decode blocks."""
+
+    name = "dynamo-kv"
+
+    def choose_prefill(self, request: ScheduleRequest, candidates: Sequence[InstanceSnapshot],
+                       match: PrefixMatch, snapshot: ClusterSnapshot) -> PrefillChoice:
+        return self._price_local(request, peer_scores.dynamo_prefill_pick(request, candidates, match), match)
+
+    def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        chosen = peer_scores.dynamo_decode_pick(request, [load.instance for load in loads])
+        return choice_for(request, next(load for load in loads if load.instance is chosen),
+                          self.predictors.decode_step_s)
+
+
+class LlmdScorePolicy(Policy):
+    """llm-d's default scorers (peer_scores): weighted prefix match, queue and KV utilisation."""
+
+    name = "llmd-score"
+
+    def choose_prefill(self, request: ScheduleRequest, candidates: Sequence[InstanceSnapshot],
+                       match: PrefixMatch, snapshot: ClusterSnapshot) -> PrefillChoice:
+        return self._price_local(request, peer_scores.llmd_prefill_pick(request, candidates, match), match)
+
+    def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        chosen = peer_scores.llmd_decode_pick([load.instance for load in loads])
+        return choice_for(request, next(load for load in loads if load.instance is chosen),
+                          self.predictors.decode_step_s)
+
+
 POLICIES: dict[str, Callable[..., Policy]] = {
     KvCentricPolicy.name: KvCentricPolicy,
     LocalCacheAwarePolicy.name: LocalCacheAwarePolicy,
     LeastLoadedPolicy.name: LeastLoadedPolicy,
     RandomPolicy.name: RandomPolicy,
     RoundRobinPolicy.name: RoundRobinPolicy,
+    DynamoKvPolicy.name: DynamoKvPolicy,
+    LlmdScorePolicy.name: LlmdScorePolicy,
 }
 
 

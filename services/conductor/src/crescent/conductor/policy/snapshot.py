@@ -1,6 +1,7 @@
 """What a policy sees of the cluster: frozen copies of the conductor's view at decision time.
 
-The conductor (or the simulator) builds these; policies only read them. Fields added after the
+The conductor's ClusterView builds these (in the simulator too, from simulated telemetry);
+policies only read them. Fields added after the
 first version have defaults, so older callers keep working.
 """
 

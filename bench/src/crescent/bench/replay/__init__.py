@@ -1,0 +1,1 @@
+"""`crescent replay`: a Mooncake-format trace sent to any OpenAI-compatible endpoint."""

@@ -1,0 +1,281 @@
+"""A disaggregated cluster in simulation, scheduled by the conductor's own code.
+
+The conductor side is not re-implemented: a real `Scheduler` (conductor/scheduler.py) over a
+real `ClusterView` (conductor/cluster_view.py), on the simulator's clock. Instances register
+with the view as they would through etcd and publish `InstanceLoad` telemetry every period (with
+an optional delay), so the policy sees the same stale-plus-own-assignments picture as in a real
+cluster. Stores report each block they start or stop holding to `Scheduler.apply_block_event`,
+as etcd's watch does. Each request is placed the way conductor/flow.py places it (schedule →
+record → reserve the decode instance, or forget it and ask again without that instance), and
+the hot-spot pass runs `Scheduler.hot_spot_orders` every period. The simulator only carries out
+what the policy decided: queues, pulls, compute, KV saves and decode batches.
+"""
+
+from __future__ import annotations
+
+from crescent.bench.sim.config import SimConfig
+from crescent.bench.sim.events import EventLoop
+from crescent.bench.sim.instances import DecodeInstance, PrefillInstance
+from crescent.bench.sim.network import Network
+from crescent.bench.sim.request import SimRequest, Status
+from crescent.bench.sim.store import NodeStore
+from crescent.bench.trace import TRACE_BLOCK_TOKENS
+from crescent.common.codec import encode
+from crescent.common.etcd import MirrorEvent
+from crescent.common.messages import InstanceInfo
+from crescent.conductor.cluster_view import ClusterView
+from crescent.conductor.policy import Rejection, ScheduleRequest
+from crescent.conductor.scheduler import Scheduler
+from crescent.conductor.settings import ConductorSettings
+
+MODEL = "sim-model"
+_BLOCK_KEY = f"/crescent/sim/blocks/{MODEL}/"
+
+
+def conductor_settings(config: SimConfig) -> ConductorSettings:
+    """The conductor's flags for this cluster: its policy, admission (the baseline runs the
+    conductor without one) and SLOs, and the cost model it predicts with."""
+    dims = config.model_dims
+    return ConductorSettings(
+        policy=config.policy, admission="none" if config.admission == "baseline" else config.admission,
+        ttft_slo_s=config.ttft_slo_s, tbt_slo_s=config.tbt_slo_s, block_size=TRACE_BLOCK_TOKENS,
+        kv_bytes_per_block=int(TRACE_BLOCK_TOKENS * config.kv_bytes_per_token()),
+        kvcache_balancing_threshold=config.kvcache_balancing_threshold,
+        prefill_model=str(config.profile or ""), hot_spot_period_s=config.hot_spot_period_s, seed=config.seed,
+        emulated_layers=dims.num_layers, emulated_hidden_size=dims.hidden_size, emulated_gqa=dims.gqa,
+        emulated_tflops=config.tflops, emulated_memory_gbps=config.memory_gbps,
+        telemetry_period_s=config.telemetry_period_s)
+
+
+class DisaggregatedCluster:
+    def __init__(self, config: SimConfig, loop: EventLoop) -> None:
+        self.config = config
+        self.loop = loop
+        self.costs = config.costs()
+        self.decode_step_s = self.costs.decode_step_s
+        self.block_bytes = TRACE_BLOCK_TOKENS * self.costs.kv_bytes_per_token
+        self.view = ClusterView(clock=loop.clock)
+        self.scheduler = Scheduler(conductor_settings(config), self.view, loop.clock)
+        self.network = Network(config.nic_gbps * 1e9 / 8)
+        self.replicas: dict[bytes, int] = {}
+        self.max_replicas = 0
+        self.num_replication_orders = 0
+        self.prefills = {f"prefill-{i}": PrefillInstance(f"prefill-{i}", f"p{i}") for i in range(config.num_prefill)}
+        self.decodes = {f"decode-{i}": DecodeInstance(f"decode-{i}", f"d{i}", config.kv_capacity_tokens())
+                        for i in range(config.num_decode)}
+        capacity = None if config.cache_tokens_per_node is None else config.cache_tokens_per_node // TRACE_BLOCK_TOKENS
+        ssd = config.ssd_tokens_per_node // TRACE_BLOCK_TOKENS
+        nodes = [p.node for p in self.prefills.values()] + [d.node for d in self.decodes.values()]
+        self.stores = {node: NodeStore(node, capacity, ssd, self._on_block_added, self._on_block_removed)
+                       for node in nodes}
+        self.num_open = 0
+        self.imbalance_samples: list[float] = []
+        self.load_timeline: list[tuple[float, float, float]] = []  # (time, prefill load, decode load)
+        for instance in [*self.prefills.values(), *self.decodes.values()]:
+            self._register(instance)
+
+    # -- the conductor's inputs: registry, telemetry, block metadata --------------------------
+
+    def _register(self, instance: PrefillInstance | DecodeInstance) -> None:
+        role = "prefill" if isinstance(instance, PrefillInstance) else "decode"
+        capacity = instance.kv_capacity_tokens if role == "decode" else 0
+        info = InstanceInfo(role=role, instance_id=instance.instance_id, node=instance.node, model=MODEL,
+                            max_model_len=1 << 30, kv_capacity_tokens=capacity)
+        self.view.apply_registry(MirrorEvent(f"/crescent/sim/instances/{role}/{instance.instance_id}", encode(info)))
+
+    def _on_block_added(self, block: bytes, node: str) -> None:
+        self.scheduler.apply_block_event(MirrorEvent(f"{_BLOCK_KEY}{block.hex()}/{node}", b"1"))
+        count = self.replicas.get(block, 0) + 1
+        self.replicas[block] = count
+        self.max_replicas = max(self.max_replicas, count)
+
+    def _on_block_removed(self, block: bytes, node: str) -> None:
+        self.scheduler.apply_block_event(MirrorEvent(f"{_BLOCK_KEY}{block.hex()}/{node}", None))
+        count = self.replicas[block] - 1
+        if count:
+            self.replicas[block] = count
+        else:
+            del self.replicas[block]
+
+    def start(self) -> None:
+        """Telemetry and hot-spot ticks; they stop once every request has finished."""
+        period = self.config.telemetry_period_s
+        instances = [*self.prefills.values(), *self.decodes.values()]
+        for i, instance in enumerate(instances):
+            self.loop.at(period * i / len(instances), self._telemetry, instance)
+        if self.config.hot_spot_period_s > 0 and self.config.cache_scope == "global":
+            self.loop.at(self.config.hot_spot_period_s, self._hot_spot)
+        self.loop.at(period, self._sample_imbalance)
+
+    def _telemetry(self, instance: PrefillInstance | DecodeInstance) -> None:
+        load = instance.load(self.loop.now, self.config.telemetry_period_s)
+        if self.config.telemetry_delay_s > 0:
+            self.loop.after(self.config.telemetry_delay_s, self.view.apply_load, load)
+        else:
+            self.view.apply_load(load)
+        if self.num_open:
+            self.loop.after(self.config.telemetry_period_s, self._telemetry, instance)
+
+    def _sample_imbalance(self, _: object) -> None:
+        """Each period: the conductor's f_im, and each side's true mean SLO load for a timeline
+        (the paper's Fig. 6: prefill and decode load swinging against each other)."""
+        factor = self.scheduler.imbalance(MODEL)
+        if factor is not None and self.num_open:
+            self.imbalance_samples.append(factor)
+        now = self.loop.now
+        prefill = sum(p.queue_time_s(now) for p in self.prefills.values()) / len(self.prefills)
+        decode = sum(self.decode_step_s(d.batch.num_running, d.batch.context_tokens)
+                     for d in self.decodes.values()) / len(self.decodes)
+        self.load_timeline.append((now, prefill / self.config.ttft_slo_s, decode / self.config.tbt_slo_s))
+        if self.num_open:
+            self.loop.after(self.config.telemetry_period_s, self._sample_imbalance)
+
+    def _hot_spot(self, _: object) -> None:
+        for order in self.scheduler.hot_spot_orders(MODEL):
+            source, target = self.stores[order.source_node], self.stores[order.target_node]
+            held = [h for h in order.hashes if source.holds(h)]
+            if held:
+                self.num_replication_orders += 1
+                done = self.network.transfer(source.node, target.node, len(held) * self.block_bytes, self.loop.now)
+                self.loop.at(done, target.write, held)
+        if self.num_open:
+            self.loop.after(self.config.hot_spot_period_s, self._hot_spot)
+
+    # -- a request's path ---------------------------------------------------------------------
+
+    def submit(self, request: SimRequest) -> None:
+        self.num_open += 1
+        self.loop.at(request.arrival_s, self._arrive, request)
+
+    def _arrive(self, request: SimRequest) -> None:
+        """conductor/flow.py's place(): ask, record, reserve; a refused reservation is forgotten
+        and the policy asked again without that decode instance."""
+        scheduled = ScheduleRequest(request.request_id, request.blocks, request.num_prompt, TRACE_BLOCK_TOKENS,
+                                    request.num_output)
+        is_baseline = self.config.admission == "baseline"
+        refused: list[str] = []
+        while True:
+            outcome = self.scheduler.schedule(scheduled, MODEL, refused)
+            if isinstance(outcome, Rejection):
+                self._finish(request, Status.REJECTED, outcome.reason.value)
+                return
+            self.scheduler.record(scheduled, outcome)
+            decode = self.decodes[outcome.decode.instance_id]
+            if is_baseline:
+                break
+            if decode.can_reserve(scheduled.num_kv_tokens):
+                decode.reserve(request.request_id, scheduled.num_kv_tokens)
+                break
+            self.scheduler.forget(scheduled, outcome)
+            refused.append(decode.instance_id)
+        request.decision = outcome
+        request.decode_id = outcome.decode.instance_id
+        request.predicted_prefill_s = outcome.prefill.prefill_s
+        prefill = self.prefills[outcome.prefill.instance_id]
+        if is_baseline and prefill.queue_time_s(self.loop.now) + outcome.prefill.prefill_s > self.config.ttft_slo_s:
+            # The baseline's prefill-side load check: the instance refuses a job it cannot finish in time.
+            self.scheduler.on_finished(request.request_id, False)
+            self._finish(request, Status.REJECTED, "prefill-load")
+            return
+        prefill.queue.append(request)
+        prefill.num_queued_tokens += request.num_prompt
+        if prefill.is_idle:
+            self._start_prefill(prefill)
+
+    def _start_prefill(self, prefill: PrefillInstance) -> None:
+        request = prefill.queue.popleft()
+        now = self.loop.now
+        store = self.stores[prefill.node]
+        choice = request.decision.prefill
+        ready = now
+        if choice.transfer_source is not None and self.config.cache_scope == "global":
+            source = self.stores[choice.transfer_source]
+            pulled = []
+            for block in choice.transfer_hashes:  # what the source still holds, from the front
+                if not source.holds(block):
+                    break
+                pulled.append(block)
+            if pulled:
+                source.read(pulled)
+                ready = self.network.transfer(source.node, store.node, len(pulled) * self.block_bytes, now)
+                store.write(pulled)
+        run = store.prefix_run(request.blocks)
+        num_from_ssd = store.read(request.blocks[:run])
+        reused = min(run * TRACE_BLOCK_TOKENS, request.num_prompt - 1)
+        request.cached_tokens = reused
+        request.compute_s = self.costs.prefill_s(request.num_prompt, reused)
+        ssd_s = num_from_ssd * self.block_bytes / (self.config.ssd_gbps * 1e9)
+        prefill.running = request
+        prefill.running_ends_s = ready + ssd_s + request.compute_s
+        self.loop.at(prefill.running_ends_s, self._prefill_done, prefill)
+
+    def _prefill_done(self, prefill: PrefillInstance) -> None:
+        request = prefill.running
+        prefill.running = None
+        prefill.num_queued_tokens -= request.num_prompt
+        now = self.loop.now
+        request.first_token_s = now
+        self.stores[prefill.node].write(request.blocks)
+        decode = self.decodes[request.decode_id]
+        if request.num_output <= 1:
+            decode.release(request.request_id, was_waiting=True)
+            self.scheduler.on_finished(request.request_id, False)  # as flow.py: finished on the first token
+            self._finish(request, Status.OK)
+        elif self.config.admission == "baseline" and not self._decode_admits(decode, request):
+            self.scheduler.on_finished(request.request_id, False)
+            self._finish(request, Status.REJECTED_AFTER_PREFILL, "decode-load")
+        else:
+            if self.config.admission == "baseline":
+                decode.reserve(request.request_id, request.num_prompt + request.num_output)
+            self.stores[decode.node].write(request.blocks)
+            self.scheduler.on_decode_started(request.request_id)
+            self.loop.after(self._decode_load_s(request), self._join_decode, request)
+        if prefill.queue:
+            self._start_prefill(prefill)
+
+    def _decode_load_s(self, request: SimRequest) -> float:
+        """Host-to-device load of the prompt's KV on the decode node, pipelined with the
+        prefill layer by layer (each layer's KV lands in the decode node's DRAM as prefill
+        finishes it): what is left after the prefill ends is the last layer's share."""
+        load_s = request.num_prompt * self.config.model_dims.kv_bytes_per_token / (self.config.h2d_gbps * 1e9)
+        return load_s / self.config.model_dims.num_layers
+
+    def _decode_admits(self, decode: DecodeInstance, request: SimRequest) -> bool:
+        """The baseline's decode-side load check, made when the request reaches decode."""
+        if not decode.can_reserve(request.num_prompt + request.num_output):
+            return False
+        batch = decode.batch
+        tbt = self.costs.decode_step_s(batch.num_running + len(decode.joining) + 1,
+                                       batch.context_tokens + request.num_prompt)
+        return tbt <= self.config.tbt_slo_s
+
+    def _join_decode(self, request: SimRequest) -> None:
+        decode = self.decodes[request.decode_id]
+        decode.joining.append(request)
+        if not decode.is_stepping:
+            self._next_step(decode, self.loop.now)
+
+    def _step_done(self, decode: DecodeInstance) -> None:
+        now = self.loop.now
+        for request in decode.batch.emit(now):
+            decode.kv_used_tokens -= decode.reserved.pop(request.request_id, 0)
+            self.scheduler.on_finished(request.request_id, True)
+            self._finish(request, Status.OK)
+        self._next_step(decode, now)
+
+    def _next_step(self, decode: DecodeInstance, now: float) -> None:
+        """Waiting requests join at the step boundary; an empty batch stops stepping."""
+        batch = decode.batch
+        if decode.joining:
+            for request in decode.joining:
+                batch.add(request)
+            decode.num_waiting -= len(decode.joining)
+            decode.joining.clear()
+        decode.is_stepping = batch.num_running > 0
+        if decode.is_stepping:
+            self.loop.at(now + self.decode_step_s(batch.num_running, batch.context_tokens), self._step_done, decode)
+
+    def _finish(self, request: SimRequest, status: Status, reason: str = "") -> None:
+        request.status = status
+        request.reject_reason = reason
+        self.num_open -= 1

@@ -1,0 +1,76 @@
+"""Simulated prefill and decode instances of a disaggregated cluster: their queues, their KV
+room, and the telemetry they publish (the fields the real workers put in InstanceLoad)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from crescent.bench.sim.batch import Batch
+from crescent.bench.sim.request import SimRequest
+from crescent.common.messages import InstanceLoad
+
+
+class PrefillInstance:
+    """One prompt at a time, first come first served, like the prefill worker's turn lock."""
+
+    def __init__(self, instance_id: str, node: str) -> None:
+        self.instance_id = instance_id
+        self.node = node
+        self.queue: deque[SimRequest] = deque()
+        self.running: SimRequest | None = None
+        self.running_ends_s = 0.0
+        self.num_queued_tokens = 0
+
+    @property
+    def is_idle(self) -> bool:
+        return self.running is None
+
+    def queue_time_s(self, now: float) -> float:
+        """What is left of the running job plus the predicted time of every queued one."""
+        left = max(0.0, self.running_ends_s - now) if self.running is not None else 0.0
+        return left + sum(r.predicted_prefill_s for r in self.queue)
+
+    def load(self, now: float, period_s: float) -> InstanceLoad:
+        # kv_used_tokens: the prompt tokens of the jobs it holds (queued prompt work).
+        return InstanceLoad(role="prefill", instance_id=self.instance_id, node=self.node, sent_at=now,
+                            period_s=period_s, num_queued=len(self.queue) + (self.running is not None),
+                            queue_time_s=self.queue_time_s(now), kv_used_tokens=self.num_queued_tokens)
+
+
+class DecodeInstance:
+    """Continuous batching over a KV ledger: room is reserved for prompt + max output tokens
+    when the conductor places a request and held until it finishes (the decode worker's
+    local admission)."""
+
+    def __init__(self, instance_id: str, node: str, kv_capacity_tokens: int) -> None:
+        self.instance_id = instance_id
+        self.node = node
+        self.kv_capacity_tokens = kv_capacity_tokens
+        self.kv_used_tokens = 0
+        self.reserved: dict[str, int] = {}  # request id → tokens, until the request leaves
+        self.num_waiting = 0  # reserved, not yet in the batch
+        self.batch = Batch()
+        self.joining: list[SimRequest] = []
+        self.is_stepping = False
+
+    def can_reserve(self, num_tokens: int) -> bool:
+        return self.kv_used_tokens + num_tokens <= self.kv_capacity_tokens
+
+    def reserve(self, request_id: str, num_tokens: int) -> None:
+        self.reserved[request_id] = num_tokens
+        self.kv_used_tokens += num_tokens
+        self.num_waiting += 1
+
+    def release(self, request_id: str, was_waiting: bool) -> None:
+        num_tokens = self.reserved.pop(request_id, None)
+        if num_tokens is None:
+            return
+        self.kv_used_tokens -= num_tokens
+        if was_waiting:
+            self.num_waiting -= 1
+
+    def load(self, now: float, period_s: float) -> InstanceLoad:
+        return InstanceLoad(role="decode", instance_id=self.instance_id, node=self.node, sent_at=now,
+                            period_s=period_s, num_queued=self.num_waiting, num_running=self.batch.num_running,
+                            kv_used_tokens=self.kv_used_tokens, kv_capacity_tokens=self.kv_capacity_tokens,
+                            num_context_tokens=self.batch.context_tokens)
