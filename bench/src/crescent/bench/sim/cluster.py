@@ -20,6 +20,7 @@ from crescent.bench.sim.network import Network
 from crescent.bench.sim.request import SimRequest, Status
 from crescent.bench.sim.store import NodeStore
 from crescent.bench.trace import TRACE_BLOCK_TOKENS
+from crescent.common.bounds import MAX_SEQUENCE_TOKENS
 from crescent.common.codec import encode
 from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceInfo
@@ -80,7 +81,7 @@ class DisaggregatedCluster:
         role = "prefill" if isinstance(instance, PrefillInstance) else "decode"
         capacity = instance.kv_capacity_tokens if role == "decode" else 0
         info = InstanceInfo(role=role, instance_id=instance.instance_id, node=instance.node, model=MODEL,
-                            max_model_len=1 << 30, kv_capacity_tokens=capacity)
+                            max_model_len=MAX_SEQUENCE_TOKENS, kv_capacity_tokens=capacity)
         self.view.apply_registry(MirrorEvent(f"/crescent/sim/instances/{role}/{instance.instance_id}", encode(info)))
 
     def _on_block_added(self, block: bytes, node: str) -> None:
