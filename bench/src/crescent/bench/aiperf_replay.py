@@ -114,12 +114,14 @@ def _plain_vllm(model_dir: Path, workdir: Path, run: callable) -> dict:
 
 
 def run_aiperf_bench(trace: Path, limit: int = 200, max_input_tokens: int = 2048, aiperf: str = "aiperf",
-                     model_dir: Path | None = None) -> dict:
+                     model_dir: Path | None = None, workdir: Path | None = None) -> dict:
+    """Both cases in turn; aiperf's artifacts and the servers' logs stay in `workdir` when given."""
     if shutil.which(aiperf) is None:
         raise AiperfError(f"{aiperf!r} not found: pip install aiperf (in a virtual environment of its own) "
                           "and pass --aiperf PATH")
     with tempfile.TemporaryDirectory(prefix="crescent-aiperf-") as tmp:
-        workdir = Path(tmp)
+        workdir = workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
         if model_dir is None:
             from crescent.engine.tiny_model import build_tiny_model
 

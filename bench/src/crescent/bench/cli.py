@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     aiperf.add_argument("--limit", type=int, default=200, help="requests replayed (default 200)")
     aiperf.add_argument("--max-input-tokens", type=int, default=2048, help="prompts cut to this (default 2048)")
     aiperf.add_argument("--aiperf", default="aiperf", help="the aiperf command (default: aiperf on PATH)")
+    aiperf.add_argument("--workdir", type=Path, default=None,
+                        help="keep aiperf's artifacts and the servers' logs here (default: a temporary directory)")
     lag = benches.add_parser("replay-lag", help="crescent replay's own scheduling lag at 50 requests/s")
     lag.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (sped up to 50 req/s)")
     lag.add_argument("--limit", type=int, default=1000, help="requests to replay (default 1000)")
@@ -70,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         from crescent.bench.aiperf_replay import AiperfError, run_aiperf_bench
 
         try:
-            result = run_aiperf_bench(args.trace, args.limit, args.max_input_tokens, args.aiperf)
+            result = run_aiperf_bench(args.trace, args.limit, args.max_input_tokens, args.aiperf,
+                                      workdir=args.workdir)
         except AiperfError as exc:
             print(f"crescent bench aiperf: error: {exc}", file=sys.stderr)
             return 2
