@@ -134,12 +134,10 @@ class _Gone:
     def __init__(self, view: ClusterView, role: str) -> None:
         self._view = view
         self._role = role
-        self._started_at: dict[str, float] = {}
-        self.count = 0
+        self._started_at: dict[str, float | None] = {}
 
     def add(self, instance_id: str, started_at: float | None) -> None:
         """`instance_id`, in the incarnation that started at `started_at`, failed the request."""
-        self.count += 1
         self._started_at[instance_id] = started_at
 
     def ids(self) -> set[str]:
@@ -238,6 +236,7 @@ class RequestFlow:
                        decode: _DecodeSide) -> int:
         """The first token, from the first prefill instance that survives the job."""
         gone = _Gone(self._view, "prefill")
+        num_moves = 0
         while True:
             decision = await self.place(request, model, decode, gone.ids())
             prefill = decision.prefill
@@ -252,8 +251,9 @@ class RequestFlow:
                     self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))
                 return result.first_token
             except MOVABLE_ERRORS as exc:
-                if gone.count >= MAX_MIGRATIONS:
+                if num_moves >= MAX_MIGRATIONS:
                     raise
+                num_moves += 1
                 self._migrated("prefill", request.request_id, prefill.instance_id, exc, 0)
                 if not isinstance(exc, ConnectionLostError):
                     gone.add(prefill.instance_id, incarnation)
@@ -272,6 +272,7 @@ class RequestFlow:
         """Stream from the decode instance; when it is lost, go on from where it stopped on
         another one, within MAX_MIGRATIONS moves."""
         lost = _Gone(self._view, "decode")
+        num_moves = 0
         while True:
             stream = await self._bus.stream(self._subjects.tokens(decode.attempt_id), TokenChunk)
             incarnation = self._view.started_at("decode", decode.instance_id)
@@ -280,8 +281,9 @@ class RequestFlow:
                     yield event
                 return
             except MOVABLE_ERRORS as exc:
-                if lost.count >= MAX_MIGRATIONS:
+                if num_moves >= MAX_MIGRATIONS:
                     raise
+                num_moves += 1
                 self._migrated("decode", request.request_id, decode.instance_id, exc, len(progress.generated))
                 if not isinstance(exc, ConnectionLostError):
                     lost.add(decode.instance_id, incarnation)

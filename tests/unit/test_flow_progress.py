@@ -1,0 +1,20 @@
+"""A moved decode goes on from where the last one stopped: what its start message says."""
+
+from crescent.common.messages import SamplingParams
+from crescent.conductor.flow import _DecodeSide, _Progress
+
+
+def test_a_moved_decode_starts_from_the_prompt_plus_all_but_the_last_generated_token():
+    progress = _Progress(prompt=[1, 2, 3], max_tokens=10, sampling=SamplingParams())
+    progress.generated = [7, 8, 9, 4]  # the first token (from prefill) and three streamed ones
+    start = progress.decode_start("r-m1")
+    assert start.token_ids == [1, 2, 3, 7, 8, 9] and start.first_token == 4
+    # The decode engine generates max_tokens - 1 after first_token: 6 more, 10 in all.
+    assert start.max_tokens - 1 + len(progress.generated) == 10
+
+
+def test_each_decode_attempt_has_an_id_of_its_own():
+    decode = _DecodeSide("cmpl-1")
+    assert decode.attempt_id == "cmpl-1"
+    decode.attempt += 1
+    assert decode.attempt_id == "cmpl-1-m1"
