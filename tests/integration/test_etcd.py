@@ -184,3 +184,17 @@ async def test_heartbeat_thread_keeps_the_lease_while_the_event_loop_is_blocked(
         assert held == ({"/t/busy": b"1"} if has_heartbeat else {})
     finally:
         await client.close()
+
+
+async def test_a_put_after_the_lease_lapsed_takes_a_new_lease(infra):
+    """A service whose start held its event loop past the TTL still registers."""
+    client = await connect_etcd(infra.etcd_url)
+    try:
+        keys = LeasedKeys(client, ttl_s=1)
+        await keys.start()
+        await keys.put("/t/a", b"1")
+        await client.revoke_lease(keys.lease.id)  # as if it had expired
+        await keys.put("/t/b", b"2")
+        assert await etcd_state(client, "/t/") == {"/t/a": b"1", "/t/b": b"2"}
+    finally:
+        await client.close()

@@ -76,7 +76,15 @@ class LeasedKeys:
 
     async def put(self, key: str, value: bytes) -> None:
         self._values[key] = value
-        await self._client.put(key.encode(), value, lease=self._lease)
+        try:
+            await self._client.put(key.encode(), value, lease=self._lease)
+        except aetcd.exceptions.ClientError as exc:
+            if "lease not found" not in str(exc):
+                raise
+            # The lease lapsed before the keep-alive could run (a start that held the event loop
+            # longer than the TTL): take a new one and put every key again, this one included.
+            log.warning("etcd lease lost before a put; re-registering", extra={"lease": self._lease.id})
+            await self._renew()
 
     async def run(self) -> None:
         """Keep the lease alive until cancelled; survives etcd outages."""
