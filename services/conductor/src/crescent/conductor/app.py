@@ -118,7 +118,8 @@ class Conductor:
         """In-flight responses finish while aiohttp shuts down; nothing else to wait for."""
 
     async def cluster(self, request: web.Request) -> web.Response:
-        """Instances and their loads, the cache hit rate, and the hottest blocks' replicas."""
+        """Instances and their loads, the cache hit rate, the blocks each node's store holds (as
+        this conductor's index sees them), and the hottest blocks' replicas."""
         now = time.monotonic()
         instances = []
         for (role, instance_id), state in sorted(self.view.instances.items()):
@@ -135,8 +136,11 @@ class Conductor:
                    for block in self.scheduler.index.hottest(10, now)]
         models = {model: {"pd_imbalance_factor": self.scheduler.imbalance(model)}
                   for model in self.view.models()}
+        index = self.scheduler.index
+        blocks_by_node = {node: index.num_blocks_of(node) for node in index.nodes()}
         return web.json_response({"instances": instances, "cache_hit_rate": self.scheduler.cache_hit_rate,
-                                  "num_blocks": self.scheduler.index.num_blocks, "hottest_blocks": hottest,
+                                  "num_blocks": index.num_blocks, "blocks_by_node": blocks_by_node,
+                                  "hottest_blocks": hottest,
                                   "models": models, "policy": self.settings.policy,
                                   "admission": self.settings.admission})
 
@@ -149,7 +153,8 @@ class Conductor:
                     await self._replicate(model, order)
 
     async def _replicate(self, model: str, order) -> None:
-        request = ReplicateBlocks(model=model, hashes=list(order.hashes), source_node=order.source_node)
+        request = ReplicateBlocks(model=model, hashes=list(order.hashes), source_node=order.source_node,
+                                  reason=order.reason.value)
         try:
             await self._runtime.bus.request(self._runtime.subjects.store_ctl(order.target_node), request,
                                             ReplicateReply, self.settings.prefill_timeout_s)

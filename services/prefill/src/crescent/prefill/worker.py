@@ -20,15 +20,28 @@ import time
 
 from crescent.common.codec import decode
 from crescent.common.errors import FatalError, MessageError, RecoverableError
-from crescent.common.messages import Ack, InstanceInfo, InstanceLoad, PrefillCancel, PrefillJob, PrefillResult
+from crescent.common.messages import (
+    Ack,
+    InstanceInfo,
+    InstanceLoad,
+    PrefillCancel,
+    PrefillJob,
+    PrefillResult,
+)
 from crescent.common.service import Runtime
-from crescent.common.store_messages import PinBlocks, PinnedBlocks, ReplicateBlocks, ReplicateReply
+from crescent.common.store_messages import (
+    REPLICATE_ON_DEMAND,
+    PinBlocks,
+    PinnedBlocks,
+    ReplicateBlocks,
+    ReplicateReply,
+)
 from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
 from crescent.engine.emulated_kv import EmulatedKv
 from crescent.engine.factory import build_engine
-from crescent.store.client import ClientConfig, StoreClient
 from crescent.engine.settings import EngineSettings
+from crescent.store.client import ClientConfig, StoreClient
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +196,8 @@ class PrefillWorker:
         with tracer().start_as_current_span("prefill.load_kv") as span:
             span.set_attribute("crescent.pull_from", job.pull_from_node)
             span.set_attribute("crescent.num_blocks", len(job.pull_hashes))
-            request = ReplicateBlocks(model=job.model, hashes=job.pull_hashes, source_node=job.pull_from_node)
+            request = ReplicateBlocks(model=job.model, hashes=job.pull_hashes, source_node=job.pull_from_node,
+                                      reason=REPLICATE_ON_DEMAND)
             try:
                 await self._runtime.bus.request(self._runtime.subjects.store_ctl(self.settings.node), request,
                                                 ReplicateReply, self.settings.kv_timeout_s)
