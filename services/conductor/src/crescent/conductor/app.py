@@ -19,9 +19,10 @@ from typing import Any
 from aiohttp import web
 from opentelemetry.trace import SpanKind
 
+from crescent.common.cluster_config import ConfigConflict, conflicts, publish_config
 from crescent.common.errors import RecoverableError, RemoteError, RequestTimeoutError
 from crescent.common.etcd import PrefixMirror
-from crescent.common.messages import InstanceInfo, InstanceLoad, SamplingParams
+from crescent.common.messages import ClusterConfig, InstanceInfo, InstanceLoad, SamplingParams
 from crescent.common.store_messages import ReplicateBlocks, ReplicateReply
 from crescent.common.service import Runtime
 from crescent.common.tokenizer import ByteTokenizer
@@ -66,6 +67,7 @@ class Conductor:
 
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        await self._agree_on_config(runtime)
         mirror = PrefixMirror(runtime.etcd, runtime.keys.instances(), self.view.apply_registry)
         await mirror.load()
         runtime.tasks.spawn("registry-watch", mirror.run())
@@ -86,6 +88,18 @@ class Conductor:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/cluster", self.cluster)
         app.router.add_get("/openapi.json", self.openapi)
+
+    async def _agree_on_config(self, runtime: Runtime) -> None:
+        """Write the cluster config if this is the first conductor; refuse to start if the
+        config already there says otherwise."""
+        settings = self.settings
+        mine = ClusterConfig(model=settings.model_name, block_size=settings.block_size,
+                             ttft_slo_s=settings.ttft_slo_s, tbt_slo_s=settings.tbt_slo_s)
+        stored = await publish_config(runtime.etcd, runtime.keys, mine)
+        found = conflicts(stored, {"model": mine.model, "block_size": mine.block_size,
+                                   "ttft_slo_s": mine.ttft_slo_s, "tbt_slo_s": mine.tbt_slo_s})
+        if found:
+            raise ConfigConflict(runtime.keys.config(), f"conductor {runtime.instance_id}", found)
 
     def instance_info(self) -> InstanceInfo:
         return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
@@ -126,6 +140,7 @@ class Conductor:
             load = state.load
             instances.append({"role": role, "instance_id": instance_id, "node": state.info.node,
                               "model": state.info.model, "is_live": self.view.is_live(state, now),
+                              "is_accepting": load is None or load.is_accepting,
                               "load": None if load is None else {
                                   "num_queued": load.num_queued, "num_running": load.num_running,
                                   "queue_time_s": load.queue_time_s, "kv_used_tokens": load.kv_used_tokens,

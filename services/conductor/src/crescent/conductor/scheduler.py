@@ -34,6 +34,7 @@ from crescent.conductor.policy import (
     Slo,
     make_policy,
 )
+from crescent.conductor.policy.eligibility import is_usable
 from crescent.conductor.policy.imbalance import imbalance_factor, slo_load
 from crescent.conductor.policy.replication import HotSpotConfig, hot_spot_orders, rank_target_nodes
 from crescent.conductor.settings import ConductorSettings
@@ -156,12 +157,13 @@ class Scheduler:
         return [o for o in orders if all(self.model_of_block.get(h) == model for h in o.hashes)]
 
     def imbalance(self, model: str) -> float | None:
-        """f_im from each live instance's current SLO load (None until both sides exist)."""
+        """f_im from each usable instance's current SLO load (None until both sides exist)."""
         now = self.clock()
         prefill = [slo_load(s.queue_time_s, self.settings.ttft_slo_s)
-                   for s in self.view.snapshot("prefill", model, now)]
-        decode = [slo_load(self.policy.predictors.decode_step_s(s.num_running, s.num_context_tokens),
-                           self.settings.tbt_slo_s) for s in self.view.snapshot("decode", model, now)]
+                   for s in self.view.snapshot("prefill", model, now) if is_usable(s)]
+        step_s = self.policy.predictors.decode_step_s
+        decode = [slo_load(step_s(s.num_running, s.num_context_tokens), self.settings.tbt_slo_s)
+                  for s in self.view.snapshot("decode", model, now) if is_usable(s)]
         return imbalance_factor(prefill, decode) if prefill and decode else None
 
     @property

@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 
+from crescent.common.cluster_config import ConfigFollower
 from crescent.common.codec import decode
 from crescent.common.errors import FatalError, MessageError, RecoverableError
 from crescent.common.messages import (
@@ -90,6 +91,10 @@ class PrefillWorker:
 
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        config = ConfigFollower(runtime.etcd, runtime.keys, f"prefill {runtime.instance_id}",
+                                {"model": self.settings.model_name, "block_size": self.settings.block_size})
+        await config.start()
+        runtime.tasks.spawn("cluster-config", config.run())
         if self.is_vllm:
             if self.settings.vllm_connector:
                 await check_store_block_bytes(runtime, self.settings.node, self.settings.model_name,
@@ -142,6 +147,9 @@ class PrefillWorker:
             raise JobRejected(f"this instance serves {self.settings.model_name!r}, not {job.model!r}")
         if not 0 < len(job.token_ids) <= self.max_model_len:
             raise JobRejected(f"prompt of {len(job.token_ids)} tokens is outside 1..{self.max_model_len}")
+        if job.block_size and job.block_size != self.settings.block_size:
+            raise JobRejected(f"the job's blocks are {job.block_size} tokens, this instance stores "
+                              f"{self.settings.block_size}-token blocks: its prefix would never be found")
         self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids))
         self._jobs[job.request_id] = asyncio.current_task()
         enqueued = time.monotonic()

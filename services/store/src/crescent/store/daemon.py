@@ -185,6 +185,7 @@ class StoreDaemon:
             try:
                 for key in keys:
                     if key in self.pool.blocks:
+                        self.pool.touch(key)  # written again by someone: a use, for LRU
                         existing.append(key[1])
                         continue
                     plan = self.pool.allocate(key, time.monotonic(), request.ttl_s)
