@@ -32,7 +32,7 @@ from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.flow import FlowTimeouts, RejectedError, RequestFlow
 from crescent.conductor.http_body import read_json
 from crescent.conductor.http_errors import REQUEST_ID, openai_errors
-from crescent.conductor.policy import RejectReason
+from crescent.conductor.policy import RejectReason, ReplicationOrder
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.openai_api import (
     ApiError,
@@ -167,16 +167,22 @@ class Conductor:
                 for order in self.scheduler.hot_spot_orders(model):
                     await self._replicate(model, order)
 
-    async def _replicate(self, model: str, order) -> None:
+    async def _replicate(self, model: str, order: ReplicationOrder) -> None:
+        """Have the target node's store pull the order's blocks; counted by outcome and blocks copied."""
+        reason = order.reason.value
         request = ReplicateBlocks(model=model, hashes=list(order.hashes), source_node=order.source_node,
-                                  reason=order.reason.value)
+                                  reason=reason)
         try:
-            await self._runtime.bus.request(self._runtime.subjects.store_ctl(order.target_node), request,
-                                            ReplicateReply, self.settings.prefill_timeout_s)
-            metrics.REPLICATIONS.labels("ok").inc()
+            reply = await self._runtime.bus.request(self._runtime.subjects.store_ctl(order.target_node), request,
+                                                    ReplicateReply, self.settings.prefill_timeout_s)
         except RecoverableError as exc:
-            metrics.REPLICATIONS.labels("failed").inc()
+            metrics.REPLICATION_ORDERS.labels(reason, "failed").inc()
             log.warning("hot-spot replication failed", extra={"target": order.target_node, "error": str(exc)})
+            return
+        metrics.REPLICATION_ORDERS.labels(reason, "ok").inc()
+        metrics.REPLICATED_BLOCKS.labels(reason).inc(reply.num_copied)
+        log.info("hot-spot replication", extra={"source": order.source_node, "target": order.target_node,
+                                                "num_blocks": len(order.hashes), "num_copied": reply.num_copied})
 
     async def models(self, request: web.Request) -> web.Response:
         served = self.view.models()

@@ -248,6 +248,7 @@ class RequestFlow:
             try:
                 result = await self._while_present("prefill", prefill.instance_id, self._bus.request(
                     self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))
+                self._scheduler.on_prefilled(request, decision, result.num_cached_tokens)
                 return result.first_token
             except MOVABLE_ERRORS as exc:
                 if gone.count >= MAX_MIGRATIONS:

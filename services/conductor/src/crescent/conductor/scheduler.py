@@ -2,7 +2,8 @@
 requests in flight, the learned decode time, and the loop plan → policy(state) → record.
 
 The policy decides; this module only builds its inputs (a ClusterSnapshot at `now`) and
-records the consequences (hits, assignments, in-flight requests, observed decode times).
+records the consequences (block hits, assignments, in-flight requests, observed decode times,
+the prefix tokens each prefill really loaded).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from crescent.common.errors import ConfigError
 from crescent.common.etcd import MirrorEvent
 from crescent.common.hashing import block_hashes
+from crescent.conductor import metrics
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.policy import (
     BandwidthTable,
@@ -125,11 +127,21 @@ class Scheduler:
         self.inflight.pop(request.request_id, None)
 
     def _assign(self, request: ScheduleRequest, decision: Decision, sign: int) -> None:
-        self.num_prompt_tokens += sign * request.num_prompt_tokens
-        self.num_hit_tokens += sign * decision.prefill.prefix_tokens
         self.view.note_assignment("prefill", decision.prefill.instance_id, sign * request.num_prompt_tokens,
                                   sign * decision.prefill.prefill_s, sign)
         self.view.note_assignment("decode", decision.decode.instance_id, sign * request.num_kv_tokens, 0.0, sign)
+
+    def on_prefilled(self, request: ScheduleRequest, decision: Decision, num_cached_tokens: int) -> None:
+        """A prefill finished, having reused `num_cached_tokens` of the prompt: the cache hit
+        rate counts what was really loaded, not what the plan expected."""
+        self.num_prompt_tokens += request.num_prompt_tokens
+        self.num_hit_tokens += num_cached_tokens
+        metrics.PROMPT_TOKENS_PREFILLED.inc(request.num_prompt_tokens)
+        metrics.PREFIX_TOKENS.labels("planned").inc(decision.prefill.prefix_tokens)
+        metrics.PREFIX_TOKENS.labels("loaded").inc(num_cached_tokens)
+        for order in decision.replication:
+            metrics.REPLICATION_ORDERS.labels(order.reason.value, "planned").inc()
+            metrics.REPLICATED_BLOCKS.labels(order.reason.value).inc(len(order.hashes))
 
     def move_decode(self, request: ScheduleRequest, old_decode_id: str, new_decode_id: str) -> None:
         """The request now decodes on `new_decode_id`."""
@@ -168,4 +180,5 @@ class Scheduler:
 
     @property
     def cache_hit_rate(self) -> float:
+        """Share of the prompt tokens of finished prefills that were loaded, not computed."""
         return self.num_hit_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
