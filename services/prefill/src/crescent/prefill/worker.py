@@ -1,7 +1,9 @@
 """Prefill worker: a FIFO of jobs in front of one engine.
 
 The queue's predicted drain time is what the conductor needs to estimate T_queue, so the
-worker keeps each queued job's predicted prefill time and publishes their sum.
+worker keeps each queued job's predicted prefill time and publishes their sum. A job's
+prediction counts the prefix its node's store holds once the planned pull is done (until then,
+the whole prompt).
 
 The FIFO turn covers compute only: the etcd lookup of the decode node, the planned prefix pull
 and (emulated engine) the store lookup happen while the job waits for its turn, and the saves
@@ -21,6 +23,7 @@ import time
 from crescent.common.cluster_config import ConfigFollower
 from crescent.common.codec import decode
 from crescent.common.errors import FatalError, MessageError, RecoverableError
+from crescent.common.hashing import block_hashes
 from crescent.common.messages import (
     Ack,
     InstanceInfo,
@@ -32,6 +35,8 @@ from crescent.common.messages import (
 from crescent.common.service import Runtime
 from crescent.common.store_messages import (
     REPLICATE_ON_DEMAND,
+    LookupBlocks,
+    LookupReply,
     PinBlocks,
     PinnedBlocks,
     ReplicateBlocks,
@@ -158,6 +163,8 @@ class PrefillWorker:
             save_to = list(dict.fromkeys(n for n in (decode_node, self.settings.node) if n))
             await self._pull_prefix(job)
             plan = None if self.is_vllm else await self.engine.plan(job.token_ids)
+            num_cached = plan.num_cached if plan is not None else await self._stored_prefix_tokens(job)
+            self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids), num_cached)
             with tracer().start_as_current_span("prefill.queue") as queue_span:
                 queue_span.set_attribute("crescent.request_id", job.request_id)
                 await self._turn.acquire()
@@ -194,6 +201,23 @@ class PrefillWorker:
             log.info("prefill cancelled", extra={"request_id": cancel.request_id})
             task.cancel()
         return Ack(request_id=cancel.request_id)
+
+    async def _stored_prefix_tokens(self, job: PrefillJob) -> int:
+        """vllm: the prompt's prefix this node's store holds now (a planned pull has landed), in
+        tokens, which the connector will load rather than compute; 0 when it cannot say."""
+        if not self.settings.vllm_connector:
+            return 0
+        block_size = self.settings.block_size
+        hashes = block_hashes(job.token_ids, block_size, self.settings.model_name)
+        if not hashes:
+            return 0
+        try:
+            reply = await self._runtime.bus.request(self._runtime.subjects.store_ctl(self.settings.node),
+                                                    LookupBlocks(model=job.model, hashes=hashes), LookupReply,
+                                                    self.settings.kv_timeout_s)
+        except RecoverableError:
+            return 0
+        return min(len(reply.tiers) * block_size, len(job.token_ids) - 1)
 
     async def _pull_prefix(self, job: PrefillJob) -> None:
         """The conductor's transfer plan: copy the prefix blocks this node lacks from the node
