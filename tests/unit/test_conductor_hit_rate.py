@@ -24,8 +24,8 @@ def test_hit_rate_is_what_the_prefills_loaded_not_what_was_planned():
     scheduler.record(request, planned)
     assert scheduler.cache_hit_rate == 0.0  # nothing has been prefilled yet
 
-    scheduler.on_prefilled(request, planned, num_cached_tokens=0)  # the plan's prefix was gone
+    scheduler.on_prefilled(request, planned, num_cached_tokens=0, measured_s=0.1)  # the prefix was gone
     assert scheduler.cache_hit_rate == 0.0
     second = dataclasses.replace(request, request_id="r2")
-    scheduler.on_prefilled(second, planned, num_cached_tokens=1024)
+    scheduler.on_prefilled(second, planned, num_cached_tokens=1024, measured_s=0.1)
     assert scheduler.cache_hit_rate == 1024 / 2200

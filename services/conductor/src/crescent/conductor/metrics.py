@@ -31,3 +31,8 @@ REPLICATED_BLOCKS = Counter("crescent_replication_order_blocks",
                             "Blocks named in replication orders (on-demand: planned; hot-spot: copied)", ["reason"])
 MIGRATIONS = Counter("crescent_request_migrations", "Requests moved to another instance, by stage and cause",
                      ["stage", "cause"])
+PREDICTION_ERROR = Histogram("crescent_prediction_abs_error_ratio",
+                             "|predicted − measured| / measured, per request: ttft (placement to first "
+                             "token against T_transfer + T_queue + T_prefill) and tbt (mean time between "
+                             "tokens against the TBT predicted at placement)", ["kind"],
+                             buckets=(0.05, 0.1, 0.15, 0.25, 0.4, 0.6, 1, 2, 5, 10))

@@ -131,9 +131,12 @@ class Scheduler:
                                   sign * decision.prefill.prefill_s, sign)
         self.view.note_assignment("decode", decision.decode.instance_id, sign * request.num_kv_tokens, 0.0, sign)
 
-    def on_prefilled(self, request: ScheduleRequest, decision: Decision, num_cached_tokens: int) -> None:
-        """A prefill finished, having reused `num_cached_tokens` of the prompt: the cache hit
-        rate counts what was really loaded, not what the plan expected."""
+    def on_prefilled(self, request: ScheduleRequest, decision: Decision, num_cached_tokens: int,
+                     measured_s: float) -> None:
+        """A prefill finished `measured_s` after it was placed, having reused `num_cached_tokens`
+        of the prompt: the cache hit rate counts what was really loaded, not what the plan
+        expected, and the TTFT prediction is checked against what happened."""
+        observe_error("ttft", decision.prefill.predicted_ttft_s, measured_s)
         self.num_prompt_tokens += request.num_prompt_tokens
         self.num_hit_tokens += num_cached_tokens
         metrics.PROMPT_TOKENS_PREFILLED.inc(request.num_prompt_tokens)
@@ -142,6 +145,11 @@ class Scheduler:
         for order in decision.replication:
             metrics.REPLICATION_ORDERS.labels(order.reason.value, "planned").inc()
             metrics.REPLICATED_BLOCKS.labels(order.reason.value).inc(len(order.hashes))
+
+    def on_decoded(self, predicted_tbt_s: float, measured_tbt_s: float) -> None:
+        """A request's stream ended on the decode instance it was placed on: check the TBT
+        predicted at placement against its mean time between tokens."""
+        observe_error("tbt", predicted_tbt_s, measured_tbt_s)
 
     def move_decode(self, request: ScheduleRequest, old_decode_id: str, new_decode_id: str) -> None:
         """The request now decodes on `new_decode_id`."""
@@ -182,3 +190,9 @@ class Scheduler:
     def cache_hit_rate(self) -> float:
         """Share of the prompt tokens of finished prefills that were loaded, not computed."""
         return self.num_hit_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+
+
+def observe_error(kind: str, predicted_s: float, measured_s: float) -> None:
+    """Record |predicted − measured| / measured (nothing for an instant measurement)."""
+    if measured_s > 0:
+        metrics.PREDICTION_ERROR.labels(kind).observe(abs(predicted_s - measured_s) / measured_s)
