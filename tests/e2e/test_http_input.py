@@ -267,9 +267,11 @@ def test_each_error_answer_is_logged_once_with_status_and_cause(cluster, port):
 
 
 def test_an_error_after_the_request_id_is_assigned_is_logged_with_it(cluster):
-    """A conductor whose TTFT SLO nothing meets rejects every request after placing it."""
+    """A conductor whose decode reservations cannot be answered in time rejects every request
+    after placing it. (Its SLOs must be the cluster's: a conductor whose flags contradict the
+    cluster config refuses to start.)"""
     spec = cluster.conductor_spec("conductor-strict", free_port())
-    spec.argv += ["--admission", "early", "--ttft-slo-s", "1e-9"]
+    spec.argv += ["--reserve-timeout-s", "1e-9"]
     process = cluster.add_process(spec)
     process.wait_ready(30)
     deadline = time.monotonic() + 30

@@ -1,17 +1,22 @@
-"""KV-centric scheduling on an emulated cluster whose instances each have a node and a store:
-a long shared system prompt is computed once, then reused, and gains replicas on several
-prefill nodes by itself (paper §4.2)."""
+"""Hot-spot replication on an emulated cluster whose instances each have a node and a store: a
+long shared system prompt, asked about one request at a time, is computed once and then reused
+on the prefill node that holds it; the conductor's hot-spot pass gives it a replica on the other
+prefill node, where no request ever ran (paper §4.2). The orders are counted on both sides."""
 
 import asyncio
 import time
+import urllib.request
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port
+from crescent.common.codec import decode
 from crescent.common.etcd import connect_etcd
 from crescent.common.hashing import block_hashes
+from crescent.common.messages import InstanceInfo
 from crescent.common.naming import Keys
 from crescent.common.tokenizer import ByteTokenizer
 from expected import expected_text
@@ -19,11 +24,13 @@ from expected import expected_text
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"
 SYSTEM_PROMPT = "You are Crescent's test assistant. Answer briefly and precisely. " * 128  # 8,448 bytes
+SPARE_NODE = "node-prefill-1"
+TELEMETRY_PERIOD_S = 0.2  # the services' default
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    spec = ClusterSpec(workdir=tmp_path, api_port=free_port(), num_prefill=4, num_decode=4, node_per_instance=True,
+    spec = ClusterSpec(workdir=tmp_path, api_port=free_port(), num_prefill=2, num_decode=1, node_per_instance=True,
                        engine_args=["--emulated-time-scale", "0.2"], store_dram_bytes=64 << 20,
                        store_ssd_bytes=64 << 20, conductor_args=["--hot-spot-period-s", "0.5"])
     cluster = LocalCluster(spec)
@@ -41,32 +48,53 @@ async def holders(cluster, block_hash: bytes) -> set[str]:
         await etcd.close()
 
 
-async def test_shared_system_prompt_is_reused_and_gains_replicas_on_several_prefill_nodes(cluster):
+async def store_url(cluster, node: str) -> str:
+    etcd = await connect_etcd(cluster.etcd_url)
+    try:
+        entry = await etcd.get(Keys(cluster.spec.cluster).instance("store", f"store-{node}").encode())
+        return decode(entry.value, InstanceInfo).http_url
+    finally:
+        await etcd.close()
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name == name and sample.labels == labels)
+
+
+async def test_hot_system_prompt_gets_a_replica_from_the_hot_spot_pass_on_a_node_that_never_ran_it(cluster):
     first_block = block_hashes(ByteTokenizer().encode(SYSTEM_PROMPT), 512, MODEL)[0]
     async with aiohttp.ClientSession() as session:
 
-        async def ask(i: int) -> dict:
+        async def ask(i: int) -> None:
             prompt = SYSTEM_PROMPT + f"Question {i}: what is a KV cache?"
             body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
             async with session.post(f"{cluster.api_url}/v1/completions", json=body) as response:
                 assert response.status == 200, await response.text()
                 result = await response.json()
             assert result["choices"][0]["text"] == expected_text(prompt, 4)
-            return result
 
-        await ask(0)
-        first_holders = await holders(cluster, first_block)
-        assert any(node.startswith("node-prefill") for node in first_holders)
-        for wave in range(4):
-            await asyncio.gather(*(ask(100 * wave + i) for i in range(1, 9)))
+        for i in range(12):
+            await ask(i)
+            # One at a time, each once telemetry says the last is done: the prefill instance whose
+            # node holds the prefix is then always the best choice, so the other one never runs it.
+            await asyncio.sleep(3 * TELEMETRY_PERIOD_S)
         deadline = time.monotonic() + 10
-        while True:
-            prefill_nodes = {n for n in await holders(cluster, first_block) if n.startswith("node-prefill")}
-            if len(prefill_nodes) >= 2:
-                break
-            assert time.monotonic() < deadline, f"the system prompt is only on {prefill_nodes}"
+        while SPARE_NODE not in await holders(cluster, first_block):
+            assert time.monotonic() < deadline, f"no replica on {SPARE_NODE}: {await holders(cluster, first_block)}"
             await asyncio.sleep(0.2)
         async with session.get(f"{cluster.api_url}/v1/cluster") as response:
             view = await response.json()
-    # Most prompt tokens were scheduled onto a cached prefix rather than computed.
+
+    spare_store = await store_url(cluster, SPARE_NODE)
+    assert sum(metric(spare_store, "crescent_store_replicated_blocks_total", reason="hot-spot", source=source)
+               for source in ("node-prefill-0", "node-decode-0")) > 0
+    assert metric(spare_store, "crescent_store_replications_total", reason="on-demand", outcome="ok") == 0
+    assert metric(spare_store, "crescent_store_replications_total", reason="hot-spot", outcome="ok") > 0
+    assert metric(cluster.api_url, "crescent_replication_orders_total", reason="hot-spot", outcome="ok") > 0
+    assert metric(cluster.api_url, "crescent_replication_order_blocks_total", reason="hot-spot") > 0
+    # Most prompt tokens were loaded from a store rather than computed (as the prefills report).
     assert view["cache_hit_rate"] > 0.5, view["cache_hit_rate"]
+    assert metric(cluster.api_url, "crescent_prefix_tokens_total", kind="loaded") > 0

@@ -135,6 +135,25 @@ async def test_metrics_and_health(dev_cluster):
     assert health["status"] == "serving"
 
 
+async def test_every_served_request_checks_its_ttft_and_tbt_predictions(dev_cluster):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async def error_counts(session) -> dict[str, float]:
+        async with session.get(f"{dev_cluster.api_url}/metrics") as response:
+            text = await response.text()
+        return {sample.labels["kind"]: sample.value for family in text_string_to_metric_families(text)
+                for sample in family.samples if sample.name == "crescent_prediction_abs_error_ratio_count"}
+
+    async with aiohttp.ClientSession() as session:
+        before = await error_counts(session)
+        body = {"model": MODEL, "prompt": "check my predictions " * 40, "max_tokens": 8}
+        async with session.post(f"{dev_cluster.api_url}/v1/completions", json=body) as response:
+            assert response.status == 200, await response.text()
+        after = await error_counts(session)
+    assert after["ttft"] == before.get("ttft", 0) + 1
+    assert after["tbt"] == before.get("tbt", 0) + 1
+
+
 @pytest.mark.parametrize("path, body, status, param", [
     ("/v1/completions", b"{not json", 400, None),
     ("/v1/completions", b'{"prompt": "x"}', 400, "model"),

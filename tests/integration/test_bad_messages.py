@@ -31,7 +31,7 @@ async def test_out_of_range_reservation_and_start_get_error_replies_and_decode_s
         # Several telemetry periods later: still live, nothing held, and a good request is served.
         received = len(loads)
         await asyncio.sleep(1.0)
-        assert view.is_instance_live("decode", "decode-b", time.monotonic())
+        assert view.is_live(view.instances[("decode", "decode-b")], time.monotonic())
         latest = [load for load in loads[received:] if load.instance_id == "decode-b"]
         assert latest and latest[-1].kv_used_tokens == 0
         good = Reservation(request_id="good", num_prompt_tokens=5, max_tokens=10)

@@ -1,8 +1,11 @@
+import pytest
+
 from crescent.common.codec import encode
 from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.policy import least_loaded
+from crescent.conductor.policy.eligibility import eligible_decode, eligible_prefill
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 
 
@@ -50,7 +53,26 @@ def test_stale_instances_get_no_work():
     clock.now += 0.5
     view.apply_load(load("prefill", "p1"))
     clock.now += 0.2  # p0 last heard 0.7 s ago > 3 periods of 0.2 s
-    assert [s.instance_id for s in view.snapshot("prefill", "m", clock.now)] == ["p1"]
+    snapshots = view.snapshot("prefill", "m", clock.now)
+    assert {(s.instance_id, s.is_stale) for s in snapshots} == {("p0", True), ("p1", False)}
+    assert [s.instance_id for s in eligible_prefill(snapshots)] == ["p1"]
+
+
+@pytest.mark.parametrize("reason", ["draining", "full"])
+def test_an_instance_that_says_it_takes_no_work_gets_none(reason):
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "decode", "d0", kv_capacity_tokens=100)
+    register(view, "decode", "d1", kv_capacity_tokens=100)
+    view.apply_load(load("decode", "d0", kv_capacity_tokens=100, is_accepting=False,
+                         not_accepting_reason=reason))
+    view.apply_load(load("decode", "d1", kv_capacity_tokens=100))
+    snapshots = view.snapshot("decode", "m", clock.now)
+    assert {(s.instance_id, s.is_accepting, s.is_stale) for s in snapshots} == {("d0", False, False),
+                                                                                ("d1", True, False)}
+    assert [s.instance_id for s in eligible_decode(snapshots, 10)] == ["d1"]
+    view.apply_load(load("decode", "d0", kv_capacity_tokens=100))
+    assert len(eligible_decode(view.snapshot("decode", "m", clock.now), 10)) == 2
 
 
 def test_deregistered_instances_leave_the_view():
@@ -60,16 +82,21 @@ def test_deregistered_instances_leave_the_view():
     assert view.snapshot("decode", "m", 100.0) == []
 
 
-def test_contradictory_or_unknown_telemetry_is_ignored():
+def test_contradictory_or_unknown_telemetry_is_ignored_and_logged_once_per_instance(caplog):
     clock = Clock()
     view = ClusterView(clock=clock)
     register(view, "decode", "d0", kv_capacity_tokens=100)
     view.apply_load(load("decode", "d0", kv_used_tokens=10, kv_capacity_tokens=100))
-    view.apply_load(load("decode", "d0", num_queued=-1))
+    with caplog.at_level("WARNING"):
+        view.apply_load(load("decode", "d0", num_queued=-1))
+        view.apply_load(InstanceLoad(role="decode", instance_id="d0", node="elsewhere", sent_at=0,
+                                     period_s=0.2, kv_used_tokens=90))
+        view.apply_load(load("decode", "d0", is_accepting=True, not_accepting_reason="full"))
     view.apply_load(load("decode", "ghost"))
     [snapshot] = view.snapshot("decode", "m", clock.now)
     assert snapshot.kv_used_tokens == 10 and snapshot.num_queued == 0
     assert ("decode", "ghost") not in view.instances
+    assert [r.message for r in caplog.records].count("ignoring contradictory telemetry") == 1
 
 
 def test_malformed_registry_entry_is_ignored():
@@ -107,7 +134,7 @@ def test_a_silent_instance_is_stale_but_still_registered(caplog):
     with caplog.at_level("INFO"):
         view.log_changes(clock.now)
         view.log_changes(clock.now)
-    assert view.snapshot("prefill", "m", clock.now) == []
+    assert eligible_prefill(view.snapshot("prefill", "m", clock.now)) == []
     assert view.is_registered("prefill", "p0") and view.models() == {"m": 0}
     assert [r.message for r in caplog.records].count("instance stale: no new work until its telemetry resumes") == 1
     view.apply_load(load("prefill", "p0"))

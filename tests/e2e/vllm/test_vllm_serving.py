@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from crescent.common.errors import RemoteError
+from crescent.common.hashing import block_hashes
 from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.naming import Subjects
 from vllm_helpers import BLOCK_SIZE, CLUSTER, MODEL, prompt_tokens, reference_tokens
@@ -68,20 +69,46 @@ async def test_shared_prefix_is_loaded_from_the_store_not_recomputed(vllm_cluste
     assert load["num_loaded"] >= len(prefix) // BLOCK_SIZE
 
 
-async def test_prefix_from_node_a_is_reused_by_prefill_on_node_b(vllm_cluster, conductor, reference):
-    """prefill-B maps no store: it replicates A's blocks into B's store, reads them and writes
-    its new blocks to A's and B's stores over the data plane (tcp)."""
+async def test_prefill_on_node_b_computes_a_prefix_held_only_on_node_a_when_no_pull_is_planned(
+        vllm_cluster, conductor, reference):
+    """The connector never picks a source itself: without a planned pull, node A's copy of the
+    prefix is not fetched; prefill-B computes the whole prompt and B's store pulls nothing."""
+    prefix = prompt_tokens(768, seed=210)
+    on_a, on_b = prefix + prompt_tokens(70, seed=211), prefix + prompt_tokens(90, seed=212)
+    [want] = reference_tokens(reference, [on_b], MAX_TOKENS)
+    await conductor.prefill("prefill-A", on_a)
+    pulled_before = vllm_cluster.metric("store-B", "crescent_store_replications_total",
+                                        reason="on-demand", outcome="ok")
+
+    got, prefill = await conductor.generate(on_b, MAX_TOKENS, prefill_id="prefill-B")
+
+    assert got == want
+    assert prefill.num_cached_tokens == 0 and prefill.num_computed_tokens == len(on_b)
+    assert not events_of(vllm_cluster, "prefill-B", prefill.request_id, "load")
+    assert vllm_cluster.metric("store-B", "crescent_store_replications_total", reason="on-demand",
+                               outcome="ok") == pulled_before
+
+
+async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull(vllm_cluster, conductor, reference):
+    """The conductor's plan names the source: prefill-B's store pulls those blocks from A's
+    store, prefill-B (which maps no store) reads them from B's store over the data plane (tcp)
+    and writes its new blocks to A's and B's stores the same way."""
     prefix = prompt_tokens(768, seed=200)
     on_a, on_b = prefix + prompt_tokens(70, seed=201), prefix + prompt_tokens(90, seed=202)
     expected = reference_tokens(reference, [on_a, on_b], MAX_TOKENS)
+    prefix_hashes = block_hashes(prefix, BLOCK_SIZE, MODEL)
+    pulled_before = vllm_cluster.metric("store-B", "crescent_store_replicated_blocks_total",
+                                        reason="on-demand", source="A")
 
     got_a, _ = await conductor.generate(on_a, MAX_TOKENS, prefill_id="prefill-A")
-    got_b, prefill = await conductor.generate(on_b, MAX_TOKENS, prefill_id="prefill-B")
+    got_b, prefill = await conductor.generate(on_b, MAX_TOKENS, prefill_id="prefill-B", pull=("A", prefix_hashes))
 
     assert [got_a, got_b] == expected
-    assert prefill.num_computed_tokens <= len(on_b) - len(prefix) + BLOCK_SIZE
+    assert prefill.num_cached_tokens == len(prefix)
+    assert vllm_cluster.metric("store-B", "crescent_store_replicated_blocks_total", reason="on-demand",
+                               source="A") == pulled_before + len(prefix_hashes)
     [load] = events_of(vllm_cluster, "prefill-B", prefill.request_id, "load")
-    assert load["source"] == "A" and load["num_loaded"] == len(prefix) // BLOCK_SIZE and load["error"] is None
+    assert load["num_loaded"] == len(prefix_hashes) and load["error"] is None
     stored = events_of(vllm_cluster, "prefill-B", prefill.request_id, "stored")
     assert {(e["node"], e["layer"]) for e in stored} >= {("A", 0), ("A", 1), ("B", 0), ("B", 1)}
 

@@ -106,6 +106,12 @@ class VllmCluster:
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
+    def metric(self, instance_id: str, name: str, **labels: str) -> float:
+        """One sample of the instance's /metrics (0 when it has none yet)."""
+        url = f"http://127.0.0.1:{self.http_ports[instance_id]}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return metric_value(response.read().decode(), name, **labels)
+
     def wait_serving(self, instance_ids: list[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         waiting = list(instance_ids)
@@ -144,21 +150,24 @@ class Conductor:
         self._count = 0
 
     async def prefill(self, prefill_id: str, token_ids: list[int], decode_id: str = "decode-A",
-                      request_id: str | None = None) -> PrefillResult:
+                      request_id: str | None = None, pull: tuple[str, list[bytes]] = ("", [])) -> PrefillResult:
+        """Run a prefill job; `pull` is the transfer plan (source node, blocks to pull)."""
         self._count += 1
         job = PrefillJob(request_id=request_id or f"req-{self._count}", model=MODEL, token_ids=token_ids,
-                         sampling=SamplingParams(ignore_eos=True), decode_instance=decode_id)
+                         sampling=SamplingParams(ignore_eos=True), decode_instance=decode_id,
+                         pull_from_node=pull[0], pull_hashes=pull[1])
         return await self.bus.request(self.subjects.prefill_job(prefill_id), job, PrefillResult, 120)
 
     async def generate(self, token_ids: list[int], max_tokens: int, prefill_id: str = "prefill-A",
-                       decode_id: str = "decode-A") -> tuple[list[int], PrefillResult]:
+                       decode_id: str = "decode-A", pull: tuple[str, list[bytes]] = ("", []),
+                       ) -> tuple[list[int], PrefillResult]:
         """Prompt → all generated tokens (first from prefill, the rest from decode)."""
         self._count += 1
         request_id = f"req-{self._count}"
         reply = await self.bus.request(self.subjects.decode_reserve(decode_id), Reservation(
             request_id=request_id, num_prompt_tokens=len(token_ids), max_tokens=max_tokens), ReservationReply, 10)
         assert reply.accepted, reply.reason
-        result = await self.prefill(prefill_id, token_ids, decode_id, request_id)
+        result = await self.prefill(prefill_id, token_ids, decode_id, request_id, pull)
         stream = await self.bus.stream(self.subjects.tokens(request_id), TokenChunk)
         try:
             await self.bus.request(self.subjects.decode_start(decode_id), DecodeStart(
@@ -173,6 +182,17 @@ class Conductor:
                     return tokens, result
         finally:
             await stream.close()
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The value of sample `name{labels}` in a Prometheus text page; 0 when absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return sample.value
+    return 0.0
 
 
 def prompt_tokens(length: int, seed: int) -> list[int]:

@@ -125,6 +125,27 @@ async def test_put_get_round_trip_is_byte_exact(stores, client_factory, use_mapp
     assert (await client.lookup_prefix(MODEL, hashes)) == {"n1": 8}
 
 
+async def test_lookups_and_repeated_writes_keep_a_hot_prefix_in_dram(stores, client_factory):
+    """LRU by use, not by insertion: the prefix written first but looked up (or written again)
+    since outlives blocks written after it."""
+    stores.start("n1", dram_blocks=4)
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    hot, hot_data = blocks(2, seed=0)
+    cold, cold_data = blocks(2, seed=100)
+    await client.put_blocks(MODEL, "n1", hot, hot_data)
+    await client.put_blocks(MODEL, "n1", cold, cold_data)
+    assert await client.lookup(MODEL, "n1", hot) == ["dram"] * 2
+    newer, newer_data = blocks(2, seed=200)
+    await client.put_blocks(MODEL, "n1", newer, newer_data)  # the pool is full: two blocks go
+    assert await client.lookup(MODEL, "n1", cold) == []
+    assert await client.lookup(MODEL, "n1", hot) == ["dram"] * 2  # now newest: newer is the oldest
+    assert await client.put_blocks(MODEL, "n1", newer, newer_data) == 0  # a rewrite of held blocks: a use
+    await client.put_blocks(MODEL, "n1", cold, cold_data)
+    assert await client.lookup(MODEL, "n1", hot) == []
+    assert await client.lookup(MODEL, "n1", newer) == ["dram"] * 2
+
+
 async def test_ssd_spill_and_reload_is_byte_exact(stores, client_factory):
     stores.start("n1", dram_blocks=4, ssd_blocks=16)
     client = await client_factory()

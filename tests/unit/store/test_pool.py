@@ -45,6 +45,15 @@ def test_lru_evicts_least_recently_used_unpinned_block():
     assert pool.get(key(2)) is None and pool.get(key(1)) is not None
 
 
+def test_a_found_prefix_is_used_so_the_oldest_unread_block_is_evicted_first():
+    pool = BlockPool(3)
+    for i in range(3):
+        put(pool, i)
+    assert [b.key for b in pool.longest_prefix([key(0), key(1), key(9)])] == [key(0), key(1)]
+    assert put(pool, 3).dropped == [key(2)]  # inserted last, but never read since
+    assert put(pool, 4).dropped == [key(0)]
+
+
 def test_full_pool_of_pinned_blocks_refuses_and_changes_nothing():
     pool = BlockPool(2)
     for i in range(2):

@@ -72,6 +72,10 @@ class InstanceLoad(Message):
     recent_ttft_s: Seconds = 0.0  # prefill: mean measured queue + compute time of recent jobs
     recent_tbt_s: Seconds = 0.0  # decode: mean measured step time of recent steps
     bandwidth: dict[Id, Bandwidth] = {}  # store: measured bytes/s of recent pulls, by source node
+    # False while the instance takes no new work: it is draining (shutting down), or "full"
+    # (decode: no KV room left); `not_accepting_reason` says which.
+    is_accepting: bool = True
+    not_accepting_reason: Name = ""
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -91,7 +95,9 @@ class PrefillJob(Message):
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
     decode_instance: OptionalId = ""
     decode_node: OptionalId = ""
-    block_size: TokenCount = 0  # tokens per KV block; 0: the job stores no KV
+    # Tokens per KV block the conductor hashed the prompt with; a prefill storing another size
+    # refuses the job (0: not checked).
+    block_size: TokenCount = 0
     pull_from_node: OptionalId = ""  # first pull pull_hashes from this node's store into ours
     pull_hashes: BlockHashes = []
     timeout_s: Seconds = 0.0  # how long the conductor waits for the result; 0: no deadline
@@ -150,6 +156,16 @@ class TokenChunk(Message):
     is_final: bool = False
     finish_reason: Name | None = None
     error: str | None = None
+
+
+class ClusterConfig(Message):
+    """Value of the `config` key in etcd: what every service of the cluster must agree on.
+    Written once by the first conductor (cluster_config)."""
+
+    block_size: TokenCount  # tokens per KV block: the unit of block hashes and of the stores
+    ttft_slo_s: Seconds
+    tbt_slo_s: Seconds
+    model: Name = ""  # the model served; "": any (workers are not checked)
 
 
 class StoreStatsRequest(Message):

@@ -63,6 +63,9 @@ class Keys:
     def prefix(self) -> str:
         return f"/crescent/{self.cluster}/"
 
+    def config(self) -> str:
+        return f"{self.prefix}config"
+
     def instances(self) -> str:
         return f"{self.prefix}instances/"
 

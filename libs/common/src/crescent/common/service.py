@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+import msgspec
+import nats.errors
 import prometheus_client
 from aiohttp import web
 
@@ -132,10 +134,17 @@ class Runtime:
         self.tasks.spawn("telemetry", self._publish_telemetry(load))
 
     async def _publish_telemetry(self, load: Callable[[], InstanceLoad]) -> None:
-        subject = self.subjects.telemetry(self.role, self.instance_id)
         while True:
-            await self.bus.publish(subject, load())
+            await self.publish_load(load)
             await asyncio.sleep(self.settings.telemetry_period_s)
+
+    async def publish_load(self, load: Callable[[], InstanceLoad]) -> None:
+        """One telemetry message; a draining instance says it takes no new work, whatever else
+        its load says."""
+        message = load()
+        if self.status is ServiceStatus.DRAINING:
+            message = msgspec.structs.replace(message, is_accepting=False, not_accepting_reason="draining")
+        await self.bus.publish(self.subjects.telemetry(self.role, self.instance_id), message)
 
     async def _health(self, request: web.Request) -> web.Response:
         is_ok = self.status == ServiceStatus.SERVING and self.bus is not None and self.bus.is_connected
@@ -186,6 +195,10 @@ async def serve(service: Service, settings: CommonSettings) -> int:
         stop_wait.cancel()
         fail_wait.cancel()
         runtime.status = ServiceStatus.DRAINING
+        try:  # conductors hear it before the registry entry goes, and send no more work
+            await runtime.publish_load(service.load)
+        except (nats.errors.Error, OSError) as exc:  # NATS may be gone: deregistering says it all the same
+            log.warning("draining telemetry not sent", extra={"error": repr(exc)})
         await runtime.deregister()
         await service.drain()
         if runtime.tasks.failure:

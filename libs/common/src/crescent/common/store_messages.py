@@ -78,12 +78,19 @@ class UnpinBlocks(Message):
     hashes: BlockHashes
 
 
+REPLICATE_ON_DEMAND = "on-demand"
+REPLICATE_HOT_SPOT = "hot-spot"
+
+
 class ReplicateBlocks(Message):
-    """Pull these blocks from the store on `source_node` and keep them here."""
+    """Pull these blocks from the store on `source_node` and keep them here. `reason` says who
+    ordered it (on-demand: a prefill carrying out its planned pull; hot-spot: the conductor's
+    replication pass); the store counts pulls by it."""
 
     model: Name
     hashes: BlockHashes
     source_node: Id
+    reason: Name = "unspecified"
 
 
 class ReplicateReply(Message):

@@ -28,7 +28,6 @@ from crescent.common.store_messages import (
     Done,
     PinBlocks,
     PinnedBlocks,
-    ReplicateReply,
     UnpinBlocks,
 )
 from crescent.store.client import ClientConfig, StoreClient
@@ -131,18 +130,6 @@ class BlockOps:
     async def lookup(self, node: str, hashes: Sequence[bytes]) -> int:
         """How many leading blocks of `hashes` the store on `node` holds right now."""
         return len(await self.client.lookup(self.model, node, hashes))
-
-    async def best_remote(self, node: str, hashes: Sequence[bytes]) -> tuple[str, int]:
-        """The other node holding the longest prefix of `hashes` (cluster index), and its length."""
-        by_node = await self.client.lookup_prefix(self.model, hashes)
-        by_node.pop(node, None)
-        if not by_node:
-            return "", 0
-        best = max(sorted(by_node), key=lambda n: by_node[n])
-        return best, by_node[best]
-
-    async def replicate(self, source: str, target: str, hashes: Sequence[bytes]) -> ReplicateReply:
-        return await self.client.replicate(self.model, hashes, source, target)
 
     async def pin(self, node: str, hashes: Sequence[bytes]) -> PinnedBlocks:
         request = PinBlocks(model=self.model, hashes=list(hashes), ttl_s=4 * self.timeout_s)

@@ -19,9 +19,10 @@ from typing import Any
 from aiohttp import web
 from opentelemetry.trace import SpanKind
 
+from crescent.common.cluster_config import ConfigConflict, conflicts, publish_config
 from crescent.common.errors import RecoverableError, RemoteError, RequestTimeoutError
 from crescent.common.etcd import PrefixMirror
-from crescent.common.messages import InstanceInfo, InstanceLoad, SamplingParams
+from crescent.common.messages import ClusterConfig, InstanceInfo, InstanceLoad, SamplingParams
 from crescent.common.store_messages import ReplicateBlocks, ReplicateReply
 from crescent.common.service import Runtime
 from crescent.common.tokenizer import ByteTokenizer
@@ -31,7 +32,7 @@ from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.flow import FlowTimeouts, RejectedError, RequestFlow
 from crescent.conductor.http_body import read_json
 from crescent.conductor.http_errors import REQUEST_ID, openai_errors
-from crescent.conductor.policy import RejectReason
+from crescent.conductor.policy import RejectReason, ReplicationOrder
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.openai_api import (
     ApiError,
@@ -66,6 +67,7 @@ class Conductor:
 
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        await self._agree_on_config(runtime)
         mirror = PrefixMirror(runtime.etcd, runtime.keys.instances(), self.view.apply_registry)
         await mirror.load()
         runtime.tasks.spawn("registry-watch", mirror.run())
@@ -86,6 +88,18 @@ class Conductor:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/v1/cluster", self.cluster)
         app.router.add_get("/openapi.json", self.openapi)
+
+    async def _agree_on_config(self, runtime: Runtime) -> None:
+        """Write the cluster config if this is the first conductor; refuse to start if the
+        config already there says otherwise."""
+        settings = self.settings
+        mine = ClusterConfig(model=settings.model_name, block_size=settings.block_size,
+                             ttft_slo_s=settings.ttft_slo_s, tbt_slo_s=settings.tbt_slo_s)
+        stored = await publish_config(runtime.etcd, runtime.keys, mine)
+        found = conflicts(stored, {"model": mine.model, "block_size": mine.block_size,
+                                   "ttft_slo_s": mine.ttft_slo_s, "tbt_slo_s": mine.tbt_slo_s})
+        if found:
+            raise ConfigConflict(runtime.keys.config(), f"conductor {runtime.instance_id}", found)
 
     def instance_info(self) -> InstanceInfo:
         return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
@@ -118,13 +132,15 @@ class Conductor:
         """In-flight responses finish while aiohttp shuts down; nothing else to wait for."""
 
     async def cluster(self, request: web.Request) -> web.Response:
-        """Instances and their loads, the cache hit rate, and the hottest blocks' replicas."""
+        """Instances and their loads, the cache hit rate, the blocks each node's store holds (as
+        this conductor's index sees them), and the hottest blocks' replicas."""
         now = time.monotonic()
         instances = []
         for (role, instance_id), state in sorted(self.view.instances.items()):
             load = state.load
             instances.append({"role": role, "instance_id": instance_id, "node": state.info.node,
                               "model": state.info.model, "is_live": self.view.is_live(state, now),
+                              "is_accepting": load is None or load.is_accepting,
                               "load": None if load is None else {
                                   "num_queued": load.num_queued, "num_running": load.num_running,
                                   "queue_time_s": load.queue_time_s, "kv_used_tokens": load.kv_used_tokens,
@@ -135,8 +151,11 @@ class Conductor:
                    for block in self.scheduler.index.hottest(10, now)]
         models = {model: {"pd_imbalance_factor": self.scheduler.imbalance(model)}
                   for model in self.view.models()}
+        index = self.scheduler.index
+        blocks_by_node = {node: index.num_blocks_of(node) for node in index.nodes()}
         return web.json_response({"instances": instances, "cache_hit_rate": self.scheduler.cache_hit_rate,
-                                  "num_blocks": self.scheduler.index.num_blocks, "hottest_blocks": hottest,
+                                  "num_blocks": index.num_blocks, "blocks_by_node": blocks_by_node,
+                                  "hottest_blocks": hottest,
                                   "models": models, "policy": self.settings.policy,
                                   "admission": self.settings.admission})
 
@@ -148,15 +167,22 @@ class Conductor:
                 for order in self.scheduler.hot_spot_orders(model):
                     await self._replicate(model, order)
 
-    async def _replicate(self, model: str, order) -> None:
-        request = ReplicateBlocks(model=model, hashes=list(order.hashes), source_node=order.source_node)
+    async def _replicate(self, model: str, order: ReplicationOrder) -> None:
+        """Have the target node's store pull the order's blocks; counted by outcome and blocks copied."""
+        reason = order.reason.value
+        request = ReplicateBlocks(model=model, hashes=list(order.hashes), source_node=order.source_node,
+                                  reason=reason)
         try:
-            await self._runtime.bus.request(self._runtime.subjects.store_ctl(order.target_node), request,
-                                            ReplicateReply, self.settings.prefill_timeout_s)
-            metrics.REPLICATIONS.labels("ok").inc()
+            reply = await self._runtime.bus.request(self._runtime.subjects.store_ctl(order.target_node), request,
+                                                    ReplicateReply, self.settings.prefill_timeout_s)
         except RecoverableError as exc:
-            metrics.REPLICATIONS.labels("failed").inc()
+            metrics.REPLICATION_ORDERS.labels(reason, "failed").inc()
             log.warning("hot-spot replication failed", extra={"target": order.target_node, "error": str(exc)})
+            return
+        metrics.REPLICATION_ORDERS.labels(reason, "ok").inc()
+        metrics.REPLICATED_BLOCKS.labels(reason).inc(reply.num_copied)
+        log.info("hot-spot replication", extra={"source": order.source_node, "target": order.target_node,
+                                                "num_blocks": len(order.hashes), "num_copied": reply.num_copied})
 
     async def models(self, request: web.Request) -> web.Response:
         served = self.view.models()

@@ -1,10 +1,12 @@
 """The conductor's shadow of the cluster: who is registered (etcd mirror) and how loaded they
 are (telemetry). Nothing here is authoritative; a restarted conductor rebuilds it all.
 
-Slow is not dead. An instance is *live* (it gets new work) while its registry key exists and its
-telemetry is fresh; one that misses STALE_PERIODS telemetry periods is *stale*: it gets no new
-work, but the requests it holds wait for it. Only when its registry key goes (its lease expired
-or it deregistered) is it gone, and its requests move elsewhere. Between two
+Slow is not dead. An instance is *live* while its registry key exists and its telemetry is
+fresh; one that misses STALE_PERIODS telemetry periods is *stale*: it gets no new work, but the
+requests it holds wait for it. Only when its registry key goes (its lease expired or it
+deregistered) is it gone, and its requests move elsewhere. An instance that says it takes no
+work (draining, full) is not *accepting*. Snapshots carry both flags (InstanceSnapshot.is_stale,
+is_accepting) and the policies' eligibility filter leaves such instances out. Between two
 telemetry messages the conductor counts its own assignments, so a burst of requests does not
 all land on the instance that looked idlest a moment ago.
 """
@@ -36,6 +38,7 @@ class InstanceState:
     kv_assigned_since_load: int = 0
     queue_s_assigned_since_load: float = 0.0
     was_live: bool = True  # at the last look: each change is logged once
+    is_contradiction_logged: bool = False  # contradictory telemetry is logged once per instance
 
 
 @dataclass
@@ -72,9 +75,12 @@ class ClusterView:
         if state is None:
             log.debug("telemetry from an unregistered instance", extra={"instance_id": load.instance_id})
             return
-        if min(load.num_queued, load.num_running, load.kv_used_tokens, load.kv_capacity_tokens) < 0 \
-                or load.queue_time_s < 0 or load.period_s <= 0:
-            log.warning("ignoring contradictory telemetry", extra={"instance_id": load.instance_id})
+        contradiction = _contradiction(load, state.info)
+        if contradiction:
+            if not state.is_contradiction_logged:
+                state.is_contradiction_logged = True
+                log.warning("ignoring contradictory telemetry", extra={
+                    "role": load.role, "instance_id": load.instance_id, "contradiction": contradiction})
             return
         state.load = load
         state.load_received_at = self.clock()
@@ -110,10 +116,11 @@ class ClusterView:
         return (role, instance_id) in self.instances
 
     def snapshot(self, role: str, model: str, now: float) -> list[InstanceSnapshot]:
-        """Live instances of `role` serving `model`, with this conductor's recent assignments added."""
+        """Registered instances of `role` serving `model`, with this conductor's recent assignments
+        added; stale or not accepting ones are flagged, for the policies to leave out."""
         snapshots = []
         for (r, instance_id), state in self.instances.items():
-            if r != role or state.info.model != model or not self.is_live(state, now):
+            if r != role or state.info.model != model:
                 continue
             load = state.load
             capacity = load.kv_capacity_tokens if load else state.info.kv_capacity_tokens
@@ -125,6 +132,8 @@ class ClusterView:
                 queue_time_s=(load.queue_time_s if load else 0.0) + state.queue_s_assigned_since_load,
                 kv_used_tokens=(load.kv_used_tokens if load else 0) + state.kv_assigned_since_load,
                 kv_capacity_tokens=capacity,
+                is_stale=not self.is_live(state, now),
+                is_accepting=load.is_accepting if load else True,
                 context_tokens=load.num_context_tokens if load and role == "decode" else None,
             ))
         return snapshots
@@ -164,3 +173,15 @@ class ClusterView:
 
     def count_registered(self, role: str, model: str) -> int:
         return sum(1 for (r, _), s in self.instances.items() if r == role and s.info.model == model)
+
+
+def _contradiction(load: InstanceLoad, info: InstanceInfo) -> str:
+    """What makes `load` impossible for the registered instance `info`; "" if nothing."""
+    if min(load.num_queued, load.num_running, load.kv_used_tokens, load.kv_capacity_tokens) < 0 \
+            or load.queue_time_s < 0 or load.period_s <= 0:
+        return "negative counts or times"
+    if load.node != info.node:
+        return f"telemetry from node {load.node!r}, registered on node {info.node!r}"
+    if load.is_accepting and load.not_accepting_reason:
+        return f"accepting work, yet not accepting because {load.not_accepting_reason!r}"
+    return ""

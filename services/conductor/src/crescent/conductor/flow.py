@@ -107,6 +107,8 @@ class _DecodeSide:
     instance_id: str = ""
     attempt: int = 0
     is_finished: bool = False  # decode released the room itself
+    predicted_tbt_s: float = 0.0  # at placement, on the instance placed on
+    is_moved: bool = False  # decoding went on elsewhere: the prediction no longer applies
 
     @property
     def attempt_id(self) -> str:
@@ -198,6 +200,7 @@ class RequestFlow:
                 decode_id = outcome.decode.instance_id
                 self._scheduler.record(request, outcome)
                 decode.instance_id = decode_id
+                decode.predicted_tbt_s = outcome.decode.predicted_tbt_s
                 if await self._reserve(decode_id, decode.attempt_id, request.num_prompt_tokens, request.max_tokens):
                     break
                 self._scheduler.forget(request, outcome)
@@ -246,9 +249,12 @@ class RequestFlow:
                              decode_node=self._view.node_of("decode", decode.instance_id),
                              block_size=request.block_size, pull_from_node=prefill.transfer_source or "",
                              pull_hashes=list(prefill.transfer_hashes), timeout_s=self._timeouts.prefill_s)
+            sent_at = self._clock()
             try:
                 result = await self._while_present("prefill", prefill.instance_id, self._bus.request(
                     self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))
+                self._scheduler.on_prefilled(request, decision, result.num_cached_tokens,
+                                             self._clock() - sent_at)
                 return result.first_token
             except MOVABLE_ERRORS as exc:
                 if num_moves >= MAX_MIGRATIONS:
@@ -301,6 +307,7 @@ class RequestFlow:
             raise StreamBrokenError(f"decode {decode_id} did not acknowledge the start: {exc}") from exc
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
+        first_chunk_at, num_later_tokens = 0.0, 0
         while True:
             chunk = await self._while_present("decode", decode_id, stream.next(self._timeouts.token_gap_s))
             if chunk.seq != expected_seq:
@@ -310,8 +317,15 @@ class RequestFlow:
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
             expected_seq += 1
             progress.generated.extend(chunk.token_ids)
+            if expected_seq == 1:
+                first_chunk_at = self._clock()
+            else:
+                num_later_tokens += len(chunk.token_ids)
             if chunk.is_final:
                 decode.is_finished = True
+                if num_later_tokens and not decode.is_moved:
+                    self._scheduler.on_decoded(decode.predicted_tbt_s,
+                                               (self._clock() - first_chunk_at) / num_later_tokens)
             yield TokenEvent(chunk.token_ids, chunk.finish_reason if chunk.is_final else None)
             if chunk.is_final:
                 return
@@ -339,6 +353,7 @@ class RequestFlow:
                 await asyncio.sleep(PLACEMENT_RETRY_S)
                 excluded = lost.ids()
         decode.instance_id = choice.instance_id
+        decode.is_moved = True
         self._scheduler.move_decode(request, old_id, choice.instance_id)
 
     def _migrated(self, stage: str, request_id: str, instance_id: str, cause: Exception, num_generated: int) -> None:

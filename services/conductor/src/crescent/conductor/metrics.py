@@ -17,7 +17,22 @@ INSTANCES = Gauge("crescent_live_instances", "Live instances by role", ["role"])
 REJECTED = Counter("crescent_rejected_requests", "Requests turned away by admission, by reason", ["reason"])
 IMBALANCE = Gauge("crescent_pd_imbalance_factor", "P/D imbalance factor f_im (>1: add decode, <1: add prefill)",
                   ["model"])
-CACHE_HIT_RATE = Gauge("crescent_cache_hit_rate", "Share of prompt tokens scheduled onto a cached prefix")
-REPLICATIONS = Counter("crescent_replication_orders", "Hot-spot replication orders sent, by outcome", ["outcome"])
+CACHE_HIT_RATE = Gauge("crescent_cache_hit_rate",
+                       "Share of the prompt tokens of finished prefills that were loaded from a cache")
+PROMPT_TOKENS_PREFILLED = Counter("crescent_prefilled_prompt_tokens", "Prompt tokens of finished prefills")
+PREFIX_TOKENS = Counter("crescent_prefix_tokens",
+                        "Prompt tokens of finished prefills reused from a cache: as planned, and as loaded",
+                        ["kind"])
+REPLICATION_ORDERS = Counter("crescent_replication_orders",
+                             "Replication orders, by reason (on-demand: a planned pull, carried out by the "
+                             "prefill's store; hot-spot: sent by this conductor) and outcome "
+                             "(planned, ok, failed)", ["reason", "outcome"])
+REPLICATED_BLOCKS = Counter("crescent_replication_order_blocks",
+                            "Blocks named in replication orders (on-demand: planned; hot-spot: copied)", ["reason"])
 MIGRATIONS = Counter("crescent_request_migrations", "Requests moved to another instance, by stage and cause",
                      ["stage", "cause"])
+PREDICTION_ERROR = Histogram("crescent_prediction_abs_error_ratio",
+                             "|predicted − measured| / measured, per request: ttft (placement to first "
+                             "token against T_transfer + T_queue + T_prefill) and tbt (mean time between "
+                             "tokens against the TBT predicted at placement)", ["kind"],
+                             buckets=(0.05, 0.1, 0.15, 0.25, 0.4, 0.6, 1, 2, 5, 10))

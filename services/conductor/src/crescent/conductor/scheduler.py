@@ -2,7 +2,8 @@
 requests in flight, the learned decode time, and the loop plan → policy(state) → record.
 
 The policy decides; this module only builds its inputs (a ClusterSnapshot at `now`) and
-records the consequences (hits, assignments, in-flight requests, observed decode times).
+records the consequences (block hits, assignments, in-flight requests, observed decode times,
+the prefix tokens each prefill really loaded).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from crescent.common.errors import ConfigError
 from crescent.common.etcd import MirrorEvent
 from crescent.common.hashing import block_hashes
+from crescent.conductor import metrics
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.policy import (
     BandwidthTable,
@@ -34,6 +36,7 @@ from crescent.conductor.policy import (
     Slo,
     make_policy,
 )
+from crescent.conductor.policy.eligibility import is_usable
 from crescent.conductor.policy.imbalance import imbalance_factor, slo_load
 from crescent.conductor.policy.replication import HotSpotConfig, hot_spot_orders, rank_target_nodes
 from crescent.conductor.settings import ConductorSettings
@@ -124,11 +127,29 @@ class Scheduler:
         self.inflight.pop(request.request_id, None)
 
     def _assign(self, request: ScheduleRequest, decision: Decision, sign: int) -> None:
-        self.num_prompt_tokens += sign * request.num_prompt_tokens
-        self.num_hit_tokens += sign * decision.prefill.prefix_tokens
         self.view.note_assignment("prefill", decision.prefill.instance_id, sign * request.num_prompt_tokens,
                                   sign * decision.prefill.prefill_s, sign)
         self.view.note_assignment("decode", decision.decode.instance_id, sign * request.num_kv_tokens, 0.0, sign)
+
+    def on_prefilled(self, request: ScheduleRequest, decision: Decision, num_cached_tokens: int,
+                     measured_s: float) -> None:
+        """A prefill finished `measured_s` after it was placed, having reused `num_cached_tokens`
+        of the prompt: the cache hit rate counts what was really loaded, not what the plan
+        expected, and the TTFT prediction is checked against what happened."""
+        observe_error("ttft", decision.prefill.predicted_ttft_s, measured_s)
+        self.num_prompt_tokens += request.num_prompt_tokens
+        self.num_hit_tokens += num_cached_tokens
+        metrics.PROMPT_TOKENS_PREFILLED.inc(request.num_prompt_tokens)
+        metrics.PREFIX_TOKENS.labels("planned").inc(decision.prefill.prefix_tokens)
+        metrics.PREFIX_TOKENS.labels("loaded").inc(num_cached_tokens)
+        for order in decision.replication:
+            metrics.REPLICATION_ORDERS.labels(order.reason.value, "planned").inc()
+            metrics.REPLICATED_BLOCKS.labels(order.reason.value).inc(len(order.hashes))
+
+    def on_decoded(self, predicted_tbt_s: float, measured_tbt_s: float) -> None:
+        """A request's stream ended on the decode instance it was placed on: check the TBT
+        predicted at placement against its mean time between tokens."""
+        observe_error("tbt", predicted_tbt_s, measured_tbt_s)
 
     def move_decode(self, request: ScheduleRequest, old_decode_id: str, new_decode_id: str) -> None:
         """The request now decodes on `new_decode_id`."""
@@ -156,14 +177,22 @@ class Scheduler:
         return [o for o in orders if all(self.model_of_block.get(h) == model for h in o.hashes)]
 
     def imbalance(self, model: str) -> float | None:
-        """f_im from each live instance's current SLO load (None until both sides exist)."""
+        """f_im from each usable instance's current SLO load (None until both sides exist)."""
         now = self.clock()
         prefill = [slo_load(s.queue_time_s, self.settings.ttft_slo_s)
-                   for s in self.view.snapshot("prefill", model, now)]
-        decode = [slo_load(self.policy.predictors.decode_step_s(s.num_running, s.num_context_tokens),
-                           self.settings.tbt_slo_s) for s in self.view.snapshot("decode", model, now)]
+                   for s in self.view.snapshot("prefill", model, now) if is_usable(s)]
+        step_s = self.policy.predictors.decode_step_s
+        decode = [slo_load(step_s(s.num_running, s.num_context_tokens), self.settings.tbt_slo_s)
+                  for s in self.view.snapshot("decode", model, now) if is_usable(s)]
         return imbalance_factor(prefill, decode) if prefill and decode else None
 
     @property
     def cache_hit_rate(self) -> float:
+        """Share of the prompt tokens of finished prefills that were loaded, not computed."""
         return self.num_hit_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
+
+
+def observe_error(kind: str, predicted_s: float, measured_s: float) -> None:
+    """Record |predicted − measured| / measured (nothing for an instant measurement)."""
+    if measured_s > 0:
+        metrics.PREDICTION_ERROR.labels(kind).observe(abs(predicted_s - measured_s) / measured_s)

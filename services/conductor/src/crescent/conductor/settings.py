@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from crescent.common.config import CommonSettings, setting
 from crescent.common.errors import ConfigError
@@ -36,6 +37,14 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     seed: int = setting(0, "seed of the random baseline policy")
     tokenizer: str = setting("", "checkpoint directory whose tokenizer.json the served model uses "
                                  "(empty: the emulated engine's byte tokenizer)")
+    served_model_name: str = setting("", "the model this cluster serves, recorded in the cluster config "
+                                         "(empty: the --tokenizer directory's name; no tokenizer: any model)")
+
+    @property
+    def model_name(self) -> str:
+        if self.served_model_name or not self.tokenizer:
+            return self.served_model_name
+        return Path(self.tokenizer).name
 
     def validate(self) -> None:
         super().validate()

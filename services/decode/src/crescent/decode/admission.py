@@ -1,4 +1,5 @@
-"""Local admission of a decode instance: KV room in tokens, held from reserve to finish.
+"""Local admission of a decode instance: KV room in tokens, held from reserve to finish, and
+the predicted time between tokens once a request has joined the batch, against the TBT SLO.
 
 A reservation that is never started (its conductor died between reserve and start) expires,
 so a crashed caller cannot leak this instance's capacity.
@@ -6,21 +7,38 @@ so a crashed caller cannot leak this instance's capacity.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+class _Reserved(NamedTuple):
+    num_tokens: int  # prompt + max output: the KV room held
+    expires_at: float
+    num_prompt_tokens: int  # the context it brings to the batch when it starts
 
 
 @dataclass
 class KvLedger:
     capacity_tokens: int
-    reserved: dict[str, tuple[int, float]] = field(default_factory=dict)  # id → (tokens, expires_at)
+    reserved: dict[str, _Reserved] = field(default_factory=dict)
     active: dict[str, int] = field(default_factory=dict)  # id → tokens
 
     @property
     def used_tokens(self) -> int:
-        return sum(t for t, _ in self.reserved.values()) + sum(self.active.values())
+        return sum(r.num_tokens for r in self.reserved.values()) + sum(self.active.values())
+
+    @property
+    def is_full(self) -> bool:
+        """No room left for even a one-token request."""
+        return self.used_tokens >= self.capacity_tokens
+
+    @property
+    def num_reserved_prompt_tokens(self) -> int:
+        return sum(r.num_prompt_tokens for r in self.reserved.values())
 
     def expire(self, now: float) -> list[str]:
-        expired = [rid for rid, (_, expires_at) in self.reserved.items() if expires_at <= now]
+        expired = [rid for rid, held in self.reserved.items() if held.expires_at <= now]
         for rid in expired:
             del self.reserved[rid]
         return expired
@@ -29,8 +47,9 @@ class KvLedger:
         self.expire(now)
         return self.used_tokens + num_tokens <= self.capacity_tokens
 
-    def reserve(self, request_id: str, num_tokens: int, expires_at: float) -> None:
-        self.reserved[request_id] = (num_tokens, expires_at)
+    def reserve(self, request_id: str, num_tokens: int, expires_at: float,
+                num_prompt_tokens: int = 0) -> None:
+        self.reserved[request_id] = _Reserved(num_tokens, expires_at, num_prompt_tokens)
 
     def activate(self, request_id: str, num_tokens: int, now: float) -> bool:
         """Turn a reservation into a running request; without one (it expired), admit only if
@@ -47,3 +66,16 @@ class KvLedger:
     def release(self, request_id: str) -> None:
         self.reserved.pop(request_id, None)
         self.active.pop(request_id, None)
+
+
+@dataclass(frozen=True)
+class TbtCheck:
+    """Would one more request push this instance's step time past the TBT SLO? The batch it
+    joins is the running one plus every reservation not yet started (they join first)."""
+
+    step_s: Callable[[int, int], float]  # (batch size, total context tokens) → seconds per step
+
+    def predicted_tbt_s(self, num_running: int, num_context_tokens: int, ledger: KvLedger,
+                        num_prompt_tokens: int) -> float:
+        return self.step_s(num_running + len(ledger.reserved) + 1,
+                           num_context_tokens + ledger.num_reserved_prompt_tokens + num_prompt_tokens)

@@ -1,4 +1,8 @@
-"""Decode worker: reserve → start → stream tokens on tokens.<request_id> → release."""
+"""Decode worker: reserve → start → stream tokens on tokens.<request_id> → release.
+
+A reservation is admitted locally when the KV room is there and, once a conductor has written
+the cluster config, when the predicted time between tokens with the request added stays within
+the cluster's TBT SLO (the prediction uses this engine's cost model)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from crescent.common.cluster_config import ConfigFollower
 from crescent.common.config import setting
 from crescent.common.errors import ConfigError, RecoverableError
 from crescent.common.messages import (
@@ -22,7 +27,7 @@ from crescent.common.messages import (
 from crescent.common.service import Runtime
 from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
-from crescent.decode.admission import KvLedger
+from crescent.decode.admission import KvLedger, TbtCheck
 from crescent.engine.base import FINISH_ABORT
 from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
@@ -57,6 +62,8 @@ class DecodeWorker:
         self.settings = settings
         self.engine = build_engine(settings, self.role)
         self.ledger = KvLedger(settings.kv_capacity_tokens or EMULATED_KV_CAPACITY_TOKENS)
+        self.tbt = TbtCheck(settings.cost_model().decode_step_s)
+        self.cluster_config: ConfigFollower | None = None  # its TBT SLO gates admission
         self._generations: dict[str, asyncio.Task] = {}
         self._cancelled: dict[str, float] = {}  # request id → until when a late start is refused
         self.recent_tbt = Ewma()  # measured time between tokens of running requests
@@ -65,6 +72,11 @@ class DecodeWorker:
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
         subjects, instance_id = runtime.subjects, runtime.instance_id
+        self.cluster_config = ConfigFollower(runtime.etcd, runtime.keys, f"decode {instance_id}",
+                                             {"model": self.settings.model_name,
+                                              "block_size": self.settings.block_size})
+        await self.cluster_config.start()
+        runtime.tasks.spawn("cluster-config", self.cluster_config.run())
         if self.is_vllm:
             await self.engine.start()
             self.ledger.capacity_tokens = min(self.settings.kv_capacity_tokens or self.engine.kv_capacity_tokens,
@@ -111,7 +123,14 @@ class DecodeWorker:
                             num_queued=num_queued, num_running=self.engine.num_running,
                             kv_used_tokens=kv_used, kv_capacity_tokens=self.ledger.capacity_tokens,
                             num_context_tokens=self.engine.num_context_tokens,
-                            recent_tbt_s=self.recent_tbt.value)
+                            recent_tbt_s=self.recent_tbt.value, is_accepting=not self.ledger.is_full,
+                            not_accepting_reason="full" if self.ledger.is_full else "")
+
+    @property
+    def tbt_slo_s(self) -> float | None:
+        """The cluster's TBT SLO; None until a conductor has written the cluster config."""
+        config = self.cluster_config.config if self.cluster_config is not None else None
+        return config.tbt_slo_s if config is not None else None
 
     async def reserve(self, reservation: Reservation) -> ReservationReply:
         need = reservation.num_prompt_tokens + reservation.max_tokens
@@ -123,7 +142,16 @@ class DecodeWorker:
             return ReservationReply(request_id=reservation.request_id, accepted=False,
                                     reason=f"no KV room: {self.ledger.used_tokens} of "
                                            f"{self.ledger.capacity_tokens} tokens in use")
-        self.ledger.reserve(reservation.request_id, need, now + reservation.ttl_s)
+        slo_s = self.tbt_slo_s
+        if slo_s is not None:
+            tbt_s = self.tbt.predicted_tbt_s(self.engine.num_running, self.engine.num_context_tokens,
+                                             self.ledger, reservation.num_prompt_tokens)
+            if tbt_s > slo_s:
+                return ReservationReply(request_id=reservation.request_id, accepted=False,
+                                        reason=f"predicted TBT {tbt_s:.4g} s with this request exceeds "
+                                               f"the TBT SLO of {slo_s:g} s")
+        self.ledger.reserve(reservation.request_id, need, now + reservation.ttl_s,
+                            reservation.num_prompt_tokens)
         return ReservationReply(request_id=reservation.request_id, accepted=True)
 
     async def start_request(self, start: DecodeStart) -> Ack:

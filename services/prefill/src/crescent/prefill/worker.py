@@ -1,7 +1,9 @@
 """Prefill worker: a FIFO of jobs in front of one engine.
 
 The queue's predicted drain time is what the conductor needs to estimate T_queue, so the
-worker keeps each queued job's predicted prefill time and publishes their sum.
+worker keeps each queued job's predicted prefill time and publishes their sum. A job's
+prediction counts the prefix its node's store holds once the planned pull is done (until then,
+the whole prompt).
 
 The FIFO turn covers compute only: the etcd lookup of the decode node, the planned prefix pull
 and (emulated engine) the store lookup happen while the job waits for its turn, and the saves
@@ -18,17 +20,34 @@ import asyncio
 import logging
 import time
 
+from crescent.common.cluster_config import ConfigFollower
 from crescent.common.codec import decode
 from crescent.common.errors import FatalError, MessageError, RecoverableError
-from crescent.common.messages import Ack, InstanceInfo, InstanceLoad, PrefillCancel, PrefillJob, PrefillResult
+from crescent.common.hashing import block_hashes
+from crescent.common.messages import (
+    Ack,
+    InstanceInfo,
+    InstanceLoad,
+    PrefillCancel,
+    PrefillJob,
+    PrefillResult,
+)
 from crescent.common.service import Runtime
-from crescent.common.store_messages import PinBlocks, PinnedBlocks, ReplicateBlocks, ReplicateReply
+from crescent.common.store_messages import (
+    REPLICATE_ON_DEMAND,
+    LookupBlocks,
+    LookupReply,
+    PinBlocks,
+    PinnedBlocks,
+    ReplicateBlocks,
+    ReplicateReply,
+)
 from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
 from crescent.engine.emulated_kv import EmulatedKv
 from crescent.engine.factory import build_engine
-from crescent.store.client import ClientConfig, StoreClient
 from crescent.engine.settings import EngineSettings
+from crescent.store.client import ClientConfig, StoreClient
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +96,10 @@ class PrefillWorker:
 
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        config = ConfigFollower(runtime.etcd, runtime.keys, f"prefill {runtime.instance_id}",
+                                {"model": self.settings.model_name, "block_size": self.settings.block_size})
+        await config.start()
+        runtime.tasks.spawn("cluster-config", config.run())
         if self.is_vllm:
             if self.settings.vllm_connector:
                 await check_store_block_bytes(runtime, self.settings.node, self.settings.model_name,
@@ -134,6 +157,9 @@ class PrefillWorker:
             raise JobRejected(f"this instance serves {self.settings.model_name!r}, not {job.model!r}")
         if not 0 < len(job.token_ids) <= self.max_model_len:
             raise JobRejected(f"prompt of {len(job.token_ids)} tokens is outside 1..{self.max_model_len}")
+        if job.block_size and job.block_size != self.settings.block_size:
+            raise JobRejected(f"the job's blocks are {job.block_size} tokens, this instance stores "
+                              f"{self.settings.block_size}-token blocks: its prefix would never be found")
         self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids))
         self._jobs[job.request_id] = asyncio.current_task()
         enqueued = time.monotonic()
@@ -143,6 +169,8 @@ class PrefillWorker:
             save_to = list(dict.fromkeys(n for n in (decode_node, self.settings.node) if n))
             await self._pull_prefix(job, self._remote_timeout_s(deadline))
             plan = None if self.is_vllm else await self.engine.plan(job.token_ids)
+            num_cached = plan.num_cached if plan is not None else await self._stored_prefix_tokens(job, self._remote_timeout_s(deadline))
+            self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids), num_cached)
             with tracer().start_as_current_span("prefill.queue") as queue_span:
                 queue_span.set_attribute("crescent.request_id", job.request_id)
                 await self._turn.acquire()
@@ -187,6 +215,23 @@ class PrefillWorker:
             raise JobRejected("the conductor's deadline for this job has passed")
         return min(self.settings.kv_timeout_s, remaining)
 
+    async def _stored_prefix_tokens(self, job: PrefillJob, timeout_s: float) -> int:
+        """vllm: the prompt's prefix this node's store holds now (a planned pull has landed), in
+        tokens, which the connector will load rather than compute; 0 when it cannot say."""
+        if not self.settings.vllm_connector:
+            return 0
+        block_size = self.settings.block_size
+        hashes = block_hashes(job.token_ids, block_size, self.settings.model_name)
+        if not hashes:
+            return 0
+        try:
+            reply = await self._runtime.bus.request(self._runtime.subjects.store_ctl(self.settings.node),
+                                                    LookupBlocks(model=job.model, hashes=hashes), LookupReply,
+                                                    timeout_s)
+        except RecoverableError:
+            return 0
+        return min(len(reply.tiers) * block_size, len(job.token_ids) - 1)
+
     async def _pull_prefix(self, job: PrefillJob, timeout_s: float) -> None:
         """The conductor's transfer plan: copy the prefix blocks this node lacks from the node
         that has them into this node's store, where the engine then finds them. A failed pull
@@ -196,7 +241,8 @@ class PrefillWorker:
         with tracer().start_as_current_span("prefill.load_kv") as span:
             span.set_attribute("crescent.pull_from", job.pull_from_node)
             span.set_attribute("crescent.num_blocks", len(job.pull_hashes))
-            request = ReplicateBlocks(model=job.model, hashes=job.pull_hashes, source_node=job.pull_from_node)
+            request = ReplicateBlocks(model=job.model, hashes=job.pull_hashes, source_node=job.pull_from_node,
+                                      reason=REPLICATE_ON_DEMAND)
             try:
                 await self._runtime.bus.request(self._runtime.subjects.store_ctl(self.settings.node), request,
                                                 ReplicateReply, timeout_s)

@@ -19,7 +19,6 @@ from crescent.common.etcd import MirrorEvent, PrefixMirror
 from crescent.common.hashing import HASH_BYTES
 from crescent.common.messages import InstanceInfo, InstanceLoad, StoreStats, StoreStatsRequest
 from crescent.common.service import Runtime
-from crescent.common.telemetry import Ewma
 from crescent.common.store_messages import (
     AbortBlocks,
     AllocBlocks,
@@ -38,12 +37,21 @@ from crescent.common.store_messages import (
     StoreRequest,
     UnpinBlocks,
 )
+from crescent.common.telemetry import Ewma
+from crescent.store import metrics
 from crescent.store.directory import SegmentDirectory, encode_segments
 from crescent.store.metadata import MetadataWriter
 from crescent.store.pool import BlockKey, BlockPool, Plan, PoolError, PoolFullError, Tier
 from crescent.store.settings import StoreSettings
 from crescent.store.ssd import SsdTier
-from crescent.transfer import Op, ShmSegment, TransferConfig, TransferEngine, TransferEntry, sweep_orphans
+from crescent.transfer import (
+    Op,
+    ShmSegment,
+    TransferConfig,
+    TransferEngine,
+    TransferEntry,
+    sweep_orphans,
+)
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +185,7 @@ class StoreDaemon:
             try:
                 for key in keys:
                     if key in self.pool.blocks:
+                        self.pool.touch(key)  # written again by someone: a use, for LRU
                         existing.append(key[1])
                         continue
                     plan = self.pool.allocate(key, time.monotonic(), request.ttl_s)
@@ -255,9 +264,21 @@ class StoreDaemon:
         return EvictReply(evicted=evicted, kept=kept)
 
     async def replicate(self, request: ReplicateBlocks) -> ReplicateReply:
+        """Pull the blocks this node lacks from `source_node`; counted by reason and outcome."""
         _keys(request.model, request.hashes)
         if request.source_node == self.settings.node:
             raise BadBlockRequest("replicate from this node to itself")
+        try:
+            reply = await self._pull(request)
+        except BaseException:
+            metrics.REPLICATIONS.labels(request.reason, "failed").inc()
+            raise
+        metrics.REPLICATIONS.labels(request.reason, "ok").inc()
+        if reply.num_copied:
+            metrics.REPLICATED_BLOCKS.labels(request.reason, request.source_node).inc(reply.num_copied)
+        return reply
+
+    async def _pull(self, request: ReplicateBlocks) -> ReplicateReply:
         missing = [h for h in request.hashes if (request.model, h) not in self.pool.blocks]
         if not missing:
             return ReplicateReply(num_copied=0, num_present=len(request.hashes))

@@ -92,6 +92,7 @@ class BlockPool:
         return block if block is not None and block.state is State.READY else None
 
     def touch(self, key: BlockKey) -> None:
+        """A use of the block (if ready): it becomes the most recently used of its tier."""
         block = self.get(key)
         if block is not None:
             self._lru[block.tier].move_to_end(key)
@@ -213,11 +214,14 @@ class BlockPool:
         self._free[block.tier].append(block.slot)
 
     def longest_prefix(self, keys: list[BlockKey]) -> list[Block]:
-        """The ready blocks of the longest prefix of `keys` held here, in order."""
+        """The ready blocks of the longest prefix of `keys` held here, in order. Finding a block
+        is a use of it: each found block becomes the most recently used of its tier, so a hot
+        prefix is the last to be evicted, not the first (it was inserted early)."""
         found = []
         for key in keys:
             block = self.get(key)
             if block is None:
                 break
+            self._lru[block.tier].move_to_end(key)
             found.append(block)
         return found

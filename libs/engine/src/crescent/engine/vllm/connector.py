@@ -1,18 +1,17 @@
 """CrescentConnector: vLLM's KV connector (KVConnectorBase_V1) backed by Crescent's stores.
 
 Scheduler side (engine-core thread): `get_num_new_matched_tokens` asks this node's store how
-many leading blocks of the prompt it holds; when another node holds more (cluster block index)
-and remote loads are on, the load is asynchronous: the blocks are replicated into this node's
-store over the data plane, then copied into vLLM's paged KV while the request waits. The plan
-of each step (what to load, which new full blocks to save where) travels to the worker side
-in CrescentMetadata.
+many leading blocks of the prompt it holds. It never asks another node: the conductor decides
+where a prefix comes from, and a prefix it planned to pull is in this node's store before the
+request reaches vLLM. The plan of each step (what to load, which new full blocks to save
+where) travels to the worker side in CrescentMetadata.
 
-Worker side (same process, inside the forward pass): sync loads pin their blocks once and read
+Worker side (same process, inside the forward pass): loads pin their blocks once and read
 them layer by layer on the bridge loop, so `wait_for_layer_load(i)` waits only for layer i;
 `save_kv_layer(i)` hands layer i of every newly completed block to the bridge, which writes it
 into each target store (the decode node's and this node's) while layer i+1 computes;
 `wait_for_save` waits for the writes and commits. A block that is missing or fails is reported
-to vLLM (invalid block ids / failed receive) and recomputed; a failed save only means the
+to vLLM (invalid block ids) and recomputed; a failed save only means the
 block is not stored. Every wait has a deadline.
 
 Store block layout: layer-major, `k = block_size / vllm_block_size` vLLM blocks per layer
@@ -27,14 +26,19 @@ import torch
 from crescent.common.tracing import setup_tracing
 from crescent.engine.kv_store import BlockOps, BridgeConfig, StoreBridge
 from crescent.engine.vllm.events import EventLog
-from crescent.engine.vllm.plan import PARAM_LOAD, PARAM_SAVE_TO, PARAM_TRACE, ConnectorConfig, CrescentMetadata
+from crescent.engine.vllm.plan import (
+    PARAM_LOAD,
+    PARAM_SAVE_TO,
+    PARAM_TRACE,
+    ConnectorConfig,
+    CrescentMetadata,
+)
 from crescent.engine.vllm.scheduler_side import SchedulerSide
 from crescent.engine.vllm.worker_side import WorkerSide
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
-    KVConnectorTransferResults,
 )
 
 if TYPE_CHECKING:
@@ -43,7 +47,6 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
-    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 __all__ = ["PARAM_LOAD", "PARAM_SAVE_TO", "PARAM_TRACE", "CrescentConnector", "CrescentMetadata"]
@@ -90,13 +93,10 @@ class CrescentConnector(KVConnectorBase_V1):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self._scheduler.build_meta(scheduler_output)
 
-    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
-        self._scheduler.loads_done(connector_output.finished_recving or set())
-
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        """Saves finish inside their step, so blocks may be freed now, except under a remote
-        fetch still in flight: those wait until the worker says the fetch is over."""
-        return self._scheduler.forget(request.request_id), None
+        """Loads and saves finish inside their step, so the blocks may be freed now."""
+        self._scheduler.forget(request.request_id)
+        return False, None
 
     # worker side ---------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -117,9 +117,6 @@ class CrescentConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         self._worker.finish_saves()
-
-    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        return self._worker.transfer_results(finished_req_ids)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_invalid_block_ids()

@@ -13,12 +13,12 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from crescent.common import tracing
 from crescent.common.errors import ConfigError, RecoverableError
 from crescent.common.messages import SamplingParams as CrescentSampling
 from crescent.engine.base import FINISH_ABORT, DecodeStep, PrefillOutput
 from crescent.engine.checkpoint import Checkpoint, inspect_checkpoint
 from crescent.engine.settings import EngineSettings
-from crescent.common import tracing
 from crescent.engine.vllm.connector import PARAM_LOAD, PARAM_SAVE_TO, PARAM_TRACE
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class StoreEndpoints:
 def connector_extra_config(settings: EngineSettings, role: str, endpoints: StoreEndpoints) -> dict:
     return {"nats_url": endpoints.nats_url, "etcd_url": endpoints.etcd_url, "cluster": endpoints.cluster,
             "node": endpoints.node, "model": settings.model_name, "block_size": settings.block_size,
-            "role": role, "remote_loads": role == "prefill", "timeout_s": settings.kv_timeout_s,
+            "role": role, "timeout_s": settings.kv_timeout_s,
             "event_log": settings.kv_event_log, "fault": settings.kv_fault,
             "use_mapping": settings.kv_use_mapping}
 

@@ -24,7 +24,6 @@ class ConnectorConfig:
     model: str
     block_size: int
     role: str = "prefill"
-    remote_loads: bool = True
     timeout_s: float = 10.0
     event_log: str = ""
     use_mapping: bool = True
@@ -38,13 +37,13 @@ class ConnectorConfig:
 
 @dataclass
 class LoadSpec:
-    """Fill vLLM blocks from store blocks `first_block …` of a request's prompt."""
+    """Fill vLLM blocks from store blocks `first_block …` of a request's prompt, read from this
+    node's store."""
 
     request_id: str
     hashes: list[bytes]  # store blocks first_block … last, in order
     first_block: int
     fills: list[tuple[int, int, int]]  # (index into hashes, sub-block within it, vLLM block id)
-    source: str = ""  # async: the node to replicate from first; "" = this node's store, sync
     trace: dict[str, str] = field(default_factory=dict)  # the request's trace context, for spans
 
 

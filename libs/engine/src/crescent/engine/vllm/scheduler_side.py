@@ -1,6 +1,10 @@
-"""The scheduler side of CrescentConnector: per request, how many prompt tokens the store
-supplies (this node's store, or another node's, replicated here asynchronously); per step, which
-loads to run and which newly completed full blocks to save where."""
+"""The scheduler side of CrescentConnector: per request, how many prompt tokens this node's store
+supplies; per step, which loads to run and which newly completed full blocks to save where.
+
+It never looks at another node's store: where a prefix comes from is the conductor's plan
+(DESIGN §7), and a planned pull has already copied the prefix into this node's store before the
+request reaches vLLM (the prefill worker's `_pull_prefix`). So what this node's store holds is
+exactly what the request reuses; everything else is computed."""
 
 from __future__ import annotations
 
@@ -31,7 +35,6 @@ log = logging.getLogger(__name__)
 class _Lookup:
     num_computed: int
     num_tokens: int
-    source: str
 
 
 @dataclass
@@ -48,55 +51,50 @@ def _trace(request: Request) -> dict[str, str]:
 
 
 class SchedulerSide:
-    """Decides per request how much the store supplies and, per step, what to save."""
+    """Finds per request how much of its prompt this node's store holds and, per step, what to
+    load and what to save."""
 
     def __init__(self, connector: CrescentConnector) -> None:
         self.c = connector
         self._lookups: dict[str, _Lookup] = {}
         self._tracked: dict[str, _Tracked] = {}
         self._pending_loads: list[LoadSpec] = []
-        self._fetching: set[str] = set()  # requests with a remote fetch in flight
 
     def _hashes(self, request: Request) -> list[bytes]:
         return block_hashes(list(request.prompt_token_ids or []), self.c.config.block_size, self.c.config.model)
 
     def num_new_matched_tokens(self, request: Request, num_computed: int) -> tuple[int | None, bool]:
+        """Prompt tokens past `num_computed` that this node's store holds, loaded synchronously
+        (the second value, vLLM's "load asynchronously", is always False)."""
         params = request.kv_transfer_params or {}
         if not params.get(PARAM_LOAD, True):
             return 0, False
         cached = self._lookups.get(request.request_id)
         if cached is not None and cached.num_computed == num_computed:
-            return cached.num_tokens, bool(cached.source)
+            return cached.num_tokens, False
         prompt = list(request.prompt_token_ids or [])
         vbs, bs = self.c.vllm_block_size, self.c.config.block_size
         limit = (len(prompt) - 1) // vbs * vbs  # the last prompt token is always computed
         hashes = self._hashes(request)[:(limit + bs - 1) // bs]
-        lookup = _Lookup(num_computed, 0, "")
+        lookup = _Lookup(num_computed, 0)
         if hashes and limit > num_computed:
             try:
                 local = self.c.bridge.call(self.c.ops.lookup(self.c.config.node, hashes))
                 lookup.num_tokens = max(0, min(local * bs, limit) - num_computed)
                 if self.c.config.fault == "evict_after_lookup" and local >= 2:
                     self.c.bridge.call(self.c.ops.evict(self.c.config.node, hashes[1:2]))
-                if self.c.config.remote_loads and local < len(hashes):
-                    source, remote = self.c.bridge.call(self.c.ops.best_remote(self.c.config.node, hashes))
-                    remote_tokens = min(remote * bs, limit) - num_computed
-                    if remote_tokens > lookup.num_tokens:
-                        lookup = _Lookup(num_computed, remote_tokens, source)
             except KvStoreError as exc:
                 log.warning("store lookup failed; computing the whole prompt",
                             extra={"request_id": request.request_id, "error": str(exc)})
         self._lookups[request.request_id] = lookup
-        return lookup.num_tokens, bool(lookup.source)
+        return lookup.num_tokens, False
 
     def after_alloc(self, request: Request, block_ids: list[int], num_external: int) -> None:
         request_id = request.request_id
         lookup = self._lookups.pop(request_id, None)
         if num_external > 0 and lookup is not None:
-            if lookup.source:
-                self._fetching.add(request_id)
             self._pending_loads.append(self._load_spec(request, block_ids, lookup.num_computed,
-                                                       lookup.num_computed + num_external, lookup.source))
+                                                       lookup.num_computed + num_external))
         tracked = self._tracked.get(request_id)
         if tracked is not None:
             tracked.block_ids = block_ids
@@ -105,12 +103,12 @@ class SchedulerSide:
         if save_to:
             self._tracked[request_id] = _Tracked(self._hashes(request), block_ids, save_to, _trace(request))
 
-    def _load_spec(self, request: Request, block_ids: list[int], start: int, end: int, source: str) -> LoadSpec:
+    def _load_spec(self, request: Request, block_ids: list[int], start: int, end: int) -> LoadSpec:
         vbs, k = self.c.vllm_block_size, self.c.k
         first_block, last_block = start // (vbs * k), (end - 1) // (vbs * k)
         hashes = self._hashes(request)[first_block:last_block + 1]
         fills = [((v // k) - first_block, v % k, block_ids[v]) for v in range(start // vbs, end // vbs)]
-        return LoadSpec(request.request_id, hashes, first_block, fills, source, _trace(request))
+        return LoadSpec(request.request_id, hashes, first_block, fills, _trace(request))
 
     def build_meta(self, output: SchedulerOutput) -> CrescentMetadata:
         meta = CrescentMetadata(loads=self._pending_loads)
@@ -145,11 +143,7 @@ class SchedulerSide:
                                    tracked.trace))
         tracked.num_planned = last
 
-    def loads_done(self, request_ids: set[str]) -> None:
-        self._fetching -= request_ids
-
-    def forget(self, request_id: str) -> bool:
-        """Drop a finished request; True while its remote fetch is still in flight."""
+    def forget(self, request_id: str) -> None:
+        """Drop a finished request: its loads and saves end inside the step that ran them."""
         self._lookups.pop(request_id, None)
         self._tracked.pop(request_id, None)
-        return request_id in self._fetching

@@ -1,8 +1,8 @@
-"""The worker side of CrescentConnector, inside the forward pass: sync loads pinned once and
-read layer by layer ahead of the model; each finished layer of new full blocks written to every
-target store (in place when the store is on this host, over the data plane otherwise); commits
-at the end of the step; remote fetches finished between steps. Failures become invalid blocks
-or failed receives, which vLLM recomputes."""
+"""The worker side of CrescentConnector, inside the forward pass: loads from this node's store
+pinned once and read layer by layer ahead of the model; each finished layer of new full blocks
+written to every target store (in place when the store is on this host, over the data plane
+otherwise); commits at the end of the step. A block that fails to load becomes an invalid
+block, which vLLM recomputes."""
 
 from __future__ import annotations
 
@@ -17,10 +17,7 @@ import torch
 from crescent.common.tracing import extract_headers
 from crescent.engine.kv_store import KvStoreError
 from crescent.engine.vllm.plan import CrescentMetadata, LoadSpec, SaveSpec
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorMetadata,
-    KVConnectorTransferResults,
-)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 if TYPE_CHECKING:
     from crescent.engine.vllm.connector import CrescentConnector
@@ -40,7 +37,7 @@ def _layer_order(names: list[str]) -> list[str]:
 
 
 class _LoadJob:
-    """One request's sync load this step: pinned once, read layer by layer on the bridge."""
+    """One request's load this step: pinned once, read layer by layer on the bridge."""
 
     def __init__(self, spec: LoadSpec, num_layers: int, layer_bytes: int) -> None:
         self.spec = spec
@@ -69,8 +66,6 @@ class WorkerSide:
         self._step = 0
         self._loads: list[_LoadJob] = []
         self._saves: list[_SaveJob] = []
-        self._async: dict[str, tuple[LoadSpec, Any]] = {}  # request → (spec, future of buffers)
-        self._ended: set[str] = set()  # requests that finished while their fetch was in flight
         self._invalid: set[int] = set()
         self._failed_requests: set[str] = set()  # requests whose load failed this step: saves skipped
 
@@ -108,12 +103,9 @@ class WorkerSide:
                 job.slots[target] = self.c.bridge.submit(self.c.ops.alloc(target, spec.hashes))
             self._saves.append(job)
         for spec in meta.loads:
-            if spec.source:
-                self._async[spec.request_id] = (spec, self.c.bridge.submit(self._fetch_remote(spec)))
-            else:
-                job = _LoadJob(spec, len(self.kv), self.layer_bytes)
-                self.c.bridge.submit(self._read_layers(job))
-                self._loads.append(job)
+            job = _LoadJob(spec, len(self.kv), self.layer_bytes)
+            self.c.bridge.submit(self._read_layers(job))
+            self._loads.append(job)
 
     def start_loads(self) -> None:
         """Loads already started in begin_step (as soon as the plan was bound)."""
@@ -173,53 +165,6 @@ class WorkerSide:
                 self.c.events.write("load", request=spec.request_id, step=self._step, num_blocks=len(spec.hashes),
                                     num_loaded=min(usable, len(spec.hashes)), num_vllm_blocks=len(good),
                                     error=repr(job.error) if job.error else None)
-
-    async def _fetch_remote(self, spec: LoadSpec) -> tuple[int, list[torch.Tensor]]:
-        """Replicate from `spec.source` into this node's store, then read every layer."""
-        node = self.c.config.node
-        with self.c.tracer.start_as_current_span("kv.transfer", context=extract_headers(spec.trace)) as span:
-            span.set_attribute("crescent.source", spec.source)
-            span.set_attribute("crescent.num_blocks", len(spec.hashes))
-            await self.c.ops.replicate(spec.source, node, spec.hashes)
-        job = _LoadJob(spec, len(self.kv), self.layer_bytes)
-        await self._read_layers(job)
-        if job.error is not None:
-            raise job.error
-        return job.num_pinned, job.buffers
-
-    def transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        """Finished remote fetches: copied into their blocks (finished_recving), or, for a
-        request that ended meanwhile, only reported so vLLM may free its blocks
-        (finished_sending, as request_finished returned True for it)."""
-        results = KVConnectorTransferResults()
-        self._ended |= finished_req_ids & self._async.keys()
-        for request_id, (spec, future) in list(self._async.items()):
-            if not future.done():
-                continue
-            del self._async[request_id]
-            if request_id in self._ended:
-                self._ended.discard(request_id)
-                results.finished_sending.add(request_id)
-                continue
-            results.finished_recving.add(request_id)
-            try:
-                num_read, buffers = future.result()
-            except Exception as exc:
-                log.warning("remote prefix fetch failed; recomputing",
-                            extra={"request_id": request_id, "source": spec.source, "error": repr(exc)})
-                self.c.events.write("load", request=request_id, source=spec.source, num_blocks=len(spec.hashes),
-                                    num_loaded=0, error=repr(exc))
-                results.failed_recving.add(request_id)
-                continue
-            for layer_name, layer in self.layer_index.items():
-                kv = self.kv[layer_name]
-                good = [(i * self.c.k + sub, dst) for i, sub, dst in spec.fills if i < num_read]
-                if good:
-                    self._fill(kv, buffers[layer], good)
-            self._invalid.update(dst for i, _, dst in spec.fills if i >= num_read)
-            self.c.events.write("load", request=request_id, source=spec.source, num_blocks=len(spec.hashes),
-                                num_loaded=num_read, error=None)
-        return results
 
     def take_invalid_block_ids(self) -> set[int]:
         invalid, self._invalid = self._invalid, set()

@@ -77,6 +77,9 @@ class BlockIndex:
     def num_replicas(self, block_hash: bytes) -> int:
         return len(self._holders.get(block_hash, ()))
 
+    def num_blocks_of(self, node: str) -> int:
+        return len(self._blocks.get(node, ()))
+
     def blocks_of(self, node: str) -> frozenset[bytes]:
         return frozenset(self._blocks.get(node, ()))
 

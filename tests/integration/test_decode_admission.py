@@ -1,0 +1,120 @@
+"""A decode instance's own admission, on a real process: KV room and, once the cluster config
+gives a TBT SLO, the predicted time between tokens; its telemetry says when it takes no work
+(full, draining)."""
+
+import asyncio
+import signal
+import sys
+import time
+
+import msgspec
+import pytest
+
+from crescent.cluster.processes import ManagedProcess, ProcessSpec
+from crescent.common.bus import Bus
+from crescent.common.codec import encode
+from crescent.common.errors import NoRespondersError, RequestTimeoutError
+from crescent.common.etcd import connect_etcd
+from crescent.common.messages import ClusterConfig, InstanceLoad, Reservation, ReservationReply
+from crescent.common.naming import Keys, Subjects
+
+START_TIMEOUT_S = 30
+
+
+@pytest.fixture
+async def decode(infra, cluster_name, tmp_path):
+    """Start a decode worker (emulated LLaMA2-7B timing) with the given flags; yields (bus, start)."""
+    bus = await Bus.connect(infra.nats_url, "test-admission")
+    processes = []
+
+    async def start(*flags: str) -> ManagedProcess:
+        argv = [sys.executable, "-m", "crescent.decode", "--cluster", cluster_name, "--nats-url", infra.nats_url,
+                "--etcd-url", infra.etcd_url, "--instance-id", "decode-a", "--lease-ttl-s", "2",
+                "--log-format", "text", *flags]
+        process = ManagedProcess(ProcessSpec(name="decode-a", argv=argv), tmp_path / "logs")
+        process.start()
+        processes.append(process)
+        await reserve(bus, cluster_name, "warm-up", 1, START_TIMEOUT_S, process)
+        return process
+
+    yield bus, start
+    for process in processes:
+        process.stop()
+    await bus.drain()
+
+
+async def reserve(bus: Bus, cluster: str, request_id: str, num_prompt_tokens: int, wait_s: float = 5,
+                  process: ManagedProcess | None = None) -> ReservationReply:
+    """Reserve on decode-a, waiting up to `wait_s` for it to serve."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return await bus.request(Subjects(cluster).decode_reserve("decode-a"), Reservation(
+                request_id=request_id, num_prompt_tokens=num_prompt_tokens, max_tokens=16), ReservationReply, 5)
+        except (NoRespondersError, RequestTimeoutError):
+            assert time.monotonic() < deadline, process.log_tail() if process else "decode-a not serving"
+            await asyncio.sleep(0.1)
+
+
+async def put_config(infra, cluster: str, tbt_slo_s: float) -> None:
+    etcd = await connect_etcd(infra.etcd_url)
+    try:
+        config = ClusterConfig(block_size=512, ttft_slo_s=30.0, tbt_slo_s=tbt_slo_s)
+        await etcd.put(Keys(cluster).config().encode(), encode(config))
+    finally:
+        await etcd.close()
+
+
+async def test_reservation_is_refused_when_the_predicted_tbt_exceeds_the_clusters_slo(infra, cluster_name, decode):
+    bus, start = decode
+    await start("--kv-capacity-tokens", str(1 << 24))
+    assert (await reserve(bus, cluster_name, "before-config", 4000)).accepted  # no SLO known yet
+
+    # One LLaMA2-7B step reads ~13 GB of weights: at 1.5 TB/s that is ~9 ms, over a 1 ms SLO.
+    await put_config(infra, cluster_name, tbt_slo_s=0.001)
+    deadline = time.monotonic() + 5
+    while (reply := await reserve(bus, cluster_name, f"tight-{time.monotonic_ns()}", 4000)).accepted:
+        assert time.monotonic() < deadline, "the TBT SLO never applied"
+        await asyncio.sleep(0.05)
+    assert "predicted TBT" in reply.reason and "exceeds the TBT SLO of 0.001 s" in reply.reason
+
+    await put_config(infra, cluster_name, tbt_slo_s=1.0)
+    deadline = time.monotonic() + 5
+    while not (await reserve(bus, cluster_name, f"loose-{time.monotonic_ns()}", 4000)).accepted:
+        assert time.monotonic() < deadline, "the looser TBT SLO never applied"
+        await asyncio.sleep(0.05)
+
+
+async def telemetry_until(bus: Bus, cluster: str, predicate, timeout_s: float) -> InstanceLoad:
+    found: asyncio.Queue[InstanceLoad] = asyncio.Queue()
+    await bus.subscribe(Subjects(cluster).telemetry("decode", "decode-a"), InstanceLoad, found.put_nowait)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        load = await asyncio.wait_for(found.get(), max(0.01, deadline - time.monotonic()))
+        if predicate(load):
+            return load
+
+
+async def test_a_decode_instance_with_no_kv_room_left_says_it_is_full(infra, cluster_name, decode):
+    bus, start = decode
+    await start("--kv-capacity-tokens", "200", "--emulated-time-scale", "0")
+    # The warm-up reservation holds 1 + 16 tokens; this one the other 183 (167 + 16).
+    assert (await reserve(bus, cluster_name, "fills-it", 167)).accepted
+    load = await telemetry_until(bus, cluster_name, lambda load: not load.is_accepting, 5)
+    assert load.not_accepting_reason == "full"
+
+
+async def test_a_draining_decode_instance_says_so_before_it_leaves(infra, cluster_name, decode):
+    bus, start = decode
+    process = await start("--emulated-time-scale", "0")
+    seen: list[InstanceLoad] = []
+    await bus.subscribe(Subjects(cluster_name).telemetry("decode", "decode-a"), InstanceLoad, seen.append)
+    await asyncio.sleep(0.5)
+    assert seen and all(load.is_accepting for load in seen)
+    process.signal(signal.SIGTERM)
+    assert await asyncio.to_thread(process.popen.wait, 15) == 0
+    deadline = time.monotonic() + 2  # what it sent before exiting may still be on its way here
+    while not (draining := [load for load in seen if not load.is_accepting]):
+        assert time.monotonic() < deadline, [msgspec.to_builtins(load) for load in seen[-3:]]
+        await asyncio.sleep(0.05)
+    assert draining[0].not_accepting_reason == "draining"

@@ -1,0 +1,83 @@
+"""A prefill worker's published queue time (the conductor's T_queue) counts the prefix each
+queued job will load from its node's store, not the whole prompt."""
+
+import asyncio
+import sys
+import time
+
+import pytest
+
+from crescent.cluster.processes import ManagedProcess, ProcessSpec
+from crescent.common.bus import Bus
+from crescent.common.etcd import connect_etcd
+from crescent.common.hashing import block_hashes
+from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
+from crescent.common.naming import Subjects
+from crescent.engine.settings import EngineSettings
+from crescent.store.client import ClientConfig, StoreClient
+
+MODEL = "crescent-emulated"
+BLOCK_SIZE = 512
+BLOCK_BYTES = 4096
+
+
+def start(infra, cluster: str, tmp_path, role: str, *flags: str) -> ManagedProcess:
+    argv = [sys.executable, "-m", f"crescent.{role}", "--cluster", cluster, "--nats-url", infra.nats_url,
+            "--etcd-url", infra.etcd_url, "--instance-id", f"{role}-q", "--node", "n0", "--lease-ttl-s", "2",
+            "--log-format", "text", *flags]
+    process = ManagedProcess(ProcessSpec(name=f"{role}-q", argv=argv), tmp_path / "logs")
+    process.start()
+    return process
+
+
+@pytest.fixture
+async def store_client(infra, cluster_name, tmp_path):
+    store = start(infra, cluster_name, tmp_path, "store", "--block-bytes", str(BLOCK_BYTES),
+                  "--dram-bytes", str(64 * BLOCK_BYTES))
+    bus = await Bus.connect(infra.nats_url, "test-queue")
+    etcd = await connect_etcd(infra.etcd_url)
+    client = StoreClient(bus, etcd, cluster_name, ClientConfig(node="client", timeout_s=10))
+    await client.start()
+    deadline = time.monotonic() + 20
+    while "n0" not in client.directory.nodes():
+        assert time.monotonic() < deadline and store.is_running, store.log_tail()
+        await asyncio.sleep(0.05)
+    yield bus, client
+    await client.close()
+    await bus.drain()
+    await etcd.close()
+    store.stop()
+
+
+async def test_queue_time_counts_the_prefix_the_store_holds(infra, cluster_name, tmp_path, store_client):
+    bus, client = store_client
+    cached_prompt = [7 + i % 1000 for i in range(8000)]
+    prefix = block_hashes(cached_prompt, BLOCK_SIZE, MODEL)
+    await client.put_blocks(MODEL, "n0", prefix, [bytes(BLOCK_BYTES)] * len(prefix))
+    fresh_prompt = [11 + i % 997 for i in range(8000)]
+    cost = EngineSettings().cost_model()  # the worker's: LLaMA2-7B at full emulated speed
+    expected = cost.prefill_s(8000) + cost.prefill_s(8000, len(prefix) * BLOCK_SIZE)
+    whole_prompts = cost.prefill_s(8000) * 2
+
+    prefill = start(infra, cluster_name, tmp_path, "prefill", "--block-size", str(BLOCK_SIZE))
+    loads: list[InstanceLoad] = []
+    await bus.subscribe(Subjects(cluster_name).telemetry("prefill", "prefill-q"), InstanceLoad, loads.append)
+    try:
+        deadline = time.monotonic() + 20
+        while not loads:
+            assert time.monotonic() < deadline and prefill.is_running, prefill.log_tail()
+            await asyncio.sleep(0.05)
+        subject = Subjects(cluster_name).prefill_job("prefill-q")
+        first = asyncio.create_task(bus.request(subject, PrefillJob(
+            request_id="fresh", model=MODEL, token_ids=fresh_prompt, block_size=BLOCK_SIZE), PrefillResult, 30))
+        await asyncio.sleep(0.1)  # the fresh job holds the compute turn (about 1.3 s)
+        second = await bus.request(subject, PrefillJob(
+            request_id="cached", model=MODEL, token_ids=cached_prompt, block_size=BLOCK_SIZE), PrefillResult, 30)
+        await first
+        assert second.num_cached_tokens == len(prefix) * BLOCK_SIZE
+        both_queued = [load.queue_time_s for load in loads if load.num_queued == 2]
+        assert both_queued, "no telemetry while both jobs were queued"
+        assert both_queued[-1] == pytest.approx(expected, rel=1e-6)
+        assert expected < whole_prompts * 0.6
+    finally:
+        prefill.stop()
