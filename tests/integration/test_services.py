@@ -125,6 +125,6 @@ def test_unreachable_infrastructure_exits_nonzero_with_a_clear_message(infra, cl
 
 
 def test_bad_setting_exits_with_a_message():
-    result = subprocess.run([sys.executable, "-m", "crescent.decode", "--kv-capacity-tokens", "0"],
+    result = subprocess.run([sys.executable, "-m", "crescent.decode", "--kv-capacity-tokens", "-1"],
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and "kv_capacity_tokens" in result.stderr
