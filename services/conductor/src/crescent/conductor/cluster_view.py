@@ -164,3 +164,8 @@ class ClusterView:
 
     def count_registered(self, role: str, model: str) -> int:
         return sum(1 for (r, _), s in self.instances.items() if r == role and s.info.model == model)
+
+    def engine_of(self, model: str) -> str:
+        """The engine ("vllm", "emulated") the model's prefill instances run; "" if unknown."""
+        return next((s.info.engine for (r, _), s in self.instances.items()
+                     if r == "prefill" and s.info.model == model and s.info.engine), "")

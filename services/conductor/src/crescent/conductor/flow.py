@@ -8,15 +8,26 @@ breaks the stream mid-way → the request goes on, on another decode instance, f
 plus the tokens already streamed, so the client sees one uninterrupted stream. A reply or
 chunk that may have been lost across a NATS reconnect is treated the same way. A slow instance
 (stale telemetry) is waited for: slow is not dead.
+
+Continuing from the tokens so far suits every sampling parameter the engine applies to the
+context as a whole (temperature, top-k/p, repetition penalty, logit bias; min_tokens is counted
+down). Presence and frequency penalties and grammars count only the engine's own output, and
+tokens placed in the prompt are not output; a request that uses them is *replayed* instead: its
+decode always generates from the prompt itself (the prefill's token only fills the KV), and a
+decode that takes over regenerates the tokens already streamed, which are checked and skipped.
+Replay needs the same tokens again, so such a request sampled at a temperature gets a seed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+import msgspec
 
 from crescent.common.bus import Bus, Stream
 from crescent.common.errors import (
@@ -37,6 +48,7 @@ from crescent.common.messages import (
     ReservationReply,
     SamplingParams,
     TokenChunk,
+    TokenLogprobs,
 )
 from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
@@ -79,6 +91,18 @@ class StreamBrokenError(RecoverableError):
     """The decode token stream lost a chunk or reported an error."""
 
 
+class RequestRefusedError(RecoverableError):
+    """An engine refused the request's parameters (InvalidRequestError): the client's to fix."""
+
+
+class ReplayDivergedError(RecoverableError):
+    """A decode that took over a replayed request generated other tokens than those already
+    streamed, so the stream cannot go on."""
+
+
+INVALID_REQUEST = "InvalidRequestError"  # the code of an engine's refusal (crescent.engine.base)
+
+
 MOVABLE_ERRORS = (InstanceLostError, ConnectionLostError, StreamBrokenError, NoRespondersError, RemoteError)
 """Failures after which a request is moved to another instance rather than failed."""
 
@@ -96,6 +120,8 @@ class FlowTimeouts:
 class TokenEvent:
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked for
+    prompt_logprobs: list[TokenLogprobs] | None = None  # on the first event, when asked for
 
 
 @dataclass
@@ -120,11 +146,29 @@ class _Progress:
     sampling: SamplingParams
     generated: list[int] = field(default_factory=list)
 
+    @property
+    def is_replayed(self) -> bool:
+        return self.sampling.depends_on_output
+
     def decode_start(self, attempt_id: str) -> DecodeStart:
-        """Go on from the last generated token: the prompt and all earlier output are context."""
+        """Go on from the last generated token: the prompt and all earlier output are context.
+        A replayed request starts from the prompt, its last token standing in as the first."""
+        if self.is_replayed:
+            return DecodeStart(request_id=attempt_id, token_ids=self.prompt[:-1], first_token=self.prompt[-1],
+                               max_tokens=self.max_tokens + 1,
+                               sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None))
+        sampling = msgspec.structs.replace(self.sampling, prompt_logprobs=None,
+                                           min_tokens=max(0, self.sampling.min_tokens - len(self.generated)))
         return DecodeStart(request_id=attempt_id, token_ids=self.prompt + self.generated[:-1],
                            first_token=self.generated[-1],
-                           max_tokens=self.max_tokens - len(self.generated) + 1, sampling=self.sampling)
+                           max_tokens=self.max_tokens - len(self.generated) + 1, sampling=sampling)
+
+
+def _replayable(sampling: SamplingParams) -> SamplingParams:
+    """A replayed request sampled at a temperature needs a seed to draw the same tokens again."""
+    if sampling.depends_on_output and sampling.temperature > 0 and sampling.seed is None:
+        return msgspec.structs.replace(sampling, seed=secrets.randbits(63))
+    return sampling
 
 
 class _Gone:
@@ -162,15 +206,22 @@ class RequestFlow:
                        sampling: SamplingParams) -> AsyncIterator[TokenEvent]:
         """Tokens as they come; closing the iterator early cancels the request downstream."""
         request = self._scheduler.request_for(request_id, model, token_ids, max_tokens)
-        progress = _Progress(list(token_ids), max_tokens, sampling)
+        progress = _Progress(list(token_ids), max_tokens, _replayable(sampling))
         decode = _DecodeSide(request_id)
         try:
-            first_token = await self._prefill(request, model, progress, decode)
-            progress.generated.append(first_token)
-            finish = self._finish_on_first(first_token, max_tokens, sampling)
-            yield TokenEvent([first_token], finish)
-            if finish is not None:
-                return
+            result = await self._prefill(request, model, progress, decode)
+            prompt_logprobs = result.prompt_logprobs if sampling.prompt_logprobs is not None else None
+            if progress.is_replayed:
+                if prompt_logprobs is not None:
+                    yield TokenEvent([], prompt_logprobs=prompt_logprobs)
+            else:
+                first_token = result.first_token
+                progress.generated.append(first_token)
+                finish = self._finish_on_first(first_token, max_tokens, sampling)
+                logprobs = [result.first_logprobs] if result.first_logprobs is not None else []
+                yield TokenEvent([first_token], finish, logprobs, prompt_logprobs)
+                if finish is not None:
+                    return
             async for event in self._decode(request, model, progress, decode):
                 yield event
         finally:
@@ -233,8 +284,8 @@ class RequestFlow:
         return reply.accepted
 
     async def _prefill(self, request: ScheduleRequest, model: str, progress: _Progress,
-                       decode: _DecodeSide) -> int:
-        """The first token, from the first prefill instance that survives the job."""
+                       decode: _DecodeSide) -> PrefillResult:
+        """The result (first token) of the first prefill instance that survives the job."""
         gone = _Gone(self._view, "prefill")
         while True:
             decision = await self.place(request, model, decode, gone.ids())
@@ -246,10 +297,11 @@ class RequestFlow:
                              block_size=request.block_size, pull_from_node=prefill.transfer_source or "",
                              pull_hashes=list(prefill.transfer_hashes))
             try:
-                result = await self._while_present("prefill", prefill.instance_id, self._bus.request(
+                return await self._while_present("prefill", prefill.instance_id, self._bus.request(
                     self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))
-                return result.first_token
             except MOVABLE_ERRORS as exc:
+                if isinstance(exc, RemoteError) and exc.code == INVALID_REQUEST:
+                    raise RequestRefusedError(exc.message) from exc
                 if gone.count >= MAX_MIGRATIONS:
                     raise
                 self._migrated("prefill", request.request_id, prefill.instance_id, exc, 0)
@@ -297,6 +349,8 @@ class RequestFlow:
             raise StreamBrokenError(f"decode {decode_id} did not acknowledge the start: {exc}") from exc
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
+        # A replayed request's new decode first regenerates what the client already has.
+        replayed = list(progress.generated) if progress.is_replayed else []
         while True:
             chunk = await self._while_present("decode", decode_id, stream.next(self._timeouts.token_gap_s))
             if chunk.seq != expected_seq:
@@ -305,10 +359,19 @@ class RequestFlow:
             if chunk.error:
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
             expected_seq += 1
-            progress.generated.extend(chunk.token_ids)
+            token_ids, logprobs = chunk.token_ids, chunk.logprobs
+            if replayed:
+                num_again = min(len(replayed), len(token_ids))
+                if token_ids[:num_again] != replayed[:num_again]:
+                    raise ReplayDivergedError(f"decode {decode_id} regenerated {token_ids[:num_again]} where "
+                                              f"{replayed[:num_again]} was streamed")
+                replayed = replayed[num_again:]
+                token_ids, logprobs = token_ids[num_again:], logprobs[num_again:]
+            progress.generated.extend(token_ids)
             if chunk.is_final:
                 decode.is_finished = True
-            yield TokenEvent(chunk.token_ids, chunk.finish_reason if chunk.is_final else None)
+            if token_ids or chunk.is_final:
+                yield TokenEvent(token_ids, chunk.finish_reason if chunk.is_final else None, logprobs)
             if chunk.is_final:
                 return
 
