@@ -32,6 +32,7 @@ def run(choice: Choice, events: list[TokenEvent]) -> Collected:
         collected.add(choice.push(event))
         if choice.is_finished:
             break
+    collected.tool_calls = choice.tool_calls
     return collected
 
 
@@ -89,6 +90,7 @@ def test_a_named_function_streams_its_arguments():
     assert first["id"] == choice.call_id and first["function"]["name"] == "get_weather"
     arguments = "".join(c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"] for c in chunks)
     assert arguments == '{"a": 1}' and chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert [(c.id, c.name, c.arguments) for c in choice.tool_calls] == [(first["id"], "get_weather", '{"a": 1}')]
 
 
 def test_decode_start_counts_min_tokens_down_and_drops_prompt_logprobs():

@@ -89,8 +89,10 @@ class Choice:
             self._forced_text.append(text)
             if not is_final:
                 return ChoiceDelta()
-            self.tool_calls = parse_forced("".join(self._forced_text), None)
-            return ChoiceDelta(tool_calls=list(self.tool_calls))
+            text = "".join(self._forced_text)
+            self.tool_calls = parse_forced(text, None)
+            # Output cut short is no call: the client gets the text as it is.
+            return ChoiceDelta(tool_calls=list(self.tool_calls)) if self.tool_calls else ChoiceDelta(text=text)
         if self._hermes is not None:
             content, calls = self._hermes.push(text)
             if is_final:

@@ -38,6 +38,8 @@ def _messages(body: Mapping) -> list[dict[str, Any]]:
     items = get(body, "input", (str, list))
     if isinstance(items, str):
         return [*messages, {"role": "user", "content": items}]
+    if not items:
+        raise bad_request("'input' must not be empty", param="input")
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict) or item.get("type", "message") != "message":
@@ -49,8 +51,6 @@ def _messages(body: Mapping) -> list[dict[str, Any]]:
         messages.append({"role": role, "content": content_text(get(item, "content", (str, list),
                                                                    param=f"{where}.content"),
                                                                f"{where}.content", _PART_TYPES)})
-    if not messages:
-        raise bad_request("'input' must not be empty", param="input")
     return messages
 
 

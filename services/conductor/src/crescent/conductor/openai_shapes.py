@@ -23,13 +23,13 @@ class Collected:
 
     index: int
     texts: list[str] = field(default_factory=list)
-    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)  # set once the choice has finished
     logprob_parts: list[Any] = field(default_factory=list)
     finish_reason: str | None = None
 
     def add(self, delta: ChoiceDelta) -> None:
+        """Text and logprobs; the tool calls are the Choice's, taken once it has finished."""
         self.texts.append(delta.text)
-        self.tool_calls += delta.tool_calls
         if delta.logprobs is not None:
             self.logprob_parts.append(delta.logprobs)
         self.finish_reason = delta.finish_reason or self.finish_reason

@@ -141,7 +141,8 @@ def forced_grammar(tools: list[dict[str, Any]], choice: ToolChoice | None) -> St
         schema: dict[str, Any] = functions[choice.name]
     else:
         calls = [{"properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
-                  "required": ["name", "parameters"]} for name, parameters in functions.items()]
+                  "required": ["name", "parameters"], "additionalProperties": False}
+                 for name, parameters in functions.items()]
         schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": calls}}
         if not choice.is_parallel:
             schema["maxItems"] = 1

@@ -129,6 +129,7 @@ class Relay:
                 self._timings[index].on_tokens(len(event.token_ids))
                 delta = choice.push(event)
                 self._collected[index].add(delta)
+                self._collected[index].tool_calls = choice.tool_calls
                 yield choice, delta
                 if choice.is_finished:
                     await events.stop(index)
