@@ -7,7 +7,8 @@ import json
 from crescent.common.messages import SamplingParams, StructuredOutput, TokenLogprobs
 from crescent.common.tokenizer import ByteTokenizer
 from crescent.conductor.choice import Choice
-from crescent.conductor.flow import TokenEvent, _Progress
+from crescent.conductor.flow import TokenEvent
+from crescent.conductor.progress import Progress, replayable
 from crescent.conductor.openai_api import parse_chat, parse_completion
 from crescent.conductor.openai_shapes import Collected, chunk, full_response
 
@@ -94,7 +95,7 @@ def test_a_named_function_streams_its_arguments():
 
 
 def test_decode_start_counts_min_tokens_down_and_drops_prompt_logprobs():
-    progress = _Progress([1, 2, 3], 10, SamplingParams(min_tokens=4, prompt_logprobs=1), generated=[7, 8])
+    progress = Progress([1, 2, 3], 10, SamplingParams(min_tokens=4, prompt_logprobs=1), generated=[7, 8])
     start = progress.decode_start("r-m1")
     assert (start.token_ids, start.first_token, start.max_tokens) == ([1, 2, 3, 7], 8, 9)
     assert start.sampling.min_tokens == 2 and start.sampling.prompt_logprobs is None
@@ -103,7 +104,13 @@ def test_decode_start_counts_min_tokens_down_and_drops_prompt_logprobs():
 def test_a_request_with_output_dependent_sampling_restarts_from_the_prompt():
     for sampling in (SamplingParams(presence_penalty=0.5), SamplingParams(frequency_penalty=-1.0),
                      SamplingParams(structured=StructuredOutput(json_object=True))):
-        progress = _Progress([1, 2, 3], 10, sampling, generated=[7, 8])
+        progress = Progress([1, 2, 3], 10, sampling, generated=[7, 8])
         start = progress.decode_start("r-m1")
         assert (start.token_ids, start.first_token, start.max_tokens) == ([1, 2], 3, 11)
-    assert not _Progress([1], 5, SamplingParams(repetition_penalty=1.3)).is_replayed
+    assert not Progress([1], 5, SamplingParams(repetition_penalty=1.3)).is_replayed
+
+
+def test_a_replayed_request_at_a_temperature_gets_a_seed():
+    assert replayable(SamplingParams(presence_penalty=0.5, temperature=0.8)).seed is not None
+    assert replayable(SamplingParams(presence_penalty=0.5, temperature=0.8, seed=3)).seed == 3
+    assert replayable(SamplingParams(temperature=0.8)).seed is None

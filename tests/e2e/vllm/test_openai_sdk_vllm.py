@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(900)]
 UNIT = {"type": "object", "properties": {"unit": {"enum": ["c", "f"]}}, "required": ["unit"],
         "additionalProperties": False}
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather", "parameters": UNIT}}
-PROMPT = prompt_tokens(150, seed=12)
+PROMPT = prompt_tokens(150, seed=14)  # penalized, its output repeats its first token
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +76,9 @@ def test_penalties_give_plain_vllms_tokens(client, model, reference, tokenizer, 
     plain, _, _ = plain_vllm(reference, PROMPT, 40, temperature=0, ignore_eos=True)
     want, _, _ = plain_vllm(reference, PROMPT, 40, temperature=0, ignore_eos=True, **sampling)
     assert want != plain, "the penalty must change this output for the test to mean anything"
+    if "repetition_penalty" not in sampling:  # it counts the prompt too: any continuation is exact
+        rest, _, _ = plain_vllm(reference, PROMPT + want[:1], 39, temperature=0, ignore_eos=True, **sampling)
+        assert want != want[:1] + rest, "a decode that took the first token as prompt would differ"
     fields = dict(model=model, prompt=PROMPT, max_tokens=40, temperature=0, logprobs=0,
                   extra_body={"ignore_eos": True, **penalty.get("extra_body", {})},
                   **{k: v for k, v in penalty.items() if k != "extra_body"})

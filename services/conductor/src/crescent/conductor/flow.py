@@ -9,25 +9,18 @@ plus the tokens already streamed, so the client sees one uninterrupted stream. A
 chunk that may have been lost across a NATS reconnect is treated the same way. A slow instance
 (stale telemetry) is waited for: slow is not dead.
 
-Continuing from the tokens so far suits every sampling parameter the engine applies to the
-context as a whole (temperature, top-k/p, repetition penalty, logit bias; min_tokens is counted
-down). Presence and frequency penalties and grammars count only the engine's own output, and
-tokens placed in the prompt are not output; a request that uses them is *replayed* instead: its
-decode always generates from the prompt itself (the prefill's token only fills the KV), and a
-decode that takes over regenerates the tokens already streamed, which are checked and skipped.
-Replay needs the same tokens again, so such a request sampled at a temperature gets a seed.
+A request whose sampling depends on its own earlier output is replayed instead (progress.py):
+its decode generates from the prompt, and one that takes over regenerates the tokens already
+streamed, which are checked and skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
-
-import msgspec
 
 from crescent.common.bus import Bus, Stream
 from crescent.common.errors import (
@@ -40,7 +33,6 @@ from crescent.common.errors import (
 from crescent.common.messages import (
     Ack,
     DecodeCancel,
-    DecodeStart,
     PrefillCancel,
     PrefillJob,
     PrefillResult,
@@ -61,6 +53,7 @@ from crescent.conductor.policy import (
     RejectReason,
     ScheduleRequest,
 )
+from crescent.conductor.progress import Progress, replayable
 from crescent.conductor.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -139,38 +132,6 @@ class _DecodeSide:
         return self.request_id if self.attempt == 0 else f"{self.request_id}-m{self.attempt}"
 
 
-@dataclass
-class _Progress:
-    prompt: list[int]
-    max_tokens: int
-    sampling: SamplingParams
-    generated: list[int] = field(default_factory=list)
-
-    @property
-    def is_replayed(self) -> bool:
-        return self.sampling.depends_on_output
-
-    def decode_start(self, attempt_id: str) -> DecodeStart:
-        """Go on from the last generated token: the prompt and all earlier output are context.
-        A replayed request starts from the prompt, its last token standing in as the first."""
-        if self.is_replayed:
-            return DecodeStart(request_id=attempt_id, token_ids=self.prompt[:-1], first_token=self.prompt[-1],
-                               max_tokens=self.max_tokens + 1,
-                               sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None))
-        sampling = msgspec.structs.replace(self.sampling, prompt_logprobs=None,
-                                           min_tokens=max(0, self.sampling.min_tokens - len(self.generated)))
-        return DecodeStart(request_id=attempt_id, token_ids=self.prompt + self.generated[:-1],
-                           first_token=self.generated[-1],
-                           max_tokens=self.max_tokens - len(self.generated) + 1, sampling=sampling)
-
-
-def _replayable(sampling: SamplingParams) -> SamplingParams:
-    """A replayed request sampled at a temperature needs a seed to draw the same tokens again."""
-    if sampling.depends_on_output and sampling.temperature > 0 and sampling.seed is None:
-        return msgspec.structs.replace(sampling, seed=secrets.randbits(63))
-    return sampling
-
-
 class _Gone:
     """Instances a request left because they failed it. An instance is left out only in the
     incarnation that failed: the same id registered again (a restarted process) is usable."""
@@ -206,7 +167,7 @@ class RequestFlow:
                        sampling: SamplingParams) -> AsyncIterator[TokenEvent]:
         """Tokens as they come; closing the iterator early cancels the request downstream."""
         request = self._scheduler.request_for(request_id, model, token_ids, max_tokens)
-        progress = _Progress(list(token_ids), max_tokens, _replayable(sampling))
+        progress = Progress(list(token_ids), max_tokens, replayable(sampling))
         decode = _DecodeSide(request_id)
         try:
             result = await self._prefill(request, model, progress, decode)
@@ -283,7 +244,7 @@ class RequestFlow:
             log.info("reserve refused", extra={"decode": decode_id, "reason": reply.reason})
         return reply.accepted
 
-    async def _prefill(self, request: ScheduleRequest, model: str, progress: _Progress,
+    async def _prefill(self, request: ScheduleRequest, model: str, progress: Progress,
                        decode: _DecodeSide) -> PrefillResult:
         """The result (first token) of the first prefill instance that survives the job."""
         gone = _Gone(self._view, "prefill")
@@ -317,7 +278,7 @@ class RequestFlow:
                 await self._cancel_prefill(prefill.instance_id, request.request_id)
                 raise
 
-    async def _decode(self, request: ScheduleRequest, model: str, progress: _Progress,
+    async def _decode(self, request: ScheduleRequest, model: str, progress: Progress,
                       decode: _DecodeSide) -> AsyncIterator[TokenEvent]:
         """Stream from the decode instance; when it is lost, go on from where it stopped on
         another one, within MAX_MIGRATIONS moves."""
@@ -339,7 +300,7 @@ class RequestFlow:
                 await stream.close()
             await self._move_decode(request, model, progress, decode, lost)
 
-    async def _stream_from(self, decode: _DecodeSide, progress: _Progress, stream: Stream) -> AsyncIterator[TokenEvent]:
+    async def _stream_from(self, decode: _DecodeSide, progress: Progress, stream: Stream) -> AsyncIterator[TokenEvent]:
         decode_id = decode.instance_id
         try:
             await self._while_present("decode", decode_id, self._bus.request(
@@ -375,7 +336,7 @@ class RequestFlow:
             if chunk.is_final:
                 return
 
-    async def _move_decode(self, request: ScheduleRequest, model: str, progress: _Progress,
+    async def _move_decode(self, request: ScheduleRequest, model: str, progress: Progress,
                            decode: _DecodeSide, lost: _Gone) -> None:
         """Release the old attempt and reserve room for the next one on a live decode instance."""
         await self._cancel_decode(decode)
