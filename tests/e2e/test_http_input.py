@@ -31,7 +31,7 @@ IDLE_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0
 MAX_BODY_BYTES = 1024 * 1024  # above the 100k-deep nesting cases
 CLOSE_DEADLINE_S = 15.0  # a generous bound on a 1 s timeout, for a loaded machine
-ENDPOINTS = ["/v1/completions", "/v1/chat/completions"]
+ENDPOINTS = ["/v1/completions", "/v1/chat/completions", "/v1/responses"]
 FUZZ = settings(max_examples=150, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                        HealthCheck.large_base_example])
@@ -131,7 +131,7 @@ def test_openapi_document_describes_the_endpoints(port):
     assert head.startswith(b"HTTP/1.1 200")
     document = json.loads(payload)
     assert document == json.loads(json.dumps(OPENAPI))
-    assert {"/v1/completions", "/v1/chat/completions", "/v1/models"} <= set(document["paths"])
+    assert {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/v1/models"} <= set(document["paths"])
 
 
 # --- property-based fuzz -------------------------------------------------------------------------
@@ -159,9 +159,26 @@ plausible = {
     "stream": st.booleans(),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
     "ignore_eos": st.booleans(),
+    "input": st.text(max_size=20) | st.lists(st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "tool"]),
+         "content": st.text(max_size=10) | st.lists(st.fixed_dictionaries(
+             {"type": st.sampled_from(["input_text", "input_image"]), "text": st.text(max_size=5)}), max_size=2)}),
+        max_size=2),
+    "echo": st.booleans(),
+    "logprobs": st.booleans() | st.integers(-1, 25),
+    "top_logprobs": st.integers(-1, 25),
+    "presence_penalty": st.floats(-3, 3),
+    "top_k": st.integers(-3, 2000),
+    "logit_bias": st.dictionaries(st.sampled_from(["0", "97", "300", "-1", "x"]), st.floats(-200, 200), max_size=2),
+    "response_format": st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema"])},
+                                             optional={"json_schema": json_values}),
+    "tools": st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries(
+        {"name": st.text(max_size=6)}, optional={"parameters": json_values})}), max_size=2),
+    "tool_choice": st.sampled_from(["none", "auto", "required", "other"]) | json_values,
 }
-# A valid request for either endpoint (each ignores the other's prompt field)...
-VALID = {"model": MODEL, "prompt": "hello", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+# A valid request for any endpoint (each ignores the others' prompt fields)...
+VALID = {"model": MODEL, "prompt": "hello", "messages": [{"role": "user", "content": "hello"}], "input": "hello",
+         "max_tokens": 4}
 # ...with up to three fields replaced by plausible or arbitrary values, and some removed.
 field_values = st.sampled_from(sorted(plausible)).flatmap(
     lambda name: st.tuples(st.just(name), plausible[name] | json_values))

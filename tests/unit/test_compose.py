@@ -63,3 +63,15 @@ def test_kubernetes_manifests_run_real_modules_with_the_shared_environment():
         assert (ROOT / "services" / role / "src/crescent" / role / "__main__.py").exists()
         assert container["envFrom"] == [{"configMapRef": {"name": "crescent-env"}}]
     assert yaml.safe_load((ROOT / "deploy/k8s/etcd.yaml").read_text())["initial-cluster-state"] == "new"
+
+
+def test_the_conductors_readiness_is_ready_and_its_liveness_health():
+    """/ready needs a live prefill and decode instance; /health only a live conductor."""
+    assert "/ready" in " ".join(services()["conductor"]["healthcheck"]["test"])
+    assert all("/health" in " ".join(services()[name]["healthcheck"]["test"])
+               for name in EXPECTED - {"nats", "etcd", "jaeger", "conductor"})
+    documents = list(yaml.safe_load_all((ROOT / "deploy/k8s/crescent.yaml").read_text()))
+    conductor = next(d for d in documents if d["metadata"]["name"] == "crescent-conductor")
+    [container] = conductor["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"

@@ -18,7 +18,9 @@ from crescent.common.messages import (
     Reservation,
     SamplingParams,
     StoreStats,
+    StructuredOutput,
     TokenChunk,
+    TokenLogprobs,
 )
 from crescent.common.store_messages import AllocBlocks, BlockMeta, BlockSlots, PinBlocks, ReplicateReply
 
@@ -73,6 +75,21 @@ OUT_OF_RANGE = [
     ("start", {"sampling": {"temperature": 1e400}}),
     ("start", {"sampling": {"top_p": 1.5}}),
     ("start", {"sampling": {"stop_token_ids": list(range(5000))}}),
+    ("start", {"sampling": {"presence_penalty": NAN}}),
+    ("start", {"sampling": {"frequency_penalty": 1e9}}),
+    ("start", {"sampling": {"repetition_penalty": 0.0}}),
+    ("start", {"sampling": {"top_k": -2}}),
+    ("start", {"sampling": {"min_p": 2.0}}),
+    ("start", {"sampling": {"min_tokens": -1}}),
+    ("start", {"sampling": {"logit_bias": {5: 1e9}}}),
+    ("start", {"sampling": {"logit_bias": {-5: 1.0}}}),
+    ("start", {"sampling": {"logprobs": -1}}),
+    ("start", {"sampling": {"prompt_logprobs": 1 << 20}}),
+    ("start", {"sampling": {"structured": {"json_schema": "x" * (bounds.MAX_SCHEMA_CHARS + 1)}}}),
+    ("result", {"first_logprobs": [NAN, [], []]}),
+    ("result", {"first_logprobs": [0.5, [], []]}),
+    ("result", {"prompt_logprobs": [[-1.0, [1], [-INF]]]}),
+    ("chunk", {"logprobs": [[-1.0, [-1], [-1.0]]]}),
     ("job", {"block_size": -64}),
     ("job", {"decode_node": "node.*"}),
     ("job", {"pull_hashes": [b"\x00" * 1000]}),
@@ -119,6 +136,9 @@ ACCEPTED_EXTREMES = [
     ("start", {"token_ids": [0, bounds.MAX_TOKEN_ID], "sampling": {"temperature": 0.0, "top_p": 1.0}}),
     ("start", {"sampling": {"seed": (1 << 64) - 1}}),
     ("start", {"sampling": {"seed": -(1 << 63)}}),
+    ("start", {"sampling": {"logit_bias": {bounds.MAX_TOKEN_ID: -100.0}, "top_k": -1, "logprobs": 20,
+                            "repetition_penalty": bounds.MAX_PENALTY, "structured": {"json_object": True}}}),
+    ("result", {"first_logprobs": [bounds.MIN_LOGPROB, [7], [0.0]]}),
     ("start", {"request_id": "chatcmpl-0a1b2c_retry-1"}),
     ("job", {"decode_node": "node-prefill-0", "decode_instance": ""}),
     ("info", {"model": "meta-llama/Llama-3.1-8B-Instruct"}),
@@ -147,7 +167,7 @@ UNBOUNDED_ON_PURPOSE = {("Message", "v"), ("SamplingParams", "seed")}  # checked
 
 
 def _all_message_types() -> list[type]:
-    found = [SamplingParams]
+    found = [SamplingParams, StructuredOutput, TokenLogprobs]
     for module in (messages, store_messages):
         found += [obj for obj in vars(module).values()
                   if isinstance(obj, type) and issubclass(obj, Message) and obj is not Message]

@@ -1,6 +1,8 @@
 import pytest
 
-from crescent.conductor.openai_api import ApiError, chunk, full_response, parse_chat, parse_completion
+from crescent.conductor.choice import ChoiceDelta
+from crescent.conductor.openai_api import ApiError, parse_chat, parse_completion
+from crescent.conductor.openai_shapes import Collected, chunk, full_response
 
 
 def test_text_and_token_prompts():
@@ -24,7 +26,8 @@ def test_text_and_token_prompts():
     ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
     ({"model": "m", "prompt": "x", "temperature": 3}, "temperature"),
     ({"model": "m", "prompt": "x", "top_p": -0.1}, "top_p"),
-    ({"model": "m", "prompt": "x", "n": 2}, "n"),
+    ({"model": "m", "prompt": "x", "n": 0}, "n"),
+    ({"model": "m", "prompt": "x", "n": 129}, "n"),
     ({"model": "m", "prompt": "x", "stream": "yes"}, "stream"),
     ({"model": "m", "prompt": "x", "stop": [1]}, "stop"),
 ])
@@ -57,11 +60,11 @@ def test_chat_defaults_leave_max_tokens_to_the_server():
 
 def test_response_shapes():
     chat = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}]})
-    first = chunk(chat, "id", 1, "a", None, is_first=True)
+    first = chunk(chat, "id", 1, 0, ChoiceDelta(text="a"), is_first=True)
     assert first["object"] == "chat.completion.chunk"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "a"}
     plain = parse_completion({"model": "m", "prompt": "x"})
-    body = full_response(plain, "id", 1, "abc", "length", {"total_tokens": 3})
+    body = full_response(plain, "id", 1, [Collected(0, ["ab", "c"], finish_reason="length")], {"total_tokens": 3})
     assert body["choices"][0]["text"] == "abc" and body["object"] == "text_completion"
 
 
@@ -80,7 +83,7 @@ def test_numbers_outside_what_the_cluster_carries_are_400(field, value):
 
 def test_sixty_four_bit_extremes_are_accepted():
     request = parse_completion({"model": "m", "prompt": [0, 2**63 - 1], "seed": -(2**63), "max_tokens": 2**63 - 1})
-    assert request.seed == -(2**63) and request.max_tokens == 2**63 - 1
+    assert request.sampling.seed == -(2**63) and request.max_tokens == 2**63 - 1
     with pytest.raises(ApiError) as info:
         parse_completion({"model": "m", "prompt": [2**63]})
     assert info.value.param == "prompt"

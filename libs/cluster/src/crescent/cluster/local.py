@@ -168,11 +168,16 @@ class LocalCluster:
         expected = {"prefill": self.spec.num_prefill, "decode": self.spec.num_decode,
                     "store": len(set(self.spec.nodes().values()))}
         deadline = time.monotonic() + timeout_s
+        progress = ""
         while True:
             healths = [self.health(url) for url in self.conductor_urls]
             if all(h and h.get("status") == "serving" and h.get("live_instances") == expected
                    for h in healths):
                 return
+            now_live = _progress(healths[0], expected)
+            if now_live != progress:  # a model takes minutes to load: say who is up so far
+                log.info("starting: %s", now_live)
+                progress = now_live
             for process in self.processes:
                 if not process.is_running:
                     raise ProcessError(process.spec.name, f"exited with code {process.popen.returncode}",
@@ -216,3 +221,12 @@ class LocalCluster:
 
     def pids(self) -> list[int]:
         return [p.pid for p in self.processes if p.pid is not None]
+
+
+def _progress(health: dict | None, expected: dict[str, int]) -> str:
+    """Who a conductor sees live, against who is expected, as a log line shows it."""
+    if not health or health.get("status") != "serving":
+        return "waiting for the conductor"
+    live = health.get("live_instances", {})
+    return ", ".join(f"{role} {live.get(role, 0)}/{count} live" for role, count in expected.items())
+

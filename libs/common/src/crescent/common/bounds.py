@@ -27,6 +27,12 @@ MAX_TIMESTAMP = 1e11  # wall-clock seconds since 1970 (the year 5138)
 MAX_BANDWIDTH = 1e13  # bytes/s (80 Tbit/s)
 MAX_TEMPERATURE = 100.0
 MAX_STOP_TOKENS = 1024
+MAX_PENALTY = 100.0  # presence, frequency (OpenAI: -2..2) and repetition penalties
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range of one token's bias
+MAX_BIASED_TOKENS = 1 << 20  # tokens one logit_bias names (a vocabulary)
+MAX_TOP_LOGPROBS = 1024  # alternatives returned per token (the conductor allows 20)
+MIN_LOGPROB = -9999.0  # what a -inf log-probability is carried as (OpenAI's convention)
+MAX_SCHEMA_CHARS = 1 << 20  # a structured-output JSON schema, as JSON text
 MAX_HASH_BYTES = 64  # a block hash (the store checks the exact size)
 MAX_NAME_LENGTH = 253  # ids, nodes and models: a DNS name's length
 MAX_URL_LENGTH = 2048
@@ -45,6 +51,16 @@ Timestamp = Annotated[float, Meta(ge=0.0, le=MAX_TIMESTAMP)]
 Bandwidth = Annotated[float, Meta(ge=0.0, le=MAX_BANDWIDTH)]
 Temperature = Annotated[float, Meta(ge=0.0, le=MAX_TEMPERATURE)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, Meta(ge=-MAX_PENALTY, le=MAX_PENALTY)]
+RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=MAX_PENALTY)]
+TopK = Annotated[int, Meta(ge=-1, le=MAX_TOKEN_ID)]  # 0 or -1: every token
+LogitBias = Annotated[dict[TokenId, Annotated[float, Meta(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]],
+                      Meta(max_length=MAX_BIASED_TOKENS)]
+NumLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
+Logprob = Annotated[float, Meta(ge=MIN_LOGPROB, le=0.0)]
+Logprobs = Annotated[list[Logprob], Meta(max_length=MAX_TOP_LOGPROBS + 1)]
+TopTokenIds = Annotated[list[TokenId], Meta(max_length=MAX_TOP_LOGPROBS + 1)]
+SchemaText = Annotated[str, Meta(max_length=MAX_SCHEMA_CHARS)]
 BlockHash = Annotated[bytes, Meta(max_length=MAX_HASH_BYTES)]
 BlockHashes = Annotated[list[BlockHash], Meta(max_length=MAX_SEQUENCE_TOKENS)]  # ≥ 1 token each
 # Ids (requests, instances, nodes) become NATS subject tokens and etcd key segments, as

@@ -6,18 +6,29 @@ from `bounds` carry the ranges a decoded body must respect.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+from msgspec import Meta
 
 from crescent.common.bounds import (
+    MAX_SEQUENCE_TOKENS,
     Bandwidth,
     BlockHashes,
     Count,
     Id,
+    Logprob,
+    LogitBias,
+    Logprobs,
     Name,
     NumBytes,
+    NumLogprobs,
     OptionalId,
+    Penalty,
     Period,
     Probability,
+    RepetitionPenalty,
+    SchemaText,
     Seconds,
     StopTokenIds,
     Temperature,
@@ -25,6 +36,8 @@ from crescent.common.bounds import (
     TokenCount,
     TokenId,
     TokenIds,
+    TopK,
+    TopTokenIds,
     Ttl,
     Url,
 )
@@ -53,6 +66,7 @@ class InstanceInfo(Message):
     max_model_len: TokenCount = 0
     kv_capacity_tokens: Count = 0
     started_at: Timestamp = 0.0
+    engine: Name = ""  # prefill/decode: "vllm" or "emulated" (what the conductor may ask of it)
 
 
 class InstanceLoad(Message):
@@ -78,12 +92,50 @@ class InstanceLoad(Message):
     not_accepting_reason: Name = ""
 
 
+class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The grammar a request's output must follow: a JSON schema (as JSON text), or any JSON object."""
+
+    json_schema: SchemaText = ""
+    json_object: bool = False
+
+
 class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """How to pick each output token; the defaults change nothing (greedy, no penalties)."""
+
     temperature: Temperature = 0.0
     top_p: Probability = 1.0
+    top_k: TopK = 0  # 0 or -1: every token
+    min_p: Probability = 0.0
     seed: int | None = None  # any msgpack integer (int64 or uint64), as the engines take
     stop_token_ids: StopTokenIds = []
     ignore_eos: bool = False
+    min_tokens: TokenCount = 0  # tokens generated before EOS or a stop token may end the output
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: RepetitionPenalty = 1.0
+    logit_bias: LogitBias = {}
+    logprobs: NumLogprobs | None = None  # per output token: its log-probability and this many alternatives
+    prompt_logprobs: NumLogprobs | None = None  # the same for every prompt token but the first
+    structured: StructuredOutput | None = None
+
+    @property
+    def depends_on_output(self) -> bool:
+        """Whether a token's odds depend on the tokens generated before it in a way the engine
+        counts only for its own output (presence/frequency penalties, a grammar's state): such
+        a request cannot continue from earlier output placed in its prompt."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.structured is not None)
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True):
+    """One token's log-probability and the most likely alternatives at its position, best
+    first (the engine's raw distribution, before penalties and temperature); -inf is MIN_LOGPROB."""
+
+    logprob: Logprob
+    top_ids: TopTokenIds = []
+    top_logprobs: Logprobs = []
+
+
+TokenLogprobsList = Annotated[list[TokenLogprobs], Meta(max_length=MAX_SEQUENCE_TOKENS)]
 
 
 class PrefillJob(Message):
@@ -116,6 +168,8 @@ class PrefillResult(Message):
     num_cached_tokens: TokenCount = 0
     queue_s: Seconds = 0.0
     compute_s: Seconds = 0.0
+    first_logprobs: TokenLogprobs | None = None  # when the job's sampling asks for logprobs
+    prompt_logprobs: TokenLogprobsList = []  # when it asks for prompt_logprobs: prompt tokens 1..n-1
 
 
 class Reservation(Message):
@@ -153,6 +207,7 @@ class TokenChunk(Message):
     request_id: Id
     seq: Count
     token_ids: TokenIds
+    logprobs: TokenLogprobsList = []  # one per token id, when the request asks for logprobs
     is_final: bool = False
     finish_reason: Name | None = None
     error: str | None = None

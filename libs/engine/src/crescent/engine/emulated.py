@@ -1,6 +1,12 @@
 """The emulated engine: no model, real timing. Prefill sleeps for the cost model's time;
 decode runs one continuous batch whose step time depends on who is in it. Output tokens are a
-deterministic function of the prompt, so tests can compare runs token for token."""
+deterministic function of the prompt, so tests can compare runs token for token.
+
+Each next token is certain, so temperature, top_p, top_k, min_p and seeds change nothing and
+are honoured as they are; logprobs are those of a certain token (0, every other token -inf).
+What would change a certain token (penalties, biases, grammars, a minimum length) or needs a
+model's view of the prompt (prompt logprobs) is refused: see `unsupported`.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
+from crescent.common.bounds import MIN_LOGPROB
+from crescent.common.messages import SamplingParams, TokenLogprobs
 from crescent.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, DecodeStep, PrefillOutput
 from crescent.engine.cost_model import CostModel
 from crescent.engine.emulated_kv import EmulatedKv
@@ -21,6 +29,23 @@ def emulated_token(previous: int, position: int) -> int:
     if position % 6 == 5:
         return ord(" ")
     return ord("a") + (previous * 131 + position * 31) % 26
+
+
+def unsupported(sampling: SamplingParams) -> list[str]:
+    """The SamplingParams fields set in `sampling` that this engine cannot honour."""
+    defaults = SamplingParams()
+    fields = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
+              "prompt_logprobs", "structured")
+    return [name for name in fields if getattr(sampling, name) != getattr(defaults, name)]
+
+
+def emulated_logprobs(token: int, num_top: int | None) -> list[TokenLogprobs]:
+    """A certain token's logprobs: 0 for it, -inf (MIN_LOGPROB) for the alternatives after it."""
+    if num_top is None:
+        return []
+    others = [(token + i) % 256 for i in range(1, num_top)]
+    top_ids = [token, *others][:num_top]
+    return [TokenLogprobs(logprob=0.0, top_ids=top_ids, top_logprobs=[0.0] + [MIN_LOGPROB] * (len(top_ids) - 1))]
 
 
 @dataclass(frozen=True)
@@ -50,12 +75,14 @@ class EmulatedPrefillEngine:
         num_cached = min(await self.kv.num_cached_tokens(hashes), len(token_ids) - 1) if hashes else 0
         return PrefillPlan(token_ids, hashes, num_cached)
 
-    async def compute(self, plan: PrefillPlan) -> PrefillOutput:
+    async def compute(self, plan: PrefillPlan, num_logprobs: int | None = None) -> PrefillOutput:
         seconds = self.predict_s(len(plan.token_ids), plan.num_cached)
         await asyncio.sleep(seconds)
         first = emulated_token(sum(plan.token_ids), len(plan.token_ids))
+        logprobs = emulated_logprobs(first, num_logprobs)
         return PrefillOutput(first_token=first, num_computed_tokens=len(plan.token_ids) - plan.num_cached,
-                             num_cached_tokens=plan.num_cached, compute_s=seconds)
+                             num_cached_tokens=plan.num_cached, compute_s=seconds,
+                             first_logprobs=logprobs[0] if logprobs else None)
 
     async def save(self, plan: PrefillPlan, save_to: Sequence[str]) -> None:
         if plan.hashes and save_to:
@@ -69,6 +96,7 @@ class _Sequence:
     context_len: int
     num_left: int
     stop_token_ids: frozenset[int]
+    num_logprobs: int | None = None
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
@@ -92,12 +120,14 @@ class EmulatedDecodeEngine:
         return self.cost.decode_step_s(self.num_running + extra_batch, self.num_context_tokens + extra_context)
 
     async def generate(self, request_id: str, token_ids: Sequence[int], first_token: int, max_new_tokens: int,
-                       stop_token_ids: Sequence[int] = (), sampling=None) -> AsyncIterator[DecodeStep]:
+                       stop_token_ids: Sequence[int] = (), sampling: SamplingParams | None = None,
+                       ) -> AsyncIterator[DecodeStep]:
         """Tokens after `first_token`, one DecodeStep per batch step, until a stop or the limit."""
         if max_new_tokens < 1:
             yield DecodeStep([], FINISH_LENGTH)
             return
-        seq = _Sequence(request_id, first_token, len(token_ids) + 1, max_new_tokens, frozenset(stop_token_ids))
+        seq = _Sequence(request_id, first_token, len(token_ids) + 1, max_new_tokens, frozenset(stop_token_ids),
+                        sampling.logprobs if sampling is not None else None)
         self._running[request_id] = seq
         self._has_work.set()
         try:
@@ -137,4 +167,4 @@ class EmulatedDecodeEngine:
             finish = FINISH_LENGTH
         if finish is not None:
             self._running.pop(seq.request_id, None)
-        seq.out.put_nowait(DecodeStep([token], finish))
+        seq.out.put_nowait(DecodeStep([token], finish, logprobs=emulated_logprobs(token, seq.num_logprobs)))

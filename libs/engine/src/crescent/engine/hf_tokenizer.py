@@ -1,8 +1,11 @@
 """A checkpoint's own tokenizer behind the interface of crescent.common.tokenizer.ByteTokenizer
-(encode, decode, stream_decoder, apply_chat_template, bos/eos ids, vocab_size), so the
-conductor can tokenize for a real model the way vLLM does.
+(encode, decode, token_text, stream_decoder, apply_chat_template, tool_call_format, bos/eos
+ids, vocab_size), so the conductor can tokenize for a real model the way vLLM does.
 
-Only the `tokenizers` package (tokenizer.json); no torch, no transformers.
+Only the `tokenizers` package (tokenizer.json) and jinja2; no torch, no transformers. The chat
+template (chat_template.jinja, or tokenizer_config.json's chat_template) renders in the
+environment transformers gives templates: trimmed blocks, loop controls, a tojson that keeps
+non-ASCII text, raise_exception.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from crescent.engine.checkpoint import CheckpointError, inspect_checkpoint
 
@@ -30,7 +34,15 @@ class HfTokenizer:
         self.eos_token_id = checkpoint.eos_token_id
         config_path = checkpoint.path / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        self.chat_template: str | None = config.get("chat_template")
+        template_path = checkpoint.path / "chat_template.jinja"
+        self.chat_template: str | None = (template_path.read_text() if template_path.is_file()
+                                          else config.get("chat_template"))
+        if not isinstance(self.chat_template, (str, type(None))):
+            raise CheckpointError(checkpoint.path, "only a single chat template (a string) is supported")
+        self._special_tokens = {name: self.token_text(token_id) for name, token_id in
+                                (("bos_token", self.bos_token_id), ("eos_token", self.eos_token_id))
+                                if token_id is not None}
+        self._template = _compile(self.chat_template) if self.chat_template else None
 
     def encode(self, text: str) -> list[int]:
         """Token ids exactly as vLLM's tokenizer gives them for a completion prompt."""
@@ -39,19 +51,51 @@ class HfTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
+    def token_text(self, token_id: int) -> str:
+        """One token's text alone (special tokens by name), as logprobs show it."""
+        return self._tokenizer.decode([token_id], skip_special_tokens=False)
+
     def stream_decoder(self) -> HfStreamDecoder:
         return HfStreamDecoder(self)
 
-    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
-        """The checkpoint's Jinja template when it has one, else the same plain turns as
-        ByteTokenizer (the tiny model has none)."""
-        if self.chat_template:
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
+    @property
+    def tool_call_format(self) -> str | None:
+        """"hermes" when the template renders `tools` and asks for <tool_call> blocks, the one
+        format the conductor parses; None when the model takes no tools this way."""
+        if self._template is None or "<tool_call>" not in self.chat_template:
+            return None
+        from jinja2 import meta
 
-            template = ImmutableSandboxedEnvironment().from_string(self.chat_template)
-            return template.render(messages=list(messages), add_generation_prompt=True)
-        turns = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+        return "hermes" if "tools" in meta.find_undeclared_variables(self._template.environment.parse(
+            self.chat_template)) else None
+
+    def apply_chat_template(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict] = ()) -> str:
+        """The checkpoint's Jinja template when it has one, else the same plain turns as
+        ByteTokenizer."""
+        if self._template is not None:
+            return self._template.render(messages=list(messages), tools=list(tools) or None,
+                                         add_generation_prompt=True, **self._special_tokens)
+        turns = "".join(f"<|{m['role']}|>\n{m['content'] or ''}\n" for m in messages)
         return turns + "<|assistant|>\n"
+
+
+def _compile(source: str):
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    environment.filters["tojson"] = tojson
+    environment.globals["raise_exception"] = raise_exception
+    return environment.from_string(source)
 
 
 class HfStreamDecoder:

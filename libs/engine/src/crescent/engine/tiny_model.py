@@ -2,7 +2,10 @@
 byte-level BPE tokenizer trained on fixed text, saved the way Hugging Face saves any model.
 
 Tests, the dev cluster and benchmarks serve it with the real vLLM engine; nothing is
-downloaded. The same arguments write the same bytes (`crescent model tiny DIR`).
+downloaded. The same arguments write the same bytes (`crescent model tiny DIR`). Its chat
+template renders tools in the Hermes style (signatures in the system turn, calls as
+<tool_call> JSON blocks, results as <tool_response> blocks), so chat, tools and structured
+output take the path they take with an instruction-tuned checkpoint.
 """
 
 from __future__ import annotations
@@ -22,6 +25,40 @@ _WORDS = (
     "moon cake kimi paper figure table trace replay simulator policy threshold load balance "
     "one two three four five six seven eight nine ten hundred thousand million zero"
 ).split()
+
+
+CHAT_TEMPLATE = """\
+{%- set has_system = messages and messages[0]['role'] in ['system', 'developer'] %}
+{%- if has_system or tools %}
+<|system|>
+{% if has_system %}{{ messages[0]['content'] }}
+{% endif %}
+{% if tools %}
+You can call functions. Their signatures, one JSON object a line, are between <tools> and </tools>:
+<tools>
+{% for tool in tools %}
+{{ tool | tojson }}
+{% endfor %}
+</tools>
+To call functions, answer with one block a call: <tool_call>{"name": NAME, "arguments": ARGUMENTS}</tool_call>
+{% endif %}
+{%- endif %}
+{%- for message in messages[1 if has_system else 0:] %}
+<|{{ message['role'] }}|>
+{% if message['role'] == 'tool' %}
+<tool_response>{{ message['content'] }}</tool_response>
+{% else %}
+{% if message['content'] %}{{ message['content'] }}
+{% endif %}
+{% for call in message.get('tool_calls') or [] %}
+<tool_call>{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}</tool_call>
+{% endfor %}
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+<|assistant|>
+{% endif %}
+"""
 
 
 @dataclass(frozen=True)
@@ -63,8 +100,10 @@ def build_tokenizer(spec: TinyModelSpec):
     trainer = trainers.BpeTrainer(vocab_size=spec.vocab_size, special_tokens=list(SPECIAL_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(corpus(spec.seed), trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", model_max_length=spec.max_position_embeddings)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>",
+                                      eos_token="</s>", model_max_length=spec.max_position_embeddings)
+    wrapped.chat_template = CHAT_TEMPLATE
+    return wrapped
 
 
 def build_tiny_model(directory: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:

@@ -175,6 +175,12 @@ class ClusterView:
         return sum(1 for (r, _), s in self.instances.items() if r == role and s.info.model == model)
 
 
+    def engine_of(self, model: str) -> str:
+        """The engine ("vllm", "emulated") the model's prefill instances run; "" if unknown."""
+        return next((s.info.engine for (r, _), s in self.instances.items()
+                     if r == "prefill" and s.info.model == model and s.info.engine), "")
+
+
 def _contradiction(load: InstanceLoad, info: InstanceInfo) -> str:
     """What makes `load` impossible for the registered instance `info`; "" if nothing."""
     if min(load.num_queued, load.num_running, load.kv_used_tokens, load.kv_capacity_tokens) < 0 \

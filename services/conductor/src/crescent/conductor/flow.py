@@ -8,6 +8,10 @@ breaks the stream mid-way → the request goes on, on another decode instance, f
 plus the tokens already streamed, so the client sees one uninterrupted stream. A reply or
 chunk that may have been lost across a NATS reconnect is treated the same way. A slow instance
 (stale telemetry) is waited for: slow is not dead.
+
+A request whose sampling depends on its own earlier output is replayed instead (progress.py):
+its decode generates from the prompt, and one that takes over regenerates the tokens already
+streamed, which are checked and skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ from crescent.common.errors import (
 from crescent.common.messages import (
     Ack,
     DecodeCancel,
-    DecodeStart,
     PrefillCancel,
     PrefillJob,
     PrefillResult,
@@ -37,6 +40,7 @@ from crescent.common.messages import (
     ReservationReply,
     SamplingParams,
     TokenChunk,
+    TokenLogprobs,
 )
 from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
@@ -49,6 +53,7 @@ from crescent.conductor.policy import (
     RejectReason,
     ScheduleRequest,
 )
+from crescent.conductor.progress import Progress, replayable
 from crescent.conductor.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -79,6 +84,18 @@ class StreamBrokenError(RecoverableError):
     """The decode token stream lost a chunk or reported an error."""
 
 
+class RequestRefusedError(RecoverableError):
+    """An engine refused the request's parameters (InvalidRequestError): the client's to fix."""
+
+
+class ReplayDivergedError(RecoverableError):
+    """A decode that took over a replayed request generated other tokens than those already
+    streamed, so the stream cannot go on."""
+
+
+INVALID_REQUEST = "InvalidRequestError"  # the code of an engine's refusal (crescent.engine.base)
+
+
 MOVABLE_ERRORS = (InstanceLostError, ConnectionLostError, StreamBrokenError, NoRespondersError, RemoteError)
 """Failures after which a request is moved to another instance rather than failed."""
 
@@ -96,6 +113,8 @@ class FlowTimeouts:
 class TokenEvent:
     token_ids: list[int]
     finish_reason: str | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked for
+    prompt_logprobs: list[TokenLogprobs] | None = None  # on the first event, when asked for
 
 
 @dataclass
@@ -113,20 +132,6 @@ class _DecodeSide:
     @property
     def attempt_id(self) -> str:
         return self.request_id if self.attempt == 0 else f"{self.request_id}-m{self.attempt}"
-
-
-@dataclass
-class _Progress:
-    prompt: list[int]
-    max_tokens: int
-    sampling: SamplingParams
-    generated: list[int] = field(default_factory=list)
-
-    def decode_start(self, attempt_id: str) -> DecodeStart:
-        """Go on from the last generated token: the prompt and all earlier output are context."""
-        return DecodeStart(request_id=attempt_id, token_ids=self.prompt + self.generated[:-1],
-                           first_token=self.generated[-1],
-                           max_tokens=self.max_tokens - len(self.generated) + 1, sampling=self.sampling)
 
 
 class _Gone:
@@ -162,15 +167,22 @@ class RequestFlow:
                        sampling: SamplingParams) -> AsyncIterator[TokenEvent]:
         """Tokens as they come; closing the iterator early cancels the request downstream."""
         request = self._scheduler.request_for(request_id, model, token_ids, max_tokens)
-        progress = _Progress(list(token_ids), max_tokens, sampling)
+        progress = Progress(list(token_ids), max_tokens, replayable(sampling))
         decode = _DecodeSide(request_id)
         try:
-            first_token = await self._prefill(request, model, progress, decode)
-            progress.generated.append(first_token)
-            finish = self._finish_on_first(first_token, max_tokens, sampling)
-            yield TokenEvent([first_token], finish)
-            if finish is not None:
-                return
+            result = await self._prefill(request, model, progress, decode)
+            prompt_logprobs = result.prompt_logprobs if sampling.prompt_logprobs is not None else None
+            if progress.is_replayed:
+                if prompt_logprobs is not None:
+                    yield TokenEvent([], prompt_logprobs=prompt_logprobs)
+            else:
+                first_token = result.first_token
+                progress.generated.append(first_token)
+                finish = self._finish_on_first(first_token, max_tokens, sampling)
+                logprobs = [result.first_logprobs] if result.first_logprobs is not None else []
+                yield TokenEvent([first_token], finish, logprobs, prompt_logprobs)
+                if finish is not None:
+                    return
             async for event in self._decode(request, model, progress, decode):
                 yield event
         finally:
@@ -235,9 +247,9 @@ class RequestFlow:
             log.info("reserve refused", extra={"decode": decode_id, "reason": reply.reason})
         return reply.accepted
 
-    async def _prefill(self, request: ScheduleRequest, model: str, progress: _Progress,
-                       decode: _DecodeSide) -> int:
-        """The first token, from the first prefill instance that survives the job."""
+    async def _prefill(self, request: ScheduleRequest, model: str, progress: Progress,
+                       decode: _DecodeSide) -> PrefillResult:
+        """The result (first token) of the first prefill instance that survives the job."""
         gone = _Gone(self._view, "prefill")
         num_moves = 0
         while True:
@@ -255,8 +267,10 @@ class RequestFlow:
                     self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))
                 self._scheduler.on_prefilled(request, decision, result.num_cached_tokens,
                                              self._clock() - sent_at)
-                return result.first_token
+                return result
             except MOVABLE_ERRORS as exc:
+                if isinstance(exc, RemoteError) and exc.code == INVALID_REQUEST:
+                    raise RequestRefusedError(exc.message) from exc
                 if num_moves >= MAX_MIGRATIONS:
                     raise
                 num_moves += 1
@@ -273,7 +287,7 @@ class RequestFlow:
                 await self._cancel_prefill(prefill.instance_id, request.request_id)
                 raise
 
-    async def _decode(self, request: ScheduleRequest, model: str, progress: _Progress,
+    async def _decode(self, request: ScheduleRequest, model: str, progress: Progress,
                       decode: _DecodeSide) -> AsyncIterator[TokenEvent]:
         """Stream from the decode instance; when it is lost, go on from where it stopped on
         another one, within MAX_MIGRATIONS moves."""
@@ -297,7 +311,7 @@ class RequestFlow:
                 await stream.close()
             await self._move_decode(request, model, progress, decode, lost)
 
-    async def _stream_from(self, decode: _DecodeSide, progress: _Progress, stream: Stream) -> AsyncIterator[TokenEvent]:
+    async def _stream_from(self, decode: _DecodeSide, progress: Progress, stream: Stream) -> AsyncIterator[TokenEvent]:
         decode_id = decode.instance_id
         try:
             await self._while_present("decode", decode_id, self._bus.request(
@@ -308,6 +322,8 @@ class RequestFlow:
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
         first_chunk_at, num_later_tokens = 0.0, 0
+        # A replayed request's new decode first regenerates what the client already has.
+        replayed = list(progress.generated) if progress.is_replayed else []
         while True:
             chunk = await self._while_present("decode", decode_id, stream.next(self._timeouts.token_gap_s))
             if chunk.seq != expected_seq:
@@ -316,21 +332,30 @@ class RequestFlow:
             if chunk.error:
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
             expected_seq += 1
-            progress.generated.extend(chunk.token_ids)
             if expected_seq == 1:
                 first_chunk_at = self._clock()
             else:
                 num_later_tokens += len(chunk.token_ids)
+            token_ids, logprobs = chunk.token_ids, chunk.logprobs
+            if replayed:
+                num_again = min(len(replayed), len(token_ids))
+                if token_ids[:num_again] != replayed[:num_again]:
+                    raise ReplayDivergedError(f"decode {decode_id} regenerated {token_ids[:num_again]} where "
+                                              f"{replayed[:num_again]} was streamed")
+                replayed = replayed[num_again:]
+                token_ids, logprobs = token_ids[num_again:], logprobs[num_again:]
+            progress.generated.extend(token_ids)
             if chunk.is_final:
                 decode.is_finished = True
                 if num_later_tokens and not decode.is_moved:
                     self._scheduler.on_decoded(decode.predicted_tbt_s,
                                                (self._clock() - first_chunk_at) / num_later_tokens)
-            yield TokenEvent(chunk.token_ids, chunk.finish_reason if chunk.is_final else None)
+            if token_ids or chunk.is_final:
+                yield TokenEvent(token_ids, chunk.finish_reason if chunk.is_final else None, logprobs)
             if chunk.is_final:
                 return
 
-    async def _move_decode(self, request: ScheduleRequest, model: str, progress: _Progress,
+    async def _move_decode(self, request: ScheduleRequest, model: str, progress: Progress,
                            decode: _DecodeSide, lost: _Gone) -> None:
         """Release the old attempt and reserve room for the next one on a live decode instance."""
         await self._cancel_decode(decode)

@@ -1,7 +1,12 @@
-"""The OpenAI wire format: validating request bodies and shaping responses and SSE chunks.
+"""The OpenAI wire format, requests: /v1/completions and /v1/chat/completions bodies into a
+GenerationRequest (the Responses API's are in openai_responses).
 
 Validation is strict on type and range because a bad field that slips through would fail
-deep in the cluster, far from the caller; each rejection names the offending parameter.
+deep in the cluster, far from the caller; each rejection names the offending parameter. A field
+this API knows but does not implement is refused with a 400 naming it rather than ignored, since
+the caller would believe it was applied; fields it does not know are ignored, as OpenAI's own
+API does. What depends on the model (its vocabulary, context, engine and chat template) is
+checked once the model is known (model_checks).
 """
 
 from __future__ import annotations
@@ -9,123 +14,102 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 
-class ApiError(Exception):
-    """An error the client caused or must see, rendered as OpenAI's error body."""
+from crescent.common.messages import SamplingParams
+from crescent.conductor.openai_fields import (
+    INT64_MAX,
+    INT64_MIN,
+    ApiError,
+    bad_request,
+    boolean,
+    get,
+    integer,
+    refuse,
+    token_count,
+)
+from crescent.conductor.openai_sampling import parse_logprobs, parse_response_format, parse_sampling
+from crescent.conductor.openai_tools import ToolChoice, parse_messages, parse_tools
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
+__all__ = ["INT64_MAX", "INT64_MIN", "ApiError", "GenerationRequest", "bad_request", "parse_chat",
+           "parse_common", "parse_completion"]
 
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+MAX_N = 128  # choices per request, as OpenAI allows
 
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param, code=code)
+# Fields known and not implemented, with the values that ask for nothing; any other value is a 400.
+_UNSUPPORTED = {
+    "use_beam_search": (None, False), "prompt_logprobs": (None,), "structured_outputs": (None,),
+    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
+    "bad_words": (None, []), "allowed_token_ids": (None,),
+}
+_COMPLETION_UNSUPPORTED = {**_UNSUPPORTED, "suffix": (None, "")}
+_CHAT_UNSUPPORTED = {
+    **_UNSUPPORTED, "functions": (None,), "function_call": (None,), "audio": (None,),
+    "modalities": (None, ["text"]), "prediction": (None,), "web_search_options": (None,),
+    "reasoning_effort": (None,), "store": (None, False),
+}
 
 
 @dataclass
 class GenerationRequest:
-    is_chat: bool
+    """A validated request, whichever endpoint it came through."""
+
+    api: str  # "completions", "chat" or "responses"
     model: str
     prompt_text: str | None = None
     prompt_token_ids: list[int] | None = None
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: ToolChoice | None = None  # None: the output is not searched for tool calls
     max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    n: int = 1
+    echo: bool = False
     stream: bool = False
     include_usage: bool = False
-    ignore_eos: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+    @property
+    def is_chat(self) -> bool:
+        """Rendered through the chat template (chat and responses)."""
+        return self.api != "completions"
 
 
-_MISSING = object()
-# Integers the cluster carries are 64-bit (msgpack; vLLM's seed is a torch int64). JSON's
-# are not, so every one is checked against this range before it goes anywhere.
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
-def _field(body: dict, name: str, kinds: tuple[type, ...], default: Any = _MISSING) -> Any:
-    value = body.get(name, _MISSING)
-    if value is _MISSING or value is None:
-        if default is _MISSING:
-            raise bad_request(f"'{name}' is required", param=name, code="missing_required_parameter")
-        return default
-    # bool is an int in Python; a JSON true is never a valid number here.
-    if isinstance(value, bool) and bool not in kinds:
-        raise bad_request(f"'{name}' must be {_kind_names(kinds)}, got a boolean", param=name)
-    if not isinstance(value, kinds):
-        raise bad_request(f"'{name}' must be {_kind_names(kinds)}, got {type(value).__name__}", param=name)
-    return value
-
-
-def _kind_names(kinds: tuple[type, ...]) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
-             dict: "an object"}
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def _shown(value: float) -> str:
-    """A number as an error message quotes it: JSON integers may have thousands of digits."""
-    text = str(value)
-    return text if len(text) <= 24 else f"{text[:12]}… ({len(text)} characters)"
-
-
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = _field(body, name, (int, float), default)
-    # Compared before float(): an integer too large for a float would overflow it. NaN fails too.
-    if not low <= value <= high:
-        raise bad_request(f"'{name}' must be between {low} and {high}, got {_shown(value)}", param=name)
-    return float(value)
-
-
-def _token_count(body: dict, name: str, default: int | None) -> int | None:
-    value = _field(body, name, (int,), default)
-    if value is not None and not 1 <= value <= INT64_MAX:
-        raise bad_request(f"'{name}' must be between 1 and {INT64_MAX}, got {_shown(value)}", param=name)
-    return value
-
-
-def _common(body: Any, is_chat: bool) -> GenerationRequest:
+def parse_common(body: Any, api: str, max_tokens_names: tuple[str, ...], default_max_tokens: int | None,
+                 ) -> GenerationRequest:
+    """The fields every endpoint shares. Of several names for max_tokens, the last one given
+    wins; each is checked when given."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    request = GenerationRequest(is_chat=is_chat, model=_field(body, "model", (str,)))
-    # Chat's max_completion_tokens wins over max_tokens; both are checked when both are given.
-    max_tokens = _token_count(body, "max_tokens", None if is_chat else 16)
-    completion_tokens = _token_count(body, "max_completion_tokens", None) if is_chat else None
-    request.max_tokens = max_tokens if completion_tokens is None else completion_tokens
-    request.temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    request.top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    request.seed = _field(body, "seed", (int,), None)
-    if request.seed is not None and not INT64_MIN <= request.seed <= INT64_MAX:
-        raise bad_request(f"'seed' must be a 64-bit signed integer, got {_shown(request.seed)}", param="seed")
-    stop = _field(body, "stop", (str, list), [])
+    request = GenerationRequest(api=api, model=get(body, "model", (str,)), max_tokens=default_max_tokens)
+    for name in max_tokens_names:
+        value = token_count(body, name, None)
+        request.max_tokens = request.max_tokens if value is None else value
+    stop = get(body, "stop", (str, list), [])
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop):
         raise bad_request("'stop' must be a non-empty string or an array of them", param="stop")
     request.stop = stop
-    n = _field(body, "n", (int,), 1)
-    if n != 1:
-        raise bad_request("only n=1 is supported", param="n")
-    request.stream = _field(body, "stream", (bool,), False)
-    options = _field(body, "stream_options", (dict,), {})
-    request.include_usage = _field(options, "include_usage", (bool,), False)
-    request.ignore_eos = _field(body, "ignore_eos", (bool,), False)
+    request.stream = boolean(body, "stream")
+    options = get(body, "stream_options", (dict,), {})
+    request.include_usage = boolean(options, "include_usage", param="stream_options.include_usage")
+    request.sampling = parse_sampling(body)
     return request
 
 
 def parse_completion(body: Any) -> GenerationRequest:
-    request = _common(body, is_chat=False)
-    prompt = _field(body, "prompt", (str, list))
+    request = parse_common(body, "completions", ("max_tokens",), 16)
+    refuse(body, _COMPLETION_UNSUPPORTED)
+    request.n = integer(body, "n", 1, 1, MAX_N)
+    best_of = get(body, "best_of", (int,), None)
+    if best_of is not None and best_of != request.n:
+        raise bad_request("'best_of' other than n is not supported: every choice is returned", param="best_of")
+    request.echo = boolean(body, "echo")
+    num_logprobs = parse_logprobs(get(body, "logprobs", (int,), None), "logprobs")
+    request.sampling = msgspec.structs.replace(
+        request.sampling, logprobs=num_logprobs, structured=parse_response_format(body),
+        prompt_logprobs=num_logprobs if request.echo else None)
+    prompt = get(body, "prompt", (str, list))
     if isinstance(prompt, str):
         if not prompt:
             raise bad_request("'prompt' must not be empty", param="prompt")
@@ -142,55 +126,23 @@ def parse_completion(body: Any) -> GenerationRequest:
 
 
 def parse_chat(body: Any) -> GenerationRequest:
-    request = _common(body, is_chat=True)
-    messages = _field(body, "messages", (list,))
-    if not messages:
-        raise bad_request("'messages' must not be empty", param="messages")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
-            raise bad_request(f"messages[{i}] must be an object with string 'role' and 'content'",
-                              param=f"messages[{i}]")
-        if message["role"] not in ("system", "user", "assistant", "tool", "developer"):
-            raise bad_request(f"messages[{i}].role {message['role']!r} is not a known role", param=f"messages[{i}]")
-    request.messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    # max_completion_tokens wins over max_tokens; both are checked when both are given.
+    request = parse_common(body, "chat", ("max_tokens", "max_completion_tokens"), None)
+    refuse(body, _CHAT_UNSUPPORTED)
+    request.n = integer(body, "n", 1, 1, MAX_N)
+    if boolean(body, "echo"):
+        raise bad_request("'echo' is a /v1/completions parameter", param="echo")
+    wants_logprobs = boolean(body, "logprobs")
+    top = get(body, "top_logprobs", (int,), None)
+    if top is not None and not wants_logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    num_logprobs = parse_logprobs(top or 0, "top_logprobs") if wants_logprobs else None
+    request.messages = parse_messages(get(body, "messages", (list,)))
+    request.tools, request.tool_choice, tool_grammar = parse_tools(body)
+    structured = parse_response_format(body)
+    if tool_grammar is not None and structured is not None:
+        raise bad_request("'response_format' cannot be combined with a tool_choice that forces a call",
+                          param="response_format")
+    request.sampling = msgspec.structs.replace(request.sampling, logprobs=num_logprobs,
+                                               structured=structured or tool_grammar)
     return request
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def chunk(request: GenerationRequest, request_id: str, created: int, text: str,
-          finish_reason: str | None, is_first: bool) -> dict[str, Any]:
-    """One SSE event's JSON for a streaming response."""
-    if request.is_chat:
-        delta: dict[str, str] = {"role": "assistant"} if is_first else {}
-        if text:
-            delta["content"] = text
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {"id": request_id, "object": "chat.completion.chunk", "created": created,
-                "model": request.model, "choices": [choice]}
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    return {"id": request_id, "object": "text_completion", "created": created, "model": request.model,
-            "choices": [choice]}
-
-
-def usage_chunk(request: GenerationRequest, request_id: str, created: int, usage_body: dict) -> dict[str, Any]:
-    kind = "chat.completion.chunk" if request.is_chat else "text_completion"
-    return {"id": request_id, "object": kind, "created": created, "model": request.model, "choices": [],
-            "usage": usage_body}
-
-
-def full_response(request: GenerationRequest, request_id: str, created: int, text: str,
-                  finish_reason: str | None, usage_body: dict) -> dict[str, Any]:
-    if request.is_chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                  "finish_reason": finish_reason}
-        kind = "chat.completion"
-    else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        kind = "text_completion"
-    return {"id": request_id, "object": kind, "created": created, "model": request.model,
-            "choices": [choice], "usage": usage_body}

@@ -1,7 +1,9 @@
 """The OpenAPI 3.0 description the conductor serves at /openapi.json.
 
-It describes the subset of OpenAI's API that openai_api.py accepts, with the same ranges, so
-clients and API fuzzers can generate requests from it. Kept by hand, as it is small; the e2e
+It describes the subset of OpenAI's API that openai_api.py and openai_responses.py accept,
+with the same ranges, so clients and API fuzzers can generate requests from it. What depends
+on the model (token ids within its vocabulary, tools where its template renders them, what its
+engine can apply) is a 400 the document cannot foresee. Kept by hand, as it is small; the e2e
 test runs schemathesis against it, which fails where the parser refuses what the document
 calls valid or takes what it calls invalid.
 """
@@ -10,7 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from crescent.conductor.openai_api import INT64_MAX, INT64_MIN
+from crescent.common.bounds import MAX_STOP_TOKENS
+from crescent.conductor.openai_api import INT64_MAX, INT64_MIN, MAX_N
+from crescent.conductor.openai_sampling import MAX_LOGPROBS, MAX_REPETITION_PENALTY, MAX_TOP_K
 
 _ERROR = {
     "type": "object",
@@ -33,19 +37,48 @@ def _optional(schema: dict) -> dict:
     return {"oneOf": [*schema["oneOf"], _NULL]}
 
 
+_TEXT_PART = {"type": "object", "required": ["type", "text"],
+              "properties": {"type": {"type": "string", "enum": ["text"]}, "text": {"type": "string"}}}
+_TEXT_CONTENT = {"oneOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]}
+
 _STOP = {"oneOf": [{"type": "string", "minLength": 1},
                    {"type": "array", "items": {"type": "string", "minLength": 1}}]}
 
-_SAMPLING = {name: _optional(schema) for name, schema in {
-    "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
+_TOKEN_ID = {"type": "integer", "minimum": 0, "maximum": INT64_MAX}
+_SCHEMA = {"type": "object", "description": "a JSON Schema"}
+_JSON_SCHEMA_FORMAT = {"name": {"type": "string"}, "description": {"type": "string"}, "schema": _SCHEMA,
+                       "strict": {"type": "boolean", "nullable": True}}
+_RESPONSE_FORMAT = {"oneOf": [
+    {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["text"]}}},
+    {"type": "object", "required": ["type"], "properties": {"type": {"type": "string", "enum": ["json_object"]}}},
+    {"type": "object", "required": ["type", "json_schema"], "properties": {
+        "type": {"type": "string", "enum": ["json_schema"]},
+        "json_schema": {"type": "object", "required": ["name"], "properties": _JSON_SCHEMA_FORMAT}}},
+]}
+_COMMON = {
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
     "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": -1, "maximum": MAX_TOP_K, "description": "0 or -1: every token"},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
     "seed": {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX},
     "stop": _STOP,
-    "n": {"type": "integer", "minimum": 1, "maximum": 1},
+    "stop_token_ids": {"type": "array", "maxItems": MAX_STOP_TOKENS, "items": _TOKEN_ID},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "repetition_penalty": {"type": "number", "minimum": 0, "exclusiveMinimum": True,
+                           "maximum": MAX_REPETITION_PENALTY},
+    "logit_bias": {"type": "object", "description": "token id (decimal) to a bias",
+                   "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+    "min_tokens": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean", "nullable": True}}},
     "ignore_eos": {"type": "boolean", "description": "generate max_tokens even past end-of-sequence"},
+}
+_SAMPLING = {name: _optional(schema) for name, schema in {
+    **_COMMON,
+    "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT64_MAX},
+    "n": {"type": "integer", "minimum": 1, "maximum": MAX_N},
+    "response_format": _RESPONSE_FORMAT,
 }.items()}
 _MODEL = {"type": "string", "description": "a model from /v1/models"}
 
@@ -55,6 +88,8 @@ _COMPLETION_REQUEST = {
     "properties": {
         **_SAMPLING,
         "model": _MODEL,
+        "echo": _optional({"type": "boolean"}),
+        "logprobs": _optional({"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS}),
         "prompt": {"oneOf": [{"type": "string", "minLength": 1},
                              {"type": "array", "minItems": 1,
                               "items": {"type": "integer", "minimum": 0, "maximum": INT64_MAX}}]},
@@ -68,14 +103,66 @@ _CHAT_REQUEST = {
         **_SAMPLING,
         "model": _MODEL,
         "max_completion_tokens": _optional({"type": "integer", "minimum": 1, "maximum": INT64_MAX}),
+        "logprobs": _optional({"type": "boolean"}),
+        "top_logprobs": _optional({"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS,
+                                   "description": "needs logprobs: true"}),
+        "tools": _optional({"type": "array", "items": {
+            "type": "object", "required": ["type", "function"],
+            "properties": {"type": {"type": "string", "enum": ["function"]},
+                           "function": {"type": "object", "required": ["name"], "properties": {
+                               "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+                               "description": {"type": "string"}, "parameters": _SCHEMA}}}}}),
+        "tool_choice": _optional({"oneOf": [
+            {"type": "string", "enum": ["none", "auto", "required"]},
+            {"type": "object", "required": ["type", "function"], "properties": {
+                "type": {"type": "string", "enum": ["function"]},
+                "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}}}]}),
+        "parallel_tool_calls": _optional({"type": "boolean"}),
         "messages": {"type": "array", "minItems": 1, "items": {
             "type": "object",
             "required": ["role", "content"],
             "properties": {"role": {"type": "string",
                                     "enum": ["system", "user", "assistant", "tool", "developer"]},
-                           "content": {"type": "string"}}}},
+                           "content": _TEXT_CONTENT, "name": {"type": "string"},
+                           "tool_call_id": {"type": "string"}}}},
     },
 }
+
+_RESPONSES_REQUEST = {
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        **{name: _optional(schema) for name, schema in _COMMON.items()},
+        "model": _MODEL,
+        "instructions": _optional({"type": "string"}),
+        "max_output_tokens": _optional({"type": "integer", "minimum": 1, "maximum": INT64_MAX}),
+        "text": {"type": "object", "properties": {"format": _optional({"oneOf": [
+            {"type": "object", "required": ["type"], "properties": {
+                "type": {"type": "string", "enum": ["text", "json_object"]}}},
+            {"type": "object", "required": ["type", "name"], "properties": {
+                "type": {"type": "string", "enum": ["json_schema"]}, **_JSON_SCHEMA_FORMAT}}]})}},
+        "input": {"oneOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["role", "content"],
+            "properties": {"type": {"type": "string", "enum": ["message"]},
+                           "role": {"type": "string", "enum": ["system", "developer", "user", "assistant"]},
+                           "content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {
+                               "type": "object", "required": ["type", "text"],
+                               "properties": {"type": {"type": "string", "enum": ["input_text", "output_text"]},
+                                              "text": {"type": "string"}}}}]}}}}]},
+    },
+}
+
+_OUTPUT = {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string"}, "role": {"type": "string"},
+    "content": {"type": "array", "items": {"type": "object", "properties": {"type": {"type": "string"},
+                                                                         "text": {"type": "string"}}}}}}
+_RESPONSE = {"type": "object", "required": ["id", "object", "status", "output"],
+             "properties": {"id": {"type": "string"}, "object": {"type": "string", "enum": ["response"]},
+                            "status": {"type": "string", "enum": ["completed", "incomplete"]},
+                            "model": {"type": "string"}, "output": {"type": "array", "items": _OUTPUT},
+                            "usage": {"type": "object", "properties": {
+                                name: {"type": "integer"} for name in ("input_tokens", "output_tokens",
+                                                                        "total_tokens")}}}}
 
 _USAGE = {"type": "object", "properties": {name: {"type": "integer"} for name in
                                            ("prompt_tokens", "completion_tokens", "total_tokens")}}
@@ -95,7 +182,9 @@ _COMPLETION = _response("text_completion", {
 _CHAT = _response("chat.completion", {
     "type": "object", "properties": {"index": {"type": "integer"}, "finish_reason": _FINISH,
                                      "message": {"type": "object", "properties": {
-                                         "role": {"type": "string"}, "content": {"type": "string"}}}}})
+                                         "role": {"type": "string"},
+                                         "content": {"type": "string", "nullable": True},
+                                         "tool_calls": {"type": "array", "items": {"type": "object"}}}}}})
 
 
 # One server-sent event: its data is a chunk of the response as JSON, the last one "[DONE]".
@@ -134,6 +223,8 @@ OPENAPI: dict[str, Any] = {
     "paths": {
         "/v1/completions": _generation("Complete a prompt", _COMPLETION_REQUEST, _COMPLETION),
         "/v1/chat/completions": _generation("Answer a conversation", _CHAT_REQUEST, _CHAT),
+        "/v1/responses": _generation("Answer text input (the Responses API; nothing is stored)",
+                                     _RESPONSES_REQUEST, _RESPONSE),
         "/v1/models": {"get": {
             "summary": "Models with a live instance",
             "responses": {"200": {"description": "the served models", "content": _json({

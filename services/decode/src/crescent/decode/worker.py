@@ -99,7 +99,7 @@ class DecodeWorker:
         return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             model=self.settings.model_name, http_url=self._runtime.http_url,
                             max_model_len=self.max_model_len,
-                            kv_capacity_tokens=self.ledger.capacity_tokens, started_at=time.time())
+                            kv_capacity_tokens=self.ledger.capacity_tokens, started_at=time.time(), engine=self.settings.engine)
 
     def health(self) -> dict:
         details = {"num_running": self.engine.num_running, "kv_used_tokens": self.ledger.used_tokens,
@@ -190,7 +190,7 @@ class DecodeWorker:
                         span.set_attribute("crescent.num_cached_tokens", step.num_cached_tokens)
                     num_tokens += len(step.token_ids)
                     await self._runtime.bus.publish(subject, TokenChunk(
-                        request_id=start.request_id, seq=seq, token_ids=step.token_ids,
+                        request_id=start.request_id, seq=seq, token_ids=step.token_ids, logprobs=step.logprobs,
                         is_final=step.finish_reason is not None, finish_reason=step.finish_reason))
                     seq += 1
                 span.set_attribute("crescent.num_generated_tokens", num_tokens)

@@ -44,6 +44,8 @@ from crescent.common.store_messages import (
 )
 from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
+from crescent.engine.base import InvalidRequestError
+from crescent.engine.emulated import unsupported
 from crescent.engine.emulated_kv import EmulatedKv
 from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
@@ -118,7 +120,7 @@ class PrefillWorker:
     def instance_info(self) -> InstanceInfo:
         return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             model=self.settings.model_name, http_url=self._runtime.http_url,
-                            max_model_len=self.max_model_len, started_at=time.time())
+                            max_model_len=self.max_model_len, started_at=time.time(), engine=self.settings.engine)
 
     def health(self) -> dict:
         return {"num_queued": len(self._predicted_s), "engine": self.settings.engine}
@@ -160,6 +162,8 @@ class PrefillWorker:
         if job.block_size and job.block_size != self.settings.block_size:
             raise JobRejected(f"the job's blocks are {job.block_size} tokens, this instance stores "
                               f"{self.settings.block_size}-token blocks: its prefix would never be found")
+        if not self.is_vllm and unsupported(job.sampling):
+            raise InvalidRequestError(f"the emulated engine cannot apply {', '.join(unsupported(job.sampling))}")
         self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids))
         self._jobs[job.request_id] = asyncio.current_task()
         enqueued = time.monotonic()
@@ -183,7 +187,7 @@ class PrefillWorker:
                         output = await self.engine.prefill(job.token_ids, request_id=job.request_id,
                                                            sampling=job.sampling, save_to=save_to)
                     else:
-                        output = await self.engine.compute(plan)
+                        output = await self.engine.compute(plan, job.sampling.logprobs)
                     span.set_attribute("crescent.num_computed_tokens", output.num_computed_tokens)
                     span.set_attribute("crescent.num_cached_tokens", output.num_cached_tokens)
             finally:
@@ -198,7 +202,8 @@ class PrefillWorker:
         return PrefillResult(request_id=job.request_id, first_token=output.first_token,
                              num_computed_tokens=output.num_computed_tokens,
                              num_cached_tokens=output.num_cached_tokens,
-                             queue_s=started - enqueued, compute_s=finished - started)
+                             queue_s=started - enqueued, compute_s=finished - started,
+                             first_logprobs=output.first_logprobs, prompt_logprobs=output.prompt_logprobs)
 
     async def cancel(self, cancel: PrefillCancel) -> Ack:
         """Stop a queued or running job: nobody waits for its result any more."""

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from crescent.common import tracing
 from crescent.common.errors import ConfigError, RecoverableError
 from crescent.common.messages import SamplingParams as CrescentSampling
-from crescent.engine.base import FINISH_ABORT, DecodeStep, PrefillOutput
+from crescent.engine.base import FINISH_ABORT, DecodeStep, InvalidRequestError, PrefillOutput
 from crescent.engine.checkpoint import Checkpoint, inspect_checkpoint
 from crescent.engine.settings import EngineSettings
 from crescent.engine.vllm.connector import PARAM_LOAD, PARAM_SAVE_TO, PARAM_TRACE
+from crescent.engine.vllm.sampling import output_logprobs, prompt_logprobs, vllm_params
 
 log = logging.getLogger(__name__)
 
@@ -152,14 +153,12 @@ class VllmEngine:
             self._llm = None
 
     def _params(self, sampling: CrescentSampling, max_tokens: int, kv: dict):
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        return SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                              seed=sampling.seed, stop_token_ids=list(sampling.stop_token_ids),
-                              ignore_eos=sampling.ignore_eos, output_kind=RequestOutputKind.DELTA,
-                              extra_args={"kv_transfer_params": {**kv, PARAM_TRACE: tracing.inject_headers() or {}}}
-                              if kv and self.endpoints else None)
+        extra = ({"kv_transfer_params": {**kv, PARAM_TRACE: tracing.inject_headers() or {}}}
+                 if kv and self.endpoints else None)
+        try:
+            return vllm_params(sampling, max_tokens, extra)
+        except ValueError as exc:  # vLLM's own checks of each parameter
+            raise InvalidRequestError(str(exc)) from exc
 
     def _check_length(self, num_tokens: int) -> None:
         if not 0 < num_tokens <= self.max_model_len:
@@ -172,21 +171,30 @@ class VllmEngine:
         from vllm.inputs import TokensPrompt
 
         self._check_length(len(token_ids))
-        params = self._params(sampling or CrescentSampling(), 1, {PARAM_SAVE_TO: list(save_to)})
+        sampling = sampling or CrescentSampling()
+        # Prompt logprobs need every prompt token computed: nothing is loaded from the store.
+        kv = {PARAM_SAVE_TO: list(save_to), **({PARAM_LOAD: False} if sampling.prompt_logprobs is not None else {})}
+        params = self._params(sampling, 1, kv)
         started = time.monotonic()
-        first, num_cached = None, 0
+        first, num_cached, first_logprobs, prompt = None, 0, [], []
         try:
             async for output in self._llm.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params,
                                                    request_id):
-                if output.outputs and output.outputs[0].token_ids and first is None:
-                    first = output.outputs[0].token_ids[0]
+                completion = output.outputs[0] if output.outputs else None
+                if completion is not None and completion.token_ids and first is None:
+                    first = completion.token_ids[0]
+                    first_logprobs = output_logprobs(completion.token_ids[:1], completion.logprobs,
+                                                     sampling.logprobs)
+                prompt = prompt or prompt_logprobs(token_ids, output.prompt_logprobs, sampling.prompt_logprobs)
                 num_cached = output.num_cached_tokens or num_cached
         except ValueError as exc:
-            raise EngineRequestError(str(exc)) from exc
+            raise InvalidRequestError(str(exc)) from exc
         if first is None:
             raise EngineRequestError(f"prefill of {request_id} produced no token")
         return PrefillOutput(first_token=first, num_computed_tokens=len(token_ids) - num_cached,
-                             num_cached_tokens=num_cached, compute_s=time.monotonic() - started)
+                             num_cached_tokens=num_cached, compute_s=time.monotonic() - started,
+                             first_logprobs=first_logprobs[0] if first_logprobs else None,
+                             prompt_logprobs=prompt)
 
     async def generate(self, request_id: str, token_ids: Sequence[int], first_token: int, max_new_tokens: int,
                        stop_token_ids: Sequence[int] = (), sampling: CrescentSampling | None = None,
@@ -206,11 +214,13 @@ class VllmEngine:
             async for output in self._llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
                 completion = output.outputs[0]
                 finished = output.finished
-                yield DecodeStep(list(completion.token_ids), completion.finish_reason if finished else None,
-                                 num_cached_tokens=(output.num_cached_tokens or 0) if is_first else None)
+                new_tokens = list(completion.token_ids)
+                yield DecodeStep(new_tokens, completion.finish_reason if finished else None,
+                                 num_cached_tokens=(output.num_cached_tokens or 0) if is_first else None,
+                                 logprobs=output_logprobs(new_tokens, completion.logprobs, sampling.logprobs))
                 is_first = False
         except ValueError as exc:
-            raise EngineRequestError(str(exc)) from exc
+            raise InvalidRequestError(str(exc)) from exc
         if not finished:
             yield DecodeStep([], FINISH_ABORT)
 

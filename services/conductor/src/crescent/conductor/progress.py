@@ -1,0 +1,52 @@
+"""Where a request's generation stands, and how a decode instance goes on from there.
+
+Continuing from the tokens so far, placed in the decode's prompt, suits every sampling parameter
+the engine applies to the context as a whole (temperature, top-k/p, min-p, repetition penalty,
+logit bias; min_tokens is counted down). Presence and frequency penalties and grammars count only
+the engine's own output, and tokens in the prompt are not output: a request that uses them is
+*replayed* instead. Its decode always generates from the prompt itself (the prefill's token only
+fills the KV, and is not streamed), and a decode that takes it over after a failure regenerates
+the tokens already streamed, which the flow checks and skips. Replay needs the same tokens
+again, so such a request sampled at a temperature gets a seed when it has none.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+import msgspec
+
+from crescent.common.messages import DecodeStart, SamplingParams
+
+
+@dataclass
+class Progress:
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    generated: list[int] = field(default_factory=list)
+
+    @property
+    def is_replayed(self) -> bool:
+        return self.sampling.depends_on_output
+
+    def decode_start(self, attempt_id: str) -> DecodeStart:
+        """Go on from the last generated token: the prompt and all earlier output are context.
+        A replayed request starts from the prompt, its last token standing in as the first."""
+        if self.is_replayed:
+            return DecodeStart(request_id=attempt_id, token_ids=self.prompt[:-1], first_token=self.prompt[-1],
+                               max_tokens=self.max_tokens + 1,
+                               sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None))
+        sampling = msgspec.structs.replace(self.sampling, prompt_logprobs=None,
+                                           min_tokens=max(0, self.sampling.min_tokens - len(self.generated)))
+        return DecodeStart(request_id=attempt_id, token_ids=self.prompt + self.generated[:-1],
+                           first_token=self.generated[-1],
+                           max_tokens=self.max_tokens - len(self.generated) + 1, sampling=sampling)
+
+
+def replayable(sampling: SamplingParams) -> SamplingParams:
+    """`sampling`, with a seed if the request is replayed and sampled at a temperature."""
+    if sampling.depends_on_output and sampling.temperature > 0 and sampling.seed is None:
+        return msgspec.structs.replace(sampling, seed=secrets.randbits(63))
+    return sampling
