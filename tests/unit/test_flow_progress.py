@@ -1,11 +1,12 @@
 """A moved decode goes on from where the last one stopped: what its start message says."""
 
 from crescent.common.messages import SamplingParams
-from crescent.conductor.flow import _DecodeSide, _Progress
+from crescent.conductor.flow import _DecodeSide
+from crescent.conductor.progress import Progress
 
 
 def test_a_moved_decode_starts_from_the_prompt_plus_all_but_the_last_generated_token():
-    progress = _Progress(prompt=[1, 2, 3], max_tokens=10, sampling=SamplingParams())
+    progress = Progress(prompt=[1, 2, 3], max_tokens=10, sampling=SamplingParams())
     progress.generated = [7, 8, 9, 4]  # the first token (from prefill) and three streamed ones
     start = progress.decode_start("r-m1")
     assert start.token_ids == [1, 2, 3, 7, 8, 9] and start.first_token == 4
