@@ -85,6 +85,8 @@ def check_json_schema(schema: Any, param: str) -> str:
 
     if not isinstance(schema, dict):
         raise bad_request(f"'{param}' must be a JSON Schema object", param=param)
+    if not isinstance(schema.get("$schema", ""), str):  # names the metaschema to check against
+        raise bad_request(f"'{param}.$schema' must be a string", param=param)
     try:
         jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as exc:
