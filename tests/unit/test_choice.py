@@ -114,3 +114,15 @@ def test_a_replayed_request_at_a_temperature_gets_a_seed():
     assert replayable(SamplingParams(presence_penalty=0.5, temperature=0.8)).seed is not None
     assert replayable(SamplingParams(presence_penalty=0.5, temperature=0.8, seed=3)).seed == 3
     assert replayable(SamplingParams(temperature=0.8)).seed is None
+
+
+def test_a_named_functions_call_opens_with_its_first_arguments():
+    request = parse_chat({**CHAT, "tools": [WEATHER], "stream": True,
+                          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    choice = Choice(0, request, TOKENIZER, [])
+    held = choice.push(TokenEvent([0xC3]))  # half of a two-byte character: no text yet
+    first = chunk(request, "id", 0, 0, held, True, choice.call_id)
+    assert "tool_calls" not in first["choices"][0]["delta"]
+    opening = chunk(request, "id", 0, 0, choice.push(TokenEvent([0xA9], "stop")), False, choice.call_id)
+    [call] = opening["choices"][0]["delta"]["tool_calls"]
+    assert call["id"] == choice.call_id and call["function"] == {"arguments": "é", "name": "get_weather"}
