@@ -328,6 +328,9 @@ class RequestFlow:
                                               f"{replayed[:num_again]} was streamed")
                 replayed = replayed[num_again:]
                 token_ids, logprobs = token_ids[num_again:], logprobs[num_again:]
+                if chunk.is_final and replayed:
+                    raise ReplayDivergedError(f"decode {decode_id} ended {len(replayed)} tokens before the "
+                                              "output already streamed")
             progress.generated.extend(token_ids)
             if chunk.is_final:
                 decode.is_finished = True
