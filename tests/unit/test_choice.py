@@ -4,13 +4,15 @@ call; and a decode start that carries the sampling on (min_tokens counted down, 
 
 import json
 
+import pytest
+
 from crescent.common.messages import SamplingParams, StructuredOutput, TokenLogprobs
 from crescent.common.tokenizer import ByteTokenizer
 from crescent.conductor.choice import Choice
 from crescent.conductor.flow import TokenEvent
-from crescent.conductor.progress import Progress, replayable
 from crescent.conductor.openai_api import parse_chat, parse_completion
 from crescent.conductor.openai_shapes import Collected, chunk, full_response
+from crescent.conductor.progress import Progress, Replay, ReplayDivergedError, replayable
 
 TOKENIZER = ByteTokenizer()
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
@@ -126,3 +128,14 @@ def test_a_named_functions_call_opens_with_its_first_arguments():
     opening = chunk(request, "id", 0, 0, choice.push(TokenEvent([0xA9], "stop")), False, choice.call_id)
     [call] = opening["choices"][0]["delta"]["tool_calls"]
     assert call["id"] == choice.call_id and call["function"] == {"arguments": "é", "name": "get_weather"}
+
+
+def test_a_replaying_decode_adds_only_what_follows_the_streamed_tokens():
+    replay = Replay([5, 6, 7])
+    assert replay.new_part([5, 6], [lp(5), lp(6)], False) == ([], [])
+    assert replay.new_part([7, 8, 9], [lp(7), lp(8), lp(9)], False) == ([8, 9], [lp(8), lp(9)])
+    assert replay.new_part([10], [], True) == ([10], [])
+    with pytest.raises(ReplayDivergedError):
+        Replay([5, 6]).new_part([5, 9], [], False)
+    with pytest.raises(ReplayDivergedError):
+        Replay([5, 6]).new_part([5], [], True)

@@ -53,7 +53,7 @@ from crescent.conductor.policy import (
     RejectReason,
     ScheduleRequest,
 )
-from crescent.conductor.progress import Progress, replayable
+from crescent.conductor.progress import Progress, Replay, replayable
 from crescent.conductor.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -86,11 +86,6 @@ class StreamBrokenError(RecoverableError):
 
 class RequestRefusedError(RecoverableError):
     """An engine refused the request's parameters (InvalidRequestError): the client's to fix."""
-
-
-class ReplayDivergedError(RecoverableError):
-    """A decode that took over a replayed request generated other tokens than those already
-    streamed, so the stream cannot go on."""
 
 
 INVALID_REQUEST = "InvalidRequestError"  # the code of an engine's refusal (crescent.engine.base)
@@ -311,7 +306,7 @@ class RequestFlow:
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
         # A replayed request's new decode first regenerates what the client already has.
-        replayed = list(progress.generated) if progress.is_replayed else []
+        replay = Replay(progress.generated if progress.is_replayed else [])
         while True:
             chunk = await self._while_present("decode", decode_id, stream.next(self._timeouts.token_gap_s))
             if chunk.seq != expected_seq:
@@ -320,17 +315,7 @@ class RequestFlow:
             if chunk.error:
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
             expected_seq += 1
-            token_ids, logprobs = chunk.token_ids, chunk.logprobs
-            if replayed:
-                num_again = min(len(replayed), len(token_ids))
-                if token_ids[:num_again] != replayed[:num_again]:
-                    raise ReplayDivergedError(f"decode {decode_id} regenerated {token_ids[:num_again]} where "
-                                              f"{replayed[:num_again]} was streamed")
-                replayed = replayed[num_again:]
-                token_ids, logprobs = token_ids[num_again:], logprobs[num_again:]
-                if chunk.is_final and replayed:
-                    raise ReplayDivergedError(f"decode {decode_id} ended {len(replayed)} tokens before the "
-                                              "output already streamed")
+            token_ids, logprobs = replay.new_part(chunk.token_ids, chunk.logprobs, chunk.is_final)
             progress.generated.extend(token_ids)
             if chunk.is_final:
                 decode.is_finished = True
