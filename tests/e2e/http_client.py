@@ -47,14 +47,18 @@ def post(port: int, path: str, body: bytes, headers: dict[str, str] | None = Non
 
 def check_answer(answer: Answer) -> None:
     """What any request must get: no 5xx; an error is an OpenAI error body; a success is a
-    whole JSON response or an SSE stream that ends with [DONE]."""
+    whole JSON response (choices, or a Responses API output) or an SSE stream that ends with
+    [DONE] (the Responses API's with its last event)."""
     assert answer.status < 500, f"{answer.status}: {answer.body[:300]!r}"
     if answer.status >= 400:
         answer.error()
     elif answer.headers.get("content-type", "").startswith("text/event-stream"):
-        assert answer.body.rstrip().endswith(b"data: [DONE]"), answer.body[-200:]
+        last_event = answer.body.rstrip().rsplit(b"\n\n", 1)[-1]
+        assert last_event == b"data: [DONE]" or last_event.startswith(
+            (b"event: response.completed\n", b"event: response.incomplete\n")), answer.body[-200:]
     else:
-        assert "choices" in json.loads(answer.body)
+        body = json.loads(answer.body)
+        assert "choices" in body or (body.get("object") == "response" and "output" in body), body
 
 
 def read_until_closed(sock: socket.socket, deadline_s: float) -> bytes:

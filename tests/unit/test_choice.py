@@ -4,13 +4,15 @@ call; and a decode start that carries the sampling on (min_tokens counted down, 
 
 import json
 
+import pytest
+
 from crescent.common.messages import SamplingParams, StructuredOutput, TokenLogprobs
 from crescent.common.tokenizer import ByteTokenizer
 from crescent.conductor.choice import Choice
 from crescent.conductor.flow import TokenEvent
-from crescent.conductor.progress import Progress, replayable
 from crescent.conductor.openai_api import parse_chat, parse_completion
 from crescent.conductor.openai_shapes import Collected, chunk, full_response
+from crescent.conductor.progress import Progress, Replay, ReplayDivergedError, replayable
 
 TOKENIZER = ByteTokenizer()
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
@@ -114,3 +116,26 @@ def test_a_replayed_request_at_a_temperature_gets_a_seed():
     assert replayable(SamplingParams(presence_penalty=0.5, temperature=0.8)).seed is not None
     assert replayable(SamplingParams(presence_penalty=0.5, temperature=0.8, seed=3)).seed == 3
     assert replayable(SamplingParams(temperature=0.8)).seed is None
+
+
+def test_a_named_functions_call_opens_with_its_first_arguments():
+    request = parse_chat({**CHAT, "tools": [WEATHER], "stream": True,
+                          "tool_choice": {"type": "function", "function": {"name": "get_weather"}}})
+    choice = Choice(0, request, TOKENIZER, [])
+    held = choice.push(TokenEvent([0xC3]))  # half of a two-byte character: no text yet
+    first = chunk(request, "id", 0, 0, held, True, choice.call_id)
+    assert "tool_calls" not in first["choices"][0]["delta"]
+    opening = chunk(request, "id", 0, 0, choice.push(TokenEvent([0xA9], "stop")), False, choice.call_id)
+    [call] = opening["choices"][0]["delta"]["tool_calls"]
+    assert call["id"] == choice.call_id and call["function"] == {"arguments": "é", "name": "get_weather"}
+
+
+def test_a_replaying_decode_adds_only_what_follows_the_streamed_tokens():
+    replay = Replay([5, 6, 7])
+    assert replay.new_part([5, 6], [lp(5), lp(6)], False) == ([], [])
+    assert replay.new_part([7, 8, 9], [lp(7), lp(8), lp(9)], False) == ([8, 9], [lp(8), lp(9)])
+    assert replay.new_part([10], [], True) == ([10], [])
+    with pytest.raises(ReplayDivergedError):
+        Replay([5, 6]).new_part([5, 9], [], False)
+    with pytest.raises(ReplayDivergedError):
+        Replay([5, 6]).new_part([5], [], True)

@@ -70,6 +70,9 @@ def test_bad_or_unsupported_completion_fields_name_the_parameter(field, value):
     ("tools", [{"type": "custom", "custom": {"name": "x"}}]),
     ("tools", [{"type": "function", "function": {"name": "bad name"}}]),
     ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"$schema": []}}}]),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"$schema": 5}}}]),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$schema": {}}}}),
 ])
 def test_bad_or_unsupported_chat_fields_name_the_parameter(field, value):
     body = {**CHAT, field: value, **({"logprobs": True} if field == "top_logprobs" else {})}

@@ -29,12 +29,14 @@ class ChoiceDelta:
     tool_calls: list[ToolCall] = field(default_factory=list)  # calls completed in this delta
     first_call_index: int = 0  # the index of tool_calls[0] among the choice's calls
     arguments: str = ""  # a named function's arguments, as they stream (tool_choice naming one)
+    opens_call: bool = False  # the named function's call starts here: send its id and name
     logprobs: Any = None  # the endpoint's shape for this delta's tokens; None when not asked for
     finish_reason: str | None = None
 
     @property
     def is_empty(self) -> bool:
-        return not (self.text or self.tool_calls or self.arguments or self.logprobs or self.finish_reason)
+        return not (self.text or self.tool_calls or self.arguments or self.opens_call or self.logprobs
+                    or self.finish_reason)
 
 
 class Choice:
@@ -49,7 +51,7 @@ class Choice:
         self._hermes = HermesParser() if choice is not None and choice.mode == "auto" else None
         self._forced_name = choice.name if choice is not None and choice.mode == "function" else None
         self._is_forced = choice is not None and choice.mode != "auto"
-        self._forced_text: list[str] = []
+        self._forced_text: list[str] = []  # a forced call's output so far
         self._call_id = new_call_id()
         self._echo = echo_text
         self._completion_logprobs = CompletionLogprobs(tokenizer)
@@ -81,10 +83,13 @@ class Choice:
     def _route(self, text: str, is_final: bool) -> ChoiceDelta:
         """Text to content, or to tool calls as the tool choice says."""
         if self._forced_name is not None:
-            self._forced_text.append(text)
+            # The call opens with its first arguments, or at the end if there are none.
+            opens_call = not self._forced_text and bool(text or is_final)
+            if text or opens_call:
+                self._forced_text.append(text)
             if is_final:
                 self.tool_calls = [ToolCall(self._forced_name, "".join(self._forced_text).strip(), self._call_id)]
-            return ChoiceDelta(arguments=text)
+            return ChoiceDelta(arguments=text, opens_call=opens_call)
         if self._is_forced:
             self._forced_text.append(text)
             if not is_final:

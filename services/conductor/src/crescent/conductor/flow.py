@@ -53,7 +53,7 @@ from crescent.conductor.policy import (
     RejectReason,
     ScheduleRequest,
 )
-from crescent.conductor.progress import Progress, replayable
+from crescent.conductor.progress import Progress, Replay, replayable
 from crescent.conductor.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -86,11 +86,6 @@ class StreamBrokenError(RecoverableError):
 
 class RequestRefusedError(RecoverableError):
     """An engine refused the request's parameters (InvalidRequestError): the client's to fix."""
-
-
-class ReplayDivergedError(RecoverableError):
-    """A decode that took over a replayed request generated other tokens than those already
-    streamed, so the stream cannot go on."""
 
 
 INVALID_REQUEST = "InvalidRequestError"  # the code of an engine's refusal (crescent.engine.base)
@@ -323,7 +318,7 @@ class RequestFlow:
         expected_seq = 0
         first_chunk_at, num_later_tokens = 0.0, 0
         # A replayed request's new decode first regenerates what the client already has.
-        replayed = list(progress.generated) if progress.is_replayed else []
+        replay = Replay(progress.generated if progress.is_replayed else [])
         while True:
             chunk = await self._while_present("decode", decode_id, stream.next(self._timeouts.token_gap_s))
             if chunk.seq != expected_seq:
@@ -336,14 +331,7 @@ class RequestFlow:
                 first_chunk_at = self._clock()
             else:
                 num_later_tokens += len(chunk.token_ids)
-            token_ids, logprobs = chunk.token_ids, chunk.logprobs
-            if replayed:
-                num_again = min(len(replayed), len(token_ids))
-                if token_ids[:num_again] != replayed[:num_again]:
-                    raise ReplayDivergedError(f"decode {decode_id} regenerated {token_ids[:num_again]} where "
-                                              f"{replayed[:num_again]} was streamed")
-                replayed = replayed[num_again:]
-                token_ids, logprobs = token_ids[num_again:], logprobs[num_again:]
+            token_ids, logprobs = replay.new_part(chunk.token_ids, chunk.logprobs, chunk.is_final)
             progress.generated.extend(token_ids)
             if chunk.is_final:
                 decode.is_finished = True

@@ -39,7 +39,6 @@ from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.settings import ConductorSettings
 
 _ID_PREFIX = {"completions": "cmpl-", "chat": "chatcmpl-", "responses": "resp_"}
-_SEED_MOD = 2**64  # choice seeds wrap within what the engines take (any 64-bit value)
 
 
 class Generation:
@@ -122,7 +121,7 @@ class Generation:
         for i in range(gen.n):
             choice_sampling = sampling
             if sampling.seed is not None and i:
-                choice_sampling = msgspec.structs.replace(sampling, seed=(sampling.seed + i) % _SEED_MOD)
+                choice_sampling = msgspec.structs.replace(sampling, seed=sampling.seed + i)  # < 2**64
             choice_id = request_id if gen.n == 1 else f"{request_id}-{i}"
             streams.append(self.flow.generate(choice_id, gen.model, token_ids, max_tokens, choice_sampling))
         return streams

@@ -56,7 +56,7 @@ def _logit_bias(body: Mapping) -> dict[int, float]:
     vocabulary later."""
     raw = get(body, "logit_bias", (dict,), {})
     bias: dict[int, float] = {}
-    for key, value in raw.items():
+    for key in raw:
         if not (key.isascii() and key.isdigit()) or int(key) > INT64_MAX:
             raise bad_request(f"'logit_bias' keys must be token ids, got {shown(key)!r}", param="logit_bias")
         bias[int(key)] = number(raw, key, 0.0, -100.0, 100.0, param=f"logit_bias.{shown(key)}")
@@ -85,6 +85,8 @@ def check_json_schema(schema: Any, param: str) -> str:
 
     if not isinstance(schema, dict):
         raise bad_request(f"'{param}' must be a JSON Schema object", param=param)
+    if not isinstance(schema.get("$schema", ""), str):  # names the metaschema to check against
+        raise bad_request(f"'{param}.$schema' must be a string", param=param)
     try:
         jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
     except jsonschema.SchemaError as exc:

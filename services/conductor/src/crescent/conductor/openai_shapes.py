@@ -59,13 +59,13 @@ def chunk(request: GenerationRequest, request_id: str, created: int, index: int,
                   "finish_reason": delta.finish_reason}
         return _envelope(request, request_id, created, [choice], is_chunk=True)
     message: dict[str, Any] = {"role": "assistant"} if is_first else {}
-    if delta.text or (is_first and not delta.arguments):
+    if delta.text or (is_first and not (delta.arguments or delta.opens_call)):
         message["content"] = delta.text
     calls = [{"index": i, **call.as_dict()} for i, call in enumerate(delta.tool_calls, start=delta.first_call_index)]
-    if delta.arguments:
+    if delta.arguments or delta.opens_call:
         function: dict[str, str] = {"arguments": delta.arguments}
         head: dict[str, Any] = {"index": 0}
-        if is_first:
+        if delta.opens_call:
             head.update(id=call_id, type="function")
             function["name"] = request.tool_choice.name
         calls.append({**head, "function": function})

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from crescent.common.messages import DecodeStart, SamplingParams
+from crescent.common.errors import RecoverableError
+from crescent.common.messages import DecodeStart, SamplingParams, TokenLogprobs
+
+
+class ReplayDivergedError(RecoverableError):
+    """A decode that took over a replayed request generated other tokens than those already
+    streamed, so the stream cannot go on."""
 
 
 @dataclass
@@ -50,3 +56,24 @@ def replayable(sampling: SamplingParams) -> SamplingParams:
     if sampling.depends_on_output and sampling.temperature > 0 and sampling.seed is None:
         return msgspec.structs.replace(sampling, seed=secrets.randbits(63))
     return sampling
+
+
+class Replay:
+    """The tokens a decode that takes over a replayed request regenerates before it adds any:
+    each is checked against what was streamed, and only what comes after is new."""
+
+    def __init__(self, streamed: list[int]) -> None:
+        self._left = list(streamed)
+
+    def new_part(self, token_ids: list[int], logprobs: list[TokenLogprobs],
+                 is_final: bool) -> tuple[list[int], list[TokenLogprobs]]:
+        """The part of a chunk (its tokens and their logprobs) the client does not have yet."""
+        num_again = min(len(self._left), len(token_ids))
+        if token_ids[:num_again] != self._left[:num_again]:
+            raise ReplayDivergedError(f"the new decode regenerated {token_ids[:num_again]} where "
+                                      f"{self._left[:num_again]} was streamed")
+        self._left = self._left[num_again:]
+        if is_final and self._left:
+            raise ReplayDivergedError(f"the new decode ended {len(self._left)} tokens before the output "
+                                      "already streamed")
+        return token_ids[num_again:], logprobs[num_again:]
