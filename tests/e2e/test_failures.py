@@ -23,7 +23,7 @@ MODEL = "crescent-emulated"
 def cluster(tmp_path):
     # At half the emulated device's speed a 30k-token prompt prefills for about 4 s.
     spec = ClusterSpec(workdir=tmp_path, api_port=free_port(), engine_args=["--emulated-time-scale", "0.5"],
-                       decode_args=["--kv-capacity-tokens", "31000"], conductor_args=["--placement-wait-s", "20"])
+                       decode_args=["--kv-capacity-tokens", "31000"], conductor_args=["--placement-wait-s", "60"])
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=60)
     yield cluster
