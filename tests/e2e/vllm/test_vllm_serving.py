@@ -84,23 +84,34 @@ async def test_shared_prefix_is_loaded_from_the_store_not_recomputed(vllm_cluste
     assert load["num_loaded"] >= len(prefix) // BLOCK_SIZE
 
 
-async def test_prefix_from_node_a_is_reused_by_prefill_on_node_b(vllm_cluster, conductor, reference):
-    """prefill-B maps no store: it replicates A's blocks into B's store, reads them and writes
-    its new blocks to A's and B's stores over the data plane (tcp)."""
+async def test_prefix_from_node_a_is_reused_by_prefill_on_node_b_over_tcp(vllm_cluster, conductor, reference):
+    """prefill-B runs tcp alone: its store replicates A's blocks into B's store, it reads them
+    and writes its new blocks to A's and B's stores, all over tcp, as the transport counters of
+    the connector (event log) and of both stores (/metrics) show."""
     prefix = prompt_tokens(768, seed=200)
     on_a, on_b = prefix + prompt_tokens(70, seed=201), prefix + prompt_tokens(90, seed=202)
     expected = reference_tokens(reference, [on_a, on_b], MAX_TOKENS)
 
     got_a, _ = await conductor.generate(on_a, MAX_TOKENS, prefill_id="prefill-A")
+    served_by_a = vllm_cluster.transfer_bytes("store-A").get(("tcp", "served"), 0)
     got_b, prefill = await conductor.generate(on_b, MAX_TOKENS, prefill_id="prefill-B")
 
     assert [got_a, got_b] == expected
     assert prefill.num_computed_tokens <= len(on_b) - len(prefix) + BLOCK_SIZE
     [load] = events_of(vllm_cluster, "prefill-B", prefill.request_id, "load")
     assert load["source"] == "A" and load["num_loaded"] == len(prefix) // BLOCK_SIZE and load["error"] is None
-    await wait_for_events(vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"})
+    committed = await wait_for_events(vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"})
     stored = events_of(vllm_cluster, "prefill-B", prefill.request_id, "stored")
     assert {(e["node"], e["layer"]) for e in stored} >= {("A", 0), ("A", 1), ("B", 0), ("B", 1)}
+    # the bytes took tcp: the prefix pulled into B, the prefix read from B, the new blocks to A and B
+    prefix_bytes = len(prefix) // BLOCK_SIZE * vllm_cluster.block_bytes
+    new_bytes = committed["A"]["num_blocks"] * vllm_cluster.block_bytes
+    moved = max((e for e in committed.values()), key=lambda e: e["t"])["moved"]
+    assert set(moved) == {"tcp"} and moved["tcp"] >= prefix_bytes + 2 * new_bytes
+    on_b_store = vllm_cluster.transfer_bytes("store-B")
+    assert {transport for transport, _ in on_b_store} == {"tcp"}
+    assert on_b_store[("tcp", "client")] >= prefix_bytes
+    assert vllm_cluster.transfer_bytes("store-A")[("tcp", "served")] - served_by_a >= prefix_bytes + new_bytes
 
 
 async def test_first_token_waits_for_the_decode_store_only(vllm_cluster, conductor, reference):
