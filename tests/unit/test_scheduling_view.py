@@ -135,11 +135,11 @@ def test_a_silent_instance_is_stale_but_still_registered(caplog):
         view.log_changes(clock.now)
         view.log_changes(clock.now)
     assert eligible_prefill(view.snapshot("prefill", "m", clock.now)) == []
-    assert view.is_registered("prefill", "p0") and view.models() == {"m": 0}
+    assert view.started_at("prefill", "p0") is not None and view.models() == {"m": 0}
     assert [r.message for r in caplog.records].count("instance stale: no new work until its telemetry resumes") == 1
     view.apply_load(load("prefill", "p0"))
     with caplog.at_level("INFO"):
         view.log_changes(clock.now)
     assert "instance back" in [r.message for r in caplog.records]
     view.apply_registry(MirrorEvent("/crescent/c/instances/prefill/p0", None))
-    assert not view.is_registered("prefill", "p0") and view.models() == {}
+    assert view.started_at("prefill", "p0") is None and view.models() == {}

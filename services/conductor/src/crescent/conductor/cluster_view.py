@@ -111,10 +111,6 @@ class ClusterView:
         state = self.instances.get((role, instance_id))
         return state.info.node if state is not None else ""
 
-    def is_registered(self, role: str, instance_id: str) -> bool:
-        """Still in the registry: alive, however slow (its lease has not expired)."""
-        return (role, instance_id) in self.instances
-
     def snapshot(self, role: str, model: str, now: float) -> list[InstanceSnapshot]:
         """Registered instances of `role` serving `model`, with this conductor's recent assignments
         added; stale or not accepting ones are flagged, for the policies to leave out."""
