@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 
 import pytest
 from crescent.common.errors import RemoteError
@@ -19,6 +20,21 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(900)]
 
 LENGTHS = [50, 130, 257, 400, 700, 1000, 1500, 2000]
 MAX_TOKENS = 12
+
+
+async def wait_for_events(cluster, instance_id: str, request_id: str, event: str, nodes: set[str],
+                          timeout_s: float = 30) -> dict[str, dict]:
+    """The first `event` of the request per node, once every node in `nodes` has one
+    (saves finish beside the request path)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        by_node = {}
+        for e in events_of(cluster, instance_id, request_id, event):
+            by_node.setdefault(e["node"], e)
+        if nodes <= by_node.keys():
+            return by_node
+        assert time.monotonic() < deadline, f"{event} on {nodes - by_node.keys()} missing after {timeout_s}s"
+        await asyncio.sleep(0.1)
 
 
 def events_of(cluster, instance_id: str, request_id: str, event: str) -> list[dict]:
@@ -109,8 +125,26 @@ async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull(v
                                source="A") == pulled_before + len(prefix_hashes)
     [load] = events_of(vllm_cluster, "prefill-B", prefill.request_id, "load")
     assert load["num_loaded"] == len(prefix_hashes) and load["error"] is None
+    await wait_for_events(vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"})
     stored = events_of(vllm_cluster, "prefill-B", prefill.request_id, "stored")
     assert {(e["node"], e["layer"]) for e in stored} >= {("A", 0), ("A", 1), ("B", 0), ("B", 1)}
+
+
+async def test_first_token_waits_for_the_decode_store_only(vllm_cluster, conductor, reference):
+    """prefill-B saves to A (decode-A's node) and to B (its own), whose commits its fault
+    holds 3 s: the prefill answers before B has committed, and decode-A still finds every
+    block in A's store."""
+    prompt = prompt_tokens(600, seed=250)
+    [want] = reference_tokens(reference, [prompt], MAX_TOKENS)
+
+    got, prefill = await conductor.generate(prompt, MAX_TOKENS, prefill_id="prefill-B")
+
+    assert got == want
+    full_blocks = len(prompt) // BLOCK_SIZE
+    [load] = events_of(vllm_cluster, "decode-A", prefill.request_id, "load")
+    assert (load["num_loaded"], load["num_blocks"]) == (full_blocks, full_blocks)
+    committed = await wait_for_events(vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"})
+    assert committed["B"]["t"] > conductor.prefilled_at
 
 
 async def test_block_lost_while_loading_is_recomputed_correctly(vllm_cluster, conductor, reference):

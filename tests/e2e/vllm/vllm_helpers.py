@@ -1,6 +1,7 @@
 """Helpers of the `vllm` e2e tests. A real-model cluster: NATS, etcd, a store on each of
 two nodes, on node A a prefill worker, a decode worker and a decode worker whose connector
-injects a lost block, on node B a prefill worker; all serve the tiny Llama built by the test.
+injects a lost block, on node B a prefill worker whose commits to its own store come late; all serve the tiny Llama
+built by the test.
 The tests act as the conductor (they send the NATS messages themselves), so what they check
 is the workers and CrescentConnector, not the conductor's policy."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 import time
 import urllib.error
@@ -92,8 +94,9 @@ class VllmCluster:
             self.model_dir, "A", self.event_log("prefill-A"), no_cache)))
         self._launch(self._service("decode", "decode-A", *engine_flags(
             self.model_dir, "A", self.event_log("decode-A"), "--telemetry-period-s", "0.05")))
-        self._launch(self._service("prefill", "prefill-B", *engine_flags(  # as if on another host
-            self.model_dir, "B", self.event_log("prefill-B"), no_cache, "--no-kv-use-mapping")))
+        self._launch(self._service("prefill", "prefill-B", *engine_flags(  # as if on another host; its own
+            self.model_dir, "B", self.event_log("prefill-B"), no_cache, "--no-kv-use-mapping",  # store is slow
+            "--kv-fault", "delay_other_commits")))
         self._launch(self._service("decode", "decode-F", *engine_flags(  # its store "loses" blocks
             self.model_dir, "A", self.event_log("decode-F"), "--kv-fault", "evict_after_lookup")))
         self.wait_serving(["prefill-A", "decode-A", "prefill-B", "decode-F"], timeout_s)
@@ -148,12 +151,15 @@ class Conductor:
         self.bus = bus
         self.subjects = Subjects(CLUSTER)
         self._count = 0
+        self._run = secrets.token_hex(3)  # request ids stay unique across the tests of one cluster
+        self.prefilled_at = 0.0  # wall clock when the latest generate's prefill answered
 
     async def prefill(self, prefill_id: str, token_ids: list[int], decode_id: str = "decode-A",
                       request_id: str | None = None, pull: tuple[str, list[bytes]] = ("", [])) -> PrefillResult:
         """Run a prefill job; `pull` is the transfer plan (source node, blocks to pull)."""
         self._count += 1
-        job = PrefillJob(request_id=request_id or f"req-{self._count}", model=MODEL, token_ids=token_ids,
+        request_id = request_id or f"req-{self._run}-{self._count}"
+        job = PrefillJob(request_id=request_id, model=MODEL, token_ids=token_ids,
                          sampling=SamplingParams(ignore_eos=True), decode_instance=decode_id,
                          pull_from_node=pull[0], pull_hashes=pull[1])
         return await self.bus.request(self.subjects.prefill_job(prefill_id), job, PrefillResult, 120)
@@ -163,11 +169,12 @@ class Conductor:
                        ) -> tuple[list[int], PrefillResult]:
         """Prompt → all generated tokens (first from prefill, the rest from decode)."""
         self._count += 1
-        request_id = f"req-{self._count}"
+        request_id = f"req-{self._run}-{self._count}"
         reply = await self.bus.request(self.subjects.decode_reserve(decode_id), Reservation(
             request_id=request_id, num_prompt_tokens=len(token_ids), max_tokens=max_tokens), ReservationReply, 10)
         assert reply.accepted, reply.reason
         result = await self.prefill(prefill_id, token_ids, decode_id, request_id, pull)
+        self.prefilled_at = time.time()
         stream = await self.bus.stream(self.subjects.tokens(request_id), TokenChunk)
         try:
             await self.bus.request(self.subjects.decode_start(decode_id), DecodeStart(

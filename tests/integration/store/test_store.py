@@ -23,6 +23,7 @@ from crescent.common.store_messages import (
     PinnedBlocks,
 )
 from crescent.store.client import ClientConfig, StoreClient
+from crescent.transfer import Op
 
 BLOCK = 64 << 10
 
@@ -199,6 +200,26 @@ async def test_uncommitted_block_is_invisible(stores, client_factory):
     assert await client.lookup(MODEL, "n1", hashes) == []
     count, _ = await read_back(client, "n1", hashes)
     assert count == 0 and await client.lookup_prefix(MODEL, hashes) == {}
+
+
+async def test_commit_without_waiting_for_metadata_is_served_while_etcd_is_stopped(stores, client_factory, infra):
+    """The connector's commit on the first token's path: readable at the store at once, in the
+    cluster index (etcd) soon after; a stopped etcd would hold a commit that waits for it."""
+    stores.start("n1")
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    hashes, data = blocks(2, seed=700)
+    slots = await client.ctl("n1", AllocBlocks(model=MODEL, hashes=hashes), BlockSlots)
+    await client.move(Op.WRITE, slots.segment, slots.offsets, [memoryview(b) for b in data])
+    infra.etcd.signal(signal.SIGSTOP)
+    try:
+        await client.ctl("n1", CommitBlocks(model=MODEL, hashes=hashes, wait_metadata=False), Done)
+        count, got = await read_back(client, "n1", hashes)
+    finally:
+        infra.etcd.signal(signal.SIGCONT)
+    assert count == 2 and got == data
+    await wait_until(lambda: client.lookup_prefix(MODEL, hashes), 5, "index")
+    assert await client.lookup_prefix(MODEL, hashes) == {"n1": 2}
 
 
 async def test_replicate_pulls_blocks_from_another_node(stores, client_factory):

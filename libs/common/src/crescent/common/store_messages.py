@@ -38,8 +38,13 @@ class BlockSlots(Message):
 
 
 class CommitBlocks(Message):
+    """Make allocated blocks readable. The reply comes once lookups and pins at this store see
+    them; with `wait_metadata` also once their keys are in etcd (the cluster's index), else
+    those follow within the store's metadata batching interval."""
+
     model: Name
     hashes: BlockHashes
+    wait_metadata: bool = True
 
 
 class AbortBlocks(Message):

@@ -155,9 +155,12 @@ class BlockOps:
     async def write(self, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]) -> None:
         await self.client.move(Op.WRITE, segment, offsets, buffers)
 
-    async def commit(self, node: str, hashes: Sequence[bytes]) -> None:
+    async def commit(self, node: str, hashes: Sequence[bytes], wait_metadata: bool = True) -> None:
+        """Make written blocks readable; `wait_metadata=False` returns once the store itself
+        serves them, before their keys reach etcd."""
         if hashes:
-            await self.client.ctl(node, CommitBlocks(model=self.model, hashes=list(hashes)), Done)
+            request = CommitBlocks(model=self.model, hashes=list(hashes), wait_metadata=wait_metadata)
+            await self.client.ctl(node, request, Done)
 
     async def evict(self, node: str, hashes: Sequence[bytes]) -> None:
         await self.client.evict(self.model, node, hashes)

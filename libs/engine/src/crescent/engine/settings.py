@@ -9,6 +9,7 @@ from crescent.common.errors import ConfigError
 from crescent.engine.device_settings import EmulatedDevice
 
 ENGINES = ("emulated", "vllm")
+KV_FAULTS = ("delay_other_commits", "evict_after_lookup")
 
 
 @dataclass
@@ -40,7 +41,8 @@ class EngineSettings(EmulatedDevice, CommonSettings):
                                          "store is reached over the data plane (tcp), as a remote one")
     kv_event_log: str = setting("", "vllm: append the connector's per-layer load/save timestamps to this "
                                     "JSONL file (tests, debugging)")
-    kv_fault: str = setting("", "vllm, testing only: inject a store fault (evict_after_lookup: the store "
+    kv_fault: str = setting("", "vllm, testing only: inject a store fault (delay_other_commits: commits to "
+                                "every store but the decode node's start 3 s late; evict_after_lookup: the store "
                                 "loses block 1 of a prefix between the connector's lookup and its load)")
 
     def validate(self) -> None:
@@ -58,8 +60,8 @@ class EngineSettings(EmulatedDevice, CommonSettings):
                                   f"({self.vllm_block_size})")
             if self.vllm_kv_cache_gib <= 0 or self.kv_timeout_s <= 0:
                 raise ConfigError("vllm_kv_cache_gib and kv_timeout_s must be > 0")
-            if self.kv_fault not in ("", "evict_after_lookup"):
-                raise ConfigError(f"kv_fault must be empty or evict_after_lookup, got {self.kv_fault!r}")
+            if self.kv_fault not in ("", *KV_FAULTS):
+                raise ConfigError(f"kv_fault must be empty or one of {', '.join(KV_FAULTS)}, got {self.kv_fault!r}")
 
     @property
     def model_name(self) -> str:

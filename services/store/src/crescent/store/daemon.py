@@ -209,7 +209,8 @@ class StoreDaemon:
             for key in keys:
                 block = self.pool.commit(key)
                 self.metadata.put(*key, self._meta(block.tier, block.slot))
-        await self.metadata.sync()
+        if request.wait_metadata:
+            await self.metadata.sync()
         return Done(num_blocks=len(keys))
 
     async def abort(self, request: AbortBlocks) -> Done:

@@ -8,11 +8,12 @@ where) travels to the worker side in CrescentMetadata.
 
 Worker side (same process, inside the forward pass): loads pin their blocks once and read
 them layer by layer on the bridge loop, so `wait_for_layer_load(i)` waits only for layer i;
-`save_kv_layer(i)` hands layer i of every newly completed block to the bridge, which writes it
-into each target store (the decode node's and this node's) while layer i+1 computes;
-`wait_for_save` waits for the writes and commits. A block that is missing or fails is reported
-to vLLM (invalid block ids) and recomputed; a failed save only means the
-block is not stored. Every wait has a deadline.
+`save_kv_layer(i)` only snapshots layer i of every newly completed block and hands it to the
+bridge, which writes it into each target store (the decode node's and this node's) while the
+model computes on; commits follow the step. `wait_for_save` waits for nothing but, in the step
+that ends a prompt, the decode node's commits, which decode needs to find the blocks (saver.py).
+A block that is missing or fails is reported to vLLM (invalid block ids) and
+recomputed; a failed save only means the block is not stored. Every wait has a deadline.
 
 Store block layout: layer-major, `k = block_size / vllm_block_size` vLLM blocks per layer
 slice, each vLLM block as vLLM's per-layer view holds it ([heads, tokens, 2·head_dim] on CPU).
@@ -79,6 +80,8 @@ class CrescentConnector(KVConnectorBase_V1):
         self._worker = WorkerSide(self) if role == KVConnectorRole.WORKER else None
 
     def shutdown(self) -> None:
+        if self._worker is not None:
+            self._worker.saver.close()
         self.bridge.close()
         self.events.close()
         self.tracer_provider.shutdown()
@@ -94,7 +97,7 @@ class CrescentConnector(KVConnectorBase_V1):
         return self._scheduler.build_meta(scheduler_output)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        """Loads and saves finish inside their step, so the blocks may be freed now."""
+        """Saves snapshot their layers inside the step, so the blocks may be freed now."""
         self._scheduler.forget(request.request_id)
         return False, None
 

@@ -9,7 +9,10 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 PARAM_LOAD = "crescent_load"  # kv_transfer_params: False skips the store lookup
-PARAM_SAVE_TO = "crescent_save_to"  # kv_transfer_params: nodes whose stores get the prompt's blocks
+# kv_transfer_params: nodes whose stores get the prompt's blocks. The first is the decode
+# node's: the step that ends the prompt waits until its store has committed them (decode looks
+# them up right after the first token); the others are written and committed off the request path.
+PARAM_SAVE_TO = "crescent_save_to"
 PARAM_TRACE = "crescent_trace"  # kv_transfer_params: the request's W3C trace context (traceparent)
 
 
@@ -27,7 +30,9 @@ class ConnectorConfig:
     timeout_s: float = 10.0
     event_log: str = ""
     use_mapping: bool = True
-    fault: str = ""  # testing only: "evict_after_lookup" drops block 1 between lookup and load
+    # testing only: "evict_after_lookup" drops block 1 between lookup and load; "delay_other_commits"
+    # holds commits to every target but the first 3 s (saver.py)
+    fault: str = ""
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any]) -> ConnectorConfig:
@@ -54,6 +59,7 @@ class SaveSpec:
     vllm_block_ids: list[int]  # k per store block, in order
     targets: list[str]
     trace: dict[str, str] = field(default_factory=dict)
+    is_last: bool = False  # the prompt ends in this step: its first token waits for targets[0]'s commit
 
 
 @dataclass

@@ -43,7 +43,9 @@ class _Tracked:
     block_ids: list[int]
     save_to: list[str]
     trace: dict[str, str]
+    num_prompt_tokens: int
     num_planned: int = 0  # store blocks below this are already in some SaveSpec
+    is_last_planned: bool = False  # the SaveSpec of the step that ends the prompt went out
 
 
 def _trace(request: Request) -> dict[str, str]:
@@ -101,7 +103,8 @@ class SchedulerSide:
             return
         save_to = list((request.kv_transfer_params or {}).get(PARAM_SAVE_TO) or [])
         if save_to:
-            self._tracked[request_id] = _Tracked(self._hashes(request), block_ids, save_to, _trace(request))
+            self._tracked[request_id] = _Tracked(self._hashes(request), block_ids, save_to, _trace(request),
+                                                 len(request.prompt_token_ids or []))
 
     def _load_spec(self, request: Request, block_ids: list[int], start: int, end: int) -> LoadSpec:
         vbs, k = self.c.vllm_block_size, self.c.k
@@ -134,16 +137,24 @@ class SchedulerSide:
         return meta
 
     def _plan_save(self, meta: CrescentMetadata, request_id: str, tracked: _Tracked, end_tokens: int) -> None:
+        """Save the blocks completed up to `end_tokens`; the step that ends the prompt always
+        gets a SaveSpec (is_last, maybe with no new block) once any block was saved, so the
+        worker knows when the first token must wait for the decode node's commits."""
+        if tracked.is_last_planned:
+            return
         last = min(end_tokens // self.c.config.block_size, len(tracked.hashes))
-        if last <= tracked.num_planned:
+        is_last = end_tokens >= tracked.num_prompt_tokens
+        if last <= tracked.num_planned and not (is_last and tracked.num_planned):
             return
         k = self.c.k
         ids = tracked.block_ids[tracked.num_planned * k:last * k]
         meta.saves.append(SaveSpec(request_id, tracked.hashes[tracked.num_planned:last], ids, tracked.save_to,
-                                   tracked.trace))
+                                   tracked.trace, is_last))
         tracked.num_planned = last
+        tracked.is_last_planned = is_last
 
     def forget(self, request_id: str) -> None:
-        """Drop a finished request: its loads and saves end inside the step that ran them."""
+        """Drop a finished request: its loads end, and its saves are snapshotted, inside the
+        step that ran them."""
         self._lookups.pop(request_id, None)
         self._tracked.pop(request_id, None)

@@ -1,22 +1,20 @@
 """The worker side of CrescentConnector, inside the forward pass: loads from this node's store
 pinned once and read layer by layer ahead of the model; each finished layer of new full blocks
-written to every target store (in place when the store is on this host, over the data plane
-otherwise); commits at the end of the step. A block that fails to load becomes an invalid
-block, which vLLM recomputes."""
+handed to the Saver (saver.py), which stores and commits it beside the model. A block that
+fails to load becomes an invalid block, which vLLM recomputes."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
 from crescent.common.tracing import extract_headers
 from crescent.engine.kv_store import KvStoreError
-from crescent.engine.vllm.plan import CrescentMetadata, LoadSpec, SaveSpec
+from crescent.engine.vllm.plan import CrescentMetadata, LoadSpec
+from crescent.engine.vllm.saver import Saver
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 if TYPE_CHECKING:
@@ -47,16 +45,6 @@ class _LoadJob:
         self.error: BaseException | None = None
 
 
-class _SaveJob:
-    def __init__(self, spec: SaveSpec) -> None:
-        self.spec = spec
-        self.started_ns = time.time_ns()
-        self.slots: dict[str, Any] = {}  # target → concurrent future of BlockSlots
-        self.writes: list[Any] = []  # concurrent futures of layer writes to remote stores
-        self.num_layers = 0  # layers handed to every target so far
-        self.is_failed = False
-
-
 class WorkerSide:
     def __init__(self, connector: CrescentConnector) -> None:
         self.c = connector
@@ -65,7 +53,7 @@ class WorkerSide:
         self.layer_bytes = 0
         self._step = 0
         self._loads: list[_LoadJob] = []
-        self._saves: list[_SaveJob] = []
+        self.saver = Saver(connector)
         self._invalid: set[int] = set()
         self._failed_requests: set[str] = set()  # requests whose load failed this step: saves skipped
 
@@ -77,6 +65,7 @@ class WorkerSide:
         if len(per_block) != 1:
             raise ValueError(f"layers have different KV block sizes {sorted(per_block)}")
         self.layer_bytes = self.c.k * per_block.pop()
+        self.saver.configure(len(names), self.layer_bytes)
         log.info("CrescentConnector registered KV caches", extra={
             "num_layers": len(names), "store_block_bytes": self.layer_bytes * len(names)})
 
@@ -93,15 +82,12 @@ class WorkerSide:
     # the step's plan --------------------------------------------------------------------------
     def begin_step(self, meta: KVConnectorMetadata) -> None:
         self._step += 1
-        self._loads, self._saves = [], []
+        self._loads = []
         self._failed_requests = set()
         if not isinstance(meta, CrescentMetadata):
+            self.saver.begin_step(self._step, [])
             return
-        for spec in meta.saves:
-            job = _SaveJob(spec)
-            for target in spec.targets:
-                job.slots[target] = self.c.bridge.submit(self.c.ops.alloc(target, spec.hashes))
-            self._saves.append(job)
+        self.saver.begin_step(self._step, meta.saves)
         for spec in meta.loads:
             job = _LoadJob(spec, len(self.kv), self.layer_bytes)
             self.c.bridge.submit(self._read_layers(job))
@@ -172,74 +158,13 @@ class WorkerSide:
 
     # saves ---------------------------------------------------------------------------------
     def save_layer(self, layer_name: str, kv_layer: torch.Tensor) -> None:
-        """Layer i of this step's new full blocks → every target store. A store on this host is
-        written here, before layer i+1 computes; a remote one on the bridge, concurrently."""
         layer = self.layer_index.get(layer_name)
-        if layer is None or not self._saves:
-            return
-        computed_at = time.time()
-        for job in self._saves:
-            if job.is_failed or job.spec.request_id in self._failed_requests:
-                job.is_failed = True
-                continue
-            ids = torch.tensor(job.spec.vllm_block_ids)
-            data = kv_layer[ids.to(kv_layer.device)].cpu().contiguous().view(torch.uint8)
-            data = data.view(len(job.spec.hashes), self.layer_bytes)
-            self.c.events.write("computed", request=job.spec.request_id, step=self._step, layer=layer,
-                                t=computed_at)
-            remote = []
-            for target, slots_future in job.slots.items():
-                try:
-                    slots = slots_future.result(self.c.config.timeout_s)
-                    self._check_block_bytes(slots.block_bytes)
-                    view = self.c.ops.mapped(slots.segment)
-                except Exception as exc:
-                    log.warning("KV allocation failed; not saving", extra={"node": target, "error": repr(exc)})
-                    job.is_failed = True
-                    break
-                if view is None:
-                    remote.append(target)
-                    continue
-                self._copy_in_place(job, layer, data, slots, view)
-                self.c.events.write("stored", request=job.spec.request_id, step=self._step, layer=layer,
-                                    node=target, num_blocks=len(slots.allocated), t=time.time())
-            if remote:
-                job.writes.append(self.c.bridge.submit(self._write_layer(job, layer, data, remote)))
-            job.num_layers += 1
-
-    def _copy_in_place(self, job: _SaveJob, layer: int, data: torch.Tensor, slots, view: memoryview) -> None:
-        row = {h: i for i, h in enumerate(job.spec.hashes)}
-        for block_hash, offset in zip(slots.allocated, slots.offsets):
-            start = offset + layer * self.layer_bytes
-            torch.frombuffer(view[start:start + self.layer_bytes], dtype=torch.uint8).copy_(data[row[block_hash]])
-
-    async def _write_layer(self, job: _SaveJob, layer: int, data: torch.Tensor, targets: list[str]) -> None:
-        for target in targets:
-            slots = await asyncio.wrap_future(job.slots[target])
-            if not slots.allocated:
-                continue
-            row = {h: i for i, h in enumerate(job.spec.hashes)}
-            offsets = [offset + layer * self.layer_bytes for offset in slots.offsets]
-            views = [memoryview(data[row[h]].numpy()) for h in slots.allocated]
-            await self.c.ops.write(slots.segment, offsets, views)
-            self.c.events.write("stored", request=job.spec.request_id, step=self._step, layer=layer, node=target,
-                                num_blocks=len(slots.allocated), t=time.time())
+        if layer is not None:
+            self.saver.save_layer(layer, kv_layer, self._failed_requests)
 
     def finish_saves(self) -> None:
-        """Wait for this step's layer writes, then commit (or abort) each target's blocks."""
-        for job in self._saves:
-            deadline = time.monotonic() + self.c.config.timeout_s
-            for write in job.writes:
-                try:
-                    write.result(max(0.0, deadline - time.monotonic()))
-                except Exception as exc:
-                    log.warning("KV save failed; those blocks are not stored",
-                                extra={"request_id": job.spec.request_id, "error": repr(exc)})
-                    job.is_failed = True
-            if job.num_layers != len(self.kv):
-                job.is_failed = True
-            self._close_save(job)
-        self._saves = []
+        """End of the step: see Saver.end_step for the one wait left here."""
+        self.saver.end_step()
         self._loads = []
 
     def span(self, name: str, trace: dict[str, str], start_ns: int | None = None, **attributes: Any):
@@ -248,28 +173,3 @@ class WorkerSide:
         for key, value in attributes.items():
             span.set_attribute(f"crescent.{key}", value)
         return span
-
-    def _close_save(self, job: _SaveJob) -> None:
-        span = self.span("kv.transfer", job.spec.trace, job.started_ns, num_blocks=len(job.spec.hashes),
-                         targets=",".join(job.spec.targets), failed=job.is_failed)
-        try:
-            self._commit_save(job)
-        finally:
-            span.end()
-
-    def _commit_save(self, job: _SaveJob) -> None:
-        for target, slots_future in job.slots.items():
-            try:
-                slots = slots_future.result(self.c.config.timeout_s)
-            except Exception as exc:
-                log.warning("KV allocation failed", extra={"node": target, "error": repr(exc)})
-                continue
-            finish = self.c.ops.abort if job.is_failed else self.c.ops.commit
-            try:
-                self.c.bridge.call(finish(target, slots.allocated))
-            except KvStoreError as exc:
-                log.warning("KV commit failed", extra={"node": target, "error": str(exc)})
-                continue
-            self.c.events.write("aborted" if job.is_failed else "committed", request=job.spec.request_id,
-                                step=self._step, node=target, num_blocks=len(slots.allocated),
-                                num_existing=len(slots.existing), t=time.time())

@@ -1,0 +1,204 @@
+"""The save path of CrescentConnector's worker side, kept off the forward pass.
+
+Inside the forward pass `save_layer` only snapshots layer i of the step's new full blocks (one
+gather into a private tensor, so vLLM may free or reuse its blocks at once); everything else
+runs beside the model on the bridge loop: waiting for the allocation, copying the layer into
+each target store (in place on a copier thread when the store is on this host, over the data
+plane otherwise), then, after the step, committing or aborting each target's blocks.
+
+The only wait left in a step is the one the first token needs: in the step that ends a
+prompt, the decode node's store (the first target) must have committed every block of that
+prompt before vLLM emits the token, because decode looks them up right after it. The commit
+does not wait for etcd (the store serves committed blocks at once; the cluster index follows).
+The other targets (this node's store, for later reuse) finish whenever they finish. A target
+whose write or commit fails or misses its deadline simply does not hold those blocks: decode
+then recomputes what it does not find.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+from crescent.common.store_messages import BlockSlots
+from crescent.common.tracing import extract_headers
+from crescent.engine.kv_store import KvStoreError
+from crescent.engine.vllm.plan import SaveSpec
+
+if TYPE_CHECKING:
+    from crescent.engine.vllm.connector import CrescentConnector
+
+log = logging.getLogger(__name__)
+
+OTHER_COMMITS_DELAY_S = 3.0  # kv_fault delay_other_commits (tests)
+
+
+class _SaveJob:
+    """One request's new blocks of one step, on their way to every target store."""
+
+    def __init__(self, spec: SaveSpec, step: int) -> None:
+        self.spec = spec
+        self.step = step
+        self.started_ns = time.time_ns()
+        self.slots: dict[str, concurrent.futures.Future[BlockSlots]] = {}
+        self.writes: dict[str, list[concurrent.futures.Future[None]]] = {t: [] for t in spec.targets}
+        self.num_layers = 0  # layers handed to every target so far
+        self.is_failed = False
+
+    @property
+    def row_of(self) -> dict[bytes, int]:
+        return {h: i for i, h in enumerate(self.spec.hashes)}
+
+
+class Saver:
+    """Snapshots finished layers in the forward pass; writes and commits them beside it."""
+
+    def __init__(self, connector: CrescentConnector) -> None:
+        self.c = connector
+        self.num_layers = 0
+        self.layer_bytes = 0
+        self._step = 0
+        self._jobs: list[_SaveJob] = []
+        # request → commits of its first target not yet known to be done (all its steps)
+        self._first_commits: dict[str, list[concurrent.futures.Future[None]]] = {}
+        self._copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="crescent-kv-copy")
+
+    def configure(self, num_layers: int, layer_bytes: int) -> None:
+        self.num_layers, self.layer_bytes = num_layers, layer_bytes
+
+    def close(self) -> None:
+        self._copier.shutdown(wait=True, cancel_futures=True)
+
+    @property
+    def block_bytes(self) -> int:
+        return self.num_layers * self.layer_bytes
+
+    def begin_step(self, step: int, saves: list[SaveSpec]) -> None:
+        """Allocate every target's slots now, so they are ready by the time layer 0 is."""
+        self._step = step
+        self._jobs = []
+        for spec in saves:
+            job = _SaveJob(spec, step)
+            if spec.hashes:
+                for target in spec.targets:
+                    job.slots[target] = self.c.bridge.submit(self.c.ops.alloc(target, spec.hashes))
+            self._jobs.append(job)
+
+    def save_layer(self, layer: int, kv_layer: torch.Tensor, failed_requests: set[str]) -> None:
+        """Layer `layer` of every job's blocks → a private tensor, then to the bridge."""
+        computed_at = time.time()
+        for job in self._jobs:
+            if not job.spec.hashes:
+                continue
+            if job.is_failed or job.spec.request_id in failed_requests:
+                job.is_failed = True
+                continue
+            ids = torch.tensor(job.spec.vllm_block_ids, device=kv_layer.device)
+            data = kv_layer[ids].cpu().contiguous().view(torch.uint8).view(len(job.spec.hashes), self.layer_bytes)
+            self.c.events.write("computed", request=job.spec.request_id, step=self._step, layer=layer,
+                                t=computed_at)
+            for target in job.spec.targets:
+                job.writes[target].append(self.c.bridge.submit(self._store_layer(job, target, layer, data)))
+            job.num_layers += 1
+
+    async def _store_layer(self, job: _SaveJob, target: str, layer: int, data: torch.Tensor) -> None:
+        slots = await asyncio.wrap_future(job.slots[target])
+        if slots.block_bytes != self.block_bytes:
+            raise KvStoreError(f"the store's blocks are {slots.block_bytes} bytes, this model's are "
+                               f"{self.block_bytes}: start the store with --block-bytes {self.block_bytes}")
+        if not slots.allocated:
+            return
+        row_of = job.row_of
+        offsets = [offset + layer * self.layer_bytes for offset in slots.offsets]
+        rows = [row_of[h] for h in slots.allocated]
+        view = self.c.ops.mapped(slots.segment)
+        if view is None:
+            await self.c.ops.write(slots.segment, offsets, [memoryview(data[r].numpy()) for r in rows])
+        else:
+            await asyncio.get_running_loop().run_in_executor(self._copier, _copy_rows, view, offsets, data, rows,
+                                                             self.layer_bytes)
+        self.c.events.write("stored", request=job.spec.request_id, step=job.step, layer=layer, node=target,
+                            num_blocks=len(slots.allocated), t=time.time())
+
+    def end_step(self) -> None:
+        """Hand each job's commits to the bridge; wait only for the decode node's commits of
+        the prompts that end in this step."""
+        for job in self._jobs:
+            if job.num_layers != self.num_layers:
+                job.is_failed = True
+            for i, target in enumerate(job.spec.targets):
+                if target not in job.slots:
+                    continue
+                done = self.c.bridge.submit(self._finish(job, target))
+                if i == 0:
+                    self._first_commits.setdefault(job.spec.request_id, []).append(done)
+        for job in self._jobs:
+            if job.spec.is_last:
+                self._wait_first_commits(job.spec.request_id)
+        self._jobs = []
+        for request_id, commits in list(self._first_commits.items()):
+            commits[:] = [c for c in commits if not c.done()]
+            if not commits:
+                del self._first_commits[request_id]
+
+    def _wait_first_commits(self, request_id: str) -> None:
+        deadline = time.monotonic() + self.c.config.timeout_s
+        for done in self._first_commits.pop(request_id, []):
+            try:
+                done.result(max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                log.warning("the decode node's KV commit missed its deadline; decode recomputes what it lacks",
+                            extra={"request_id": request_id})
+                return
+
+    async def _finish(self, job: _SaveJob, target: str) -> None:
+        """After every layer reached `target`: commit there, or abort if any part failed."""
+        span = self.c.tracer.start_span("kv.transfer", context=extract_headers(job.spec.trace),
+                                        start_time=job.started_ns)
+        span.set_attribute("crescent.num_blocks", len(job.spec.hashes))
+        span.set_attribute("crescent.target", target)
+        try:
+            slots = await asyncio.wrap_future(job.slots[target])
+        except Exception as exc:
+            log.warning("KV allocation failed; not saving", extra={"node": target, "error": repr(exc)})
+            span.set_attribute("crescent.failed", True)
+            span.end()
+            return
+        is_failed = job.is_failed or not await self._writes_done(job, target)
+        if self.c.config.fault == "delay_other_commits" and target != job.spec.targets[0]:
+            await asyncio.sleep(OTHER_COMMITS_DELAY_S)
+        span.set_attribute("crescent.failed", is_failed)
+        try:
+            if is_failed:
+                await self.c.ops.abort(target, slots.allocated)
+            else:
+                await self.c.ops.commit(target, slots.allocated, wait_metadata=False)
+        except Exception as exc:
+            log.warning("KV commit failed", extra={"node": target, "error": repr(exc)})
+            return
+        finally:
+            span.end()
+        self.c.events.write("aborted" if is_failed else "committed", request=job.spec.request_id,
+                            step=job.step, node=target, num_blocks=len(slots.allocated),
+                            num_existing=len(slots.existing), t=time.time())
+
+    async def _writes_done(self, job: _SaveJob, target: str) -> bool:
+        try:
+            async with asyncio.timeout(self.c.config.timeout_s):
+                for write in job.writes[target]:
+                    await asyncio.wrap_future(write)
+        except Exception as exc:
+            log.warning("KV save failed; those blocks are not stored",
+                        extra={"request_id": job.spec.request_id, "node": target, "error": repr(exc)})
+            return False
+        return True
+
+
+def _copy_rows(view: memoryview, offsets: list[int], data: torch.Tensor, rows: list[int], num_bytes: int) -> None:
+    """data[row] → view[offset:offset + num_bytes] for each pair (torch copies without the GIL)."""
+    for offset, row in zip(offsets, rows):
+        torch.frombuffer(view[offset:offset + num_bytes], dtype=torch.uint8).copy_(data[row])
