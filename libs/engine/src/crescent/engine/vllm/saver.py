@@ -48,6 +48,7 @@ class _SaveJob:
         self.writes: dict[str, list[concurrent.futures.Future[None]]] = {t: [] for t in spec.targets}
         self.num_layers = 0  # layers handed to every target so far
         self.is_failed = False
+        self.is_committing = False  # its commits (or aborts) are on their way
 
     @property
     def row_of(self) -> dict[bytes, int]:
@@ -104,6 +105,8 @@ class Saver:
             for target in job.spec.targets:
                 job.writes[target].append(self.c.bridge.submit(self._store_layer(job, target, layer, data)))
             job.num_layers += 1
+            if job.num_layers == self.num_layers:
+                self._start_commits(job)  # while the model finishes the step
 
     async def _store_layer(self, job: _SaveJob, target: str, layer: int, data: torch.Tensor) -> None:
         slots = await asyncio.wrap_future(job.slots[target])
@@ -124,18 +127,14 @@ class Saver:
         self.c.events.write("stored", request=job.spec.request_id, step=job.step, layer=layer, node=target,
                             num_blocks=len(slots.allocated), t=time.time())
 
-    def end_step(self) -> None:
+    def end_step(self) -> int:
         """Hand each job's commits to the bridge; wait only for the decode node's commits of
-        the prompts that end in this step."""
+        the prompts that end in this step. Returns the number of this step's save jobs."""
+        num_jobs = len(self._jobs)
         for job in self._jobs:
-            if job.num_layers != self.num_layers:
-                job.is_failed = True
-            for i, target in enumerate(job.spec.targets):
-                if target not in job.slots:
-                    continue
-                done = self.c.bridge.submit(self._finish(job, target))
-                if i == 0:
-                    self._first_commits.setdefault(job.spec.request_id, []).append(done)
+            if not job.is_committing:
+                job.is_failed = job.is_failed or job.num_layers != self.num_layers
+                self._start_commits(job)
         for job in self._jobs:
             if job.spec.is_last:
                 self._wait_first_commits(job.spec.request_id)
@@ -144,6 +143,15 @@ class Saver:
             commits[:] = [c for c in commits if not c.done()]
             if not commits:
                 del self._first_commits[request_id]
+        return num_jobs
+
+    def _start_commits(self, job: _SaveJob) -> None:
+        job.is_committing = True
+        for i, target in enumerate(job.spec.targets):
+            if target in job.slots:
+                done = self.c.bridge.submit(self._finish(job, target))
+                if i == 0:
+                    self._first_commits.setdefault(job.spec.request_id, []).append(done)
 
     def _wait_first_commits(self, request_id: str) -> None:
         deadline = time.monotonic() + self.c.config.timeout_s

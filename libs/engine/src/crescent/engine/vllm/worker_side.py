@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -54,6 +55,7 @@ class WorkerSide:
         self._step = 0
         self._loads: list[_LoadJob] = []
         self.saver = Saver(connector)
+        self._save_s = 0.0  # this step's time in save_layer and finish_saves
         self._invalid: set[int] = set()
         self._failed_requests: set[str] = set()  # requests whose load failed this step: saves skipped
 
@@ -160,11 +162,19 @@ class WorkerSide:
     def save_layer(self, layer_name: str, kv_layer: torch.Tensor) -> None:
         layer = self.layer_index.get(layer_name)
         if layer is not None:
+            started = time.perf_counter()
             self.saver.save_layer(layer, kv_layer, self._failed_requests)
+            self._save_s += time.perf_counter() - started
 
     def finish_saves(self) -> None:
-        """End of the step: see Saver.end_step for the one wait left here."""
-        self.saver.end_step()
+        """End of the step: see Saver.end_step for the one wait left here. The event log
+        gets how long this step's forward pass spent on saves (snapshots and that wait)."""
+        started = time.perf_counter()
+        num_saves = self.saver.end_step()
+        self._save_s += time.perf_counter() - started
+        if num_saves:
+            self.c.events.write("step", step=self._step, num_saves=num_saves, save_s=self._save_s)
+        self._save_s = 0.0
         self._loads = []
 
     def span(self, name: str, trace: dict[str, str], start_ns: int | None = None, **attributes: Any):
