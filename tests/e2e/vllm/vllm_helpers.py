@@ -1,9 +1,10 @@
 """Helpers of the `vllm` e2e tests. A real-model cluster: NATS, etcd, a store on each of
 two nodes, on node A a prefill worker, a decode worker and a decode worker whose connector
-injects a lost block, on node B a prefill worker whose commits to its own store come late; all serve the tiny Llama
-built by the test.
-The tests act as the conductor (they send the NATS messages themselves), so what they check
-is the workers and CrescentConnector, not the conductor's policy."""
+injects a lost block, on node B a prefill worker whose commits to its own store come late.
+Node B stands for another host: its store and its prefill's connector run the tcp transport
+alone, so whatever crosses between A and B crosses over tcp. All serve the tiny Llama built by
+the test. The tests act as the conductor (they send the NATS messages themselves), so what they
+check is the workers and CrescentConnector, not the conductor's policy."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from crescent.common.messages import (
 )
 from crescent.common.naming import Subjects
 from crescent.engine.checkpoint import inspect_checkpoint
+from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "tiny"
 BLOCK_SIZE = 64
@@ -85,21 +87,31 @@ class VllmCluster:
         self.nats_url, self.etcd_url = f"nats://127.0.0.1:{nats_port}", f"http://127.0.0.1:{etcd_port}"
         self._launch(nats_spec(nats_port)).wait_ready(30)
         self._launch(etcd_spec(etcd_port, self.workdir / "etcd-data")).wait_ready(30)
-        for node in ("A", "B"):
+        for node, transports in (("A", ""), ("B", "tcp")):  # B, "another host", pulls from A over tcp
             self._launch(self._service("store", f"store-{node}", "--node", node, "--block-bytes",
-                                       str(self.block_bytes), "--dram-bytes", str(64 << 20), "--log-format", "text"))
+                                       str(self.block_bytes), "--dram-bytes", str(64 << 20), "--log-format", "text",
+                                       "--transports", transports))
         self.wait_serving(["store-A", "store-B"], 60)
         no_cache = "--no-vllm-prefix-caching"  # prefill: every reuse must come from the store
         self._launch(self._service("prefill", "prefill-A", *engine_flags(
             self.model_dir, "A", self.event_log("prefill-A"), no_cache)))
         self._launch(self._service("decode", "decode-A", *engine_flags(
             self.model_dir, "A", self.event_log("decode-A"), "--telemetry-period-s", "0.05")))
-        self._launch(self._service("prefill", "prefill-B", *engine_flags(  # as if on another host; its own
-            self.model_dir, "B", self.event_log("prefill-B"), no_cache, "--no-kv-use-mapping",  # store is slow
-            "--kv-fault", "delay_other_commits")))
+        self._launch(self._service("prefill", "prefill-B", *engine_flags(  # as if on another host: tcp only;
+            self.model_dir, "B", self.event_log("prefill-B"), no_cache, "--kv-transports", "tcp",  # its own
+            "--kv-fault", "delay_other_commits")))  # store is slow
         self._launch(self._service("decode", "decode-F", *engine_flags(  # its store "loses" blocks
             self.model_dir, "A", self.event_log("decode-F"), "--kv-fault", "evict_after_lookup")))
         self.wait_serving(["prefill-A", "decode-A", "prefill-B", "decode-F"], timeout_s)
+
+    def transfer_bytes(self, instance_id: str) -> dict[tuple[str, str], float]:
+        """(transport, side) → bytes, from the service's /metrics (crescent_transfer_bytes_total)."""
+        url = f"http://127.0.0.1:{self.http_ports[instance_id]}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        return {(s.labels["transport"], s.labels["side"]): s.value
+                for family in text_string_to_metric_families(text) if family.name == "crescent_transfer_bytes"
+                for s in family.samples if s.name == "crescent_transfer_bytes_total"}
 
     def health(self, instance_id: str) -> dict | None:
         url = f"http://127.0.0.1:{self.http_ports[instance_id]}/health"

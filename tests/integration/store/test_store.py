@@ -3,11 +3,13 @@
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
-from crescent.cluster.processes import ManagedProcess, ProcessSpec
+from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
 from crescent.common.bus import Bus
 from crescent.common.errors import RemoteError
 from crescent.common.etcd import connect_etcd
@@ -23,7 +25,8 @@ from crescent.common.store_messages import (
     PinnedBlocks,
 )
 from crescent.store.client import ClientConfig, StoreClient
-from crescent.transfer import Op
+from crescent.transfer import Op, TransferConfig, TransportKind
+from crescent.transfer.transports.rdma import unavailable_reason
 
 BLOCK = 64 << 10
 
@@ -33,10 +36,10 @@ class Stores:
         self.infra, self.cluster, self.tmp_path = infra, cluster, tmp_path
         self.processes: dict[str, ManagedProcess] = {}
 
-    def start(self, node: str, dram_blocks: int = 16, ssd_blocks: int = 0) -> ManagedProcess:
+    def start(self, node: str, dram_blocks: int = 16, ssd_blocks: int = 0, *extra: str) -> ManagedProcess:
         argv = [sys.executable, "-m", "crescent.store", "--cluster", self.cluster, "--nats-url", self.infra.nats_url,
                 "--etcd-url", self.infra.etcd_url, "--node", node, "--instance-id", f"store-{node}",
-                "--lease-ttl-s", "2", "--block-bytes", str(BLOCK), "--dram-bytes", str(dram_blocks * BLOCK)]
+                "--lease-ttl-s", "2", "--block-bytes", str(BLOCK), "--dram-bytes", str(dram_blocks * BLOCK), *extra]
         if ssd_blocks:
             argv += ["--ssd-path", str(self.tmp_path / f"{node}.ssd"), "--ssd-bytes", str(ssd_blocks * BLOCK)]
         process = self.processes.get(node) or ManagedProcess(ProcessSpec(name=f"store-{node}", argv=argv),
@@ -75,11 +78,14 @@ def stores(infra, cluster_name, tmp_path):
 async def client_factory(infra, cluster_name):
     made = []
 
-    async def make(node: str = "client-node", use_mapping: bool = True) -> StoreClient:
+    async def make(node: str = "client-node", use_mapping: bool = True,
+                   transports: tuple[TransportKind, ...] | None = None) -> StoreClient:
         bus = await Bus.connect(infra.nats_url, f"client-{node}")
         etcd = await connect_etcd(infra.etcd_url)
+        transfer = TransferConfig(node=node, transports=transports)
         client = StoreClient(bus, etcd, cluster_name, ClientConfig(node=node, use_mapping=use_mapping,
-                                                                   staging_bytes=8 << 20, timeout_s=10))
+                                                                   staging_bytes=8 << 20, timeout_s=10,
+                                                                   transfer=transfer))
         await client.start()
         made.append((client, bus, etcd))
         return client
@@ -220,6 +226,40 @@ async def test_commit_without_waiting_for_metadata_is_served_while_etcd_is_stopp
     assert count == 2 and got == data
     await wait_until(lambda: client.lookup_prefix(MODEL, hashes), 5, "index")
     assert await client.lookup_prefix(MODEL, hashes) == {"n1": 2}
+
+
+async def test_client_and_store_on_tcp_move_every_byte_over_tcp(stores, client_factory):
+    """A same-host store, yet tcp only: nothing is mapped, and the counters of both ends (the
+    client's, the store's on /metrics) show tcp moved the bytes."""
+    http_port = free_port()
+    stores.start("n1", 16, 0, "--transports", "tcp", "--http-port", str(http_port))
+    client = await client_factory(transports=(TransportKind.TCP,))
+    await wait_for_segment(client, "n1")
+    hashes, data = blocks(4, seed=800)
+    await client.put_blocks(MODEL, "n1", hashes, data)
+    count, got = await read_back(client, "n1", hashes)
+    assert count == 4 and got == data
+    assert client.mapping("n1.store") is None
+    assert {kind: c.num_bytes for kind, c in client.transfer_counters().items()} == {TransportKind.TCP: 8 * BLOCK}
+    metrics = await asyncio.to_thread(_metrics, http_port)
+    assert 'crescent_transfer_bytes_total{engine="store",side="served",transport="tcp"} ' + f"{8 * BLOCK:.1f}" in metrics
+    assert 'transport="shm"' not in metrics
+
+
+def _metrics(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
+def test_store_asked_for_rdma_without_a_device_stops_with_the_reason(infra, cluster_name):
+    reason = unavailable_reason()
+    if reason is None:
+        pytest.skip("this machine has RDMA")
+    argv = [sys.executable, "-m", "crescent.store", "--cluster", cluster_name, "--nats-url", infra.nats_url,
+            "--etcd-url", infra.etcd_url, "--node", "n1", "--transports", "rdma"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode != 0
+    assert f"--transports rdma: transport rdma unavailable: {reason}" in done.stderr
 
 
 async def test_replicate_pulls_blocks_from_another_node(stores, client_factory):

@@ -11,7 +11,9 @@ processes:
   Crescent  nats-server, etcd, one store process (`python -m crescent.store`, its DRAM pool a
             shared-memory segment) and a StoreClient in this process. `gbps` is its default
             road to a same-host store (the pool mapped here, one memcpy per block);
-            `tcp_gbps` forces the data plane (ClientConfig(use_mapping=False)).
+            `tcp_gbps` forces tcp on loopback: the client's data plane runs only the tcp
+            transport (so nothing is mapped either), and after the rounds its per-transport
+            counter must show that tcp moved every byte, or the run fails.
   Mooncake  mooncake_master, one process contributing the global segment, one client
             process contributing none; protocol tcp on loopback, registered buffers with
             batch_put_from / batch_get_into, its fastest path here (mooncake_peer.py).
@@ -46,7 +48,7 @@ from crescent.common.etcd import connect_etcd
 from crescent.common.hashing import HASH_BYTES
 from crescent.common.naming import Keys
 from crescent.store.client import ClientConfig, StoreClient
-from crescent.transfer import ShmEndpoint
+from crescent.transfer import ShmEndpoint, TransferConfig, TransportKind
 from crescent.transfer.segment import shm_file_identity
 
 KiB = 1 << 10
@@ -60,7 +62,7 @@ MOONCAKE_DIST = "mooncake-transfer-engine-non-cuda"
 MOONCAKE_VERSION = "0.3.13.post1"
 MOONCAKE_VENV = Path.home() / ".cache" / "crescent-bench" / "mooncake-venv"
 MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
-MOONCAKE_LIBS = "Debian libibverbs1, libnl-3-200 and libnl-route-3-200"
+MOONCAKE_LIBS = "Debian's libibverbs1, libnl-3-200 and libnl-route-3-200 (`make bench-deps` installs them)"
 INSTALL_TIMEOUT_S = 600.0
 
 
@@ -168,12 +170,12 @@ class _CrescentSide:
         self._cluster = "bench" + secrets.token_hex(4)
 
     def measure(self, shape: Shape, batch_blocks: int, repeat: int) -> dict[str, Timings]:
-        """Timings of the mapped road ("mapped") and of the data plane ("tcp")."""
+        """Timings of the mapped road ("mapped") and of the data plane forced onto tcp ("tcp")."""
         with ExitStack() as stack:
             store = _start(stack, _store_spec(shape, self._urls, self._cluster), self._logs)
             return {mode: asyncio.run(asyncio.wait_for(
                         _crescent_rounds(self._urls, self._cluster, store, shape, batch_blocks, repeat,
-                                         use_mapping=mode == "mapped"), CASE_TIMEOUT_S))
+                                         mode), CASE_TIMEOUT_S))
                     for mode in ("mapped", "tcp")}
 
 
@@ -191,17 +193,23 @@ def _store_spec(shape: Shape, urls: tuple[str, str], cluster: str) -> ProcessSpe
 
 
 async def _crescent_rounds(urls: tuple[str, str], cluster: str, store: ManagedProcess, shape: Shape,
-                           batch_blocks: int, repeat: int, use_mapping: bool) -> Timings:
+                           batch_blocks: int, repeat: int, mode: str) -> Timings:
     bus = await Bus.connect(urls[0], "store-bench")
     etcd = await connect_etcd(urls[1])
-    config = ClientConfig(node="bench-client", use_mapping=use_mapping)
+    if mode == "mapped":
+        config = ClientConfig(node="bench-client")
+    else:
+        config = ClientConfig(node="bench-client", transfer=TransferConfig(node="bench-client",
+                                                                           transports=(TransportKind.TCP,)))
     try:
         async with StoreClient(bus, etcd, cluster, config) as client:
             await _until(lambda: STORE_NODE in client.directory.nodes(), store, START_TIMEOUT_S,
                          "segment in etcd")
             timings = await _rounds(client, shape, batch_blocks, repeat, lambda: _settle(etcd, cluster))
-            if use_mapping:
+            if mode == "mapped":
                 _check_mappable(client)
+            else:
+                _check_moved_by_tcp(client, 2 * (repeat + 1) * shape.num_bytes)
             return timings
     finally:
         await bus.drain()
@@ -260,6 +268,14 @@ def _check_mappable(client: StoreClient) -> None:
     endpoint = descriptor.endpoint(ShmEndpoint) if descriptor else None
     if endpoint is None or shm_file_identity(endpoint.shm_name) != (endpoint.device, endpoint.inode):
         raise StoreBenchError("the store's shared-memory file is gone, so the mapped road was not measured")
+
+
+def _check_moved_by_tcp(client: StoreClient, num_bytes: int) -> None:
+    """`tcp_gbps` is only tcp's if the tcp transport moved every byte put and got."""
+    counters = client.transfer_counters()
+    moved = {kind.value: c.num_bytes for kind, c in counters.items()}
+    if set(moved) != {"tcp"} or moved["tcp"] != num_bytes:
+        raise StoreBenchError(f"the tcp case moved {moved} bytes by transport, not {num_bytes} over tcp alone")
 
 
 def _hash(round_: int, index: int) -> bytes:

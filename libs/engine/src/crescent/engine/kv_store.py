@@ -31,7 +31,7 @@ from crescent.common.store_messages import (
     UnpinBlocks,
 )
 from crescent.store.client import ClientConfig, StoreClient
-from crescent.transfer import Op
+from crescent.transfer import Op, TransferConfig, parse_transports
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -52,6 +52,7 @@ class BridgeConfig:
     timeout_s: float = 10.0
     staging_bytes: int = 16 << 20
     use_mapping: bool = True  # False: even same-host stores go over the data plane
+    transports: str = ""  # the data plane's transports ("tcp", "shm,tcp"; "" = all that run here)
 
 
 class StoreBridge:
@@ -74,8 +75,9 @@ class StoreBridge:
         config = self.config
         self._bus = await Bus.connect(config.nats_url, config.name, config.timeout_s)
         self._etcd = await connect_etcd(config.etcd_url, config.timeout_s)
-        client_config = ClientConfig(node=config.node, timeout_s=config.timeout_s,
-                                     staging_bytes=config.staging_bytes, use_mapping=config.use_mapping)
+        transfer = TransferConfig(node=config.node, transports=parse_transports(config.transports))
+        client_config = ClientConfig(node=config.node, timeout_s=config.timeout_s, staging_bytes=config.staging_bytes,
+                                     use_mapping=config.use_mapping, transfer=transfer)
         self.client = StoreClient(self._bus, self._etcd, config.cluster, client_config)
         await self.client.start()
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from crescent.common.config import CommonSettings, setting
 from crescent.common.errors import ConfigError
 from crescent.engine.device_settings import EmulatedDevice
+from crescent.store.transport_choice import transport_choice
 
 ENGINES = ("emulated", "vllm")
 KV_FAULTS = ("delay_other_commits", "evict_after_lookup")
@@ -38,9 +39,14 @@ class EngineSettings(EmulatedDevice, CommonSettings):
                                         "misses it is recomputed")
     drain_timeout_s: float = setting(30.0, "on SIGTERM, how long running requests may finish before they are aborted")
     kv_use_mapping: bool = setting(True, "vllm: map stores on this host and copy KV in place; off: every "
-                                         "store is reached over the data plane (tcp), as a remote one")
+                                         "store is reached over the data plane, as a remote one (a same-host "
+                                         "store still over shm unless --kv-transports leaves it out)")
     kv_event_log: str = setting("", "vllm: append the connector's per-layer load/save timestamps to this "
                                     "JSONL file (tests, debugging)")
+    kv_transports: str = setting("", "vllm: the connector's data-plane transports, in order of preference "
+                                     "(shm, tcp, rdma; e.g. tcp); without shm no store is mapped either, so "
+                                     "every byte takes the named transports; empty: every transport that "
+                                     "runs here")
     kv_fault: str = setting("", "vllm, testing only: inject a store fault (delay_other_commits: commits to "
                                 "every store but the decode node's start 3 s late; evict_after_lookup: the store "
                                 "loses block 1 of a prefix between the connector's lookup and its load)")
@@ -60,6 +66,7 @@ class EngineSettings(EmulatedDevice, CommonSettings):
                                   f"({self.vllm_block_size})")
             if self.vllm_kv_cache_gib <= 0 or self.kv_timeout_s <= 0:
                 raise ConfigError("vllm_kv_cache_gib and kv_timeout_s must be > 0")
+            transport_choice("kv_transports", self.kv_transports)
             if self.kv_fault not in ("", *KV_FAULTS):
                 raise ConfigError(f"kv_fault must be empty or one of {', '.join(KV_FAULTS)}, got {self.kv_fault!r}")
 

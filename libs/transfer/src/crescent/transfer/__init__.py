@@ -4,7 +4,7 @@ See README.md of the distribution for what this package owns and must not import
 """
 
 from crescent.transfer.batch import BatchResult, Deadline, Op, TransferEntry
-from crescent.transfer.config import TransferConfig, TransportKind
+from crescent.transfer.config import TransferConfig, TransportKind, parse_transports
 from crescent.transfer.descriptor import (
     RdmaEndpoint,
     SegmentDescriptor,
@@ -13,7 +13,7 @@ from crescent.transfer.descriptor import (
     decode_descriptor,
     encode_descriptor,
 )
-from crescent.transfer.engine import EngineStatus, TransferEngine
+from crescent.transfer.engine import EngineStatus, TransferEngine, TransportCounters
 from crescent.transfer.errors import (
     BadEntry,
     EngineNotRunning,
@@ -46,8 +46,8 @@ __all__ = [
     "ProtocolError",
     "RdmaEndpoint",
     "RemoteError",
-    "ResolverFailed",
     "Resolver",
+    "ResolverFailed",
     "Segment",
     "SegmentDescriptor",
     "SegmentNotFound",
@@ -59,9 +59,11 @@ __all__ = [
     "TransferEntry",
     "TransferError",
     "TransferTimeout",
+    "TransportCounters",
     "TransportKind",
     "TransportUnavailable",
     "decode_descriptor",
     "encode_descriptor",
+    "parse_transports",
     "sweep_orphans",
 ]

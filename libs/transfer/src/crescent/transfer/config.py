@@ -19,6 +19,21 @@ class TransportKind(enum.Enum):
 ALL_TRANSPORTS = (TransportKind.SHM, TransportKind.RDMA, TransportKind.TCP)
 
 
+def parse_transports(text: str) -> tuple[TransportKind, ...] | None:
+    """`"tcp"`, `"shm,tcp"`, … → those transports in that order; `""` → None (every transport
+    that can run here). ValueError names what is wrong."""
+    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    if not names:
+        return None
+    known = {kind.value: kind for kind in TransportKind}
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"unknown transport {', '.join(unknown)}: choose from {', '.join(known)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a transport is named twice in {text!r}")
+    return tuple(known[name] for name in names)
+
+
 @dataclass(frozen=True, slots=True)
 class TransferConfig:
     """How an engine serves its segments and reaches its peers.

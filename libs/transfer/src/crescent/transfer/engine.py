@@ -19,6 +19,7 @@ import enum
 import logging
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from crescent.transfer.batch import BatchResult, Deadline, TransferEntry
 from crescent.transfer.config import ALL_TRANSPORTS, TransferConfig, TransportKind
@@ -55,6 +56,18 @@ class EngineStatus(enum.Enum):
     CLOSED = "closed"
 
 
+@dataclass
+class TransportCounters:
+    """What one transport moved for this engine since it started: entries of this engine's
+    batches that succeeded (`num_bytes`, `num_transfers`), and bytes its server moved for
+    peers' batches (`num_served_bytes`; transports whose server side never sees the bytes,
+    shm and one-sided rdma, report 0)."""
+
+    num_bytes: int = 0
+    num_transfers: int = 0
+    num_served_bytes: int = 0
+
+
 class TransferEngine:
     """One process's data plane: its registered segments and its transports."""
 
@@ -66,6 +79,7 @@ class TransferEngine:
         self._registry = SegmentRegistry()
         self._endpoints: dict[str, tuple[Endpoint, ...]] = {}
         self._transports: list[Transport] = []
+        self._counters: dict[TransportKind, TransportCounters] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._num_in_flight = 0
         self._idle = asyncio.Event()
@@ -96,6 +110,7 @@ class TransferEngine:
                 transport = create_transport(kind, context)
                 await transport.start()
                 self._transports.append(transport)
+                self._counters[kind] = TransportCounters()
         except TransportUnavailable:
             await self._close_transports()
             self._executor.shutdown(wait=False)
@@ -148,6 +163,12 @@ class TransferEngine:
             if transport.kind is kind:
                 return transport
         raise TransportUnavailable(kind.value, "not running in this engine")
+
+    def counters(self) -> dict[TransportKind, TransportCounters]:
+        """Per transport this engine started, what it moved so far (a snapshot)."""
+        served = {t.kind: t.num_served_bytes for t in self._transports}
+        return {kind: TransportCounters(c.num_bytes, c.num_transfers, served.get(kind, c.num_served_bytes))
+                for kind, c in self._counters.items()}
 
     def register(self, segment: Segment) -> SegmentDescriptor:
         """Serve `segment` to peers and allow it as a local region of entries."""
@@ -254,7 +275,15 @@ class TransferEngine:
                 results[transport] = [failure] * len(items)
             else:
                 results[transport] = outcome
+                self._count(transport.kind, items, outcome)
         return results
+
+    def _count(self, kind: TransportKind, items: Sequence[WorkItem], outcomes: list[TransferError | None]) -> None:
+        counters = self._counters[kind]
+        for item, outcome in zip(items, outcomes, strict=True):
+            if outcome is None:
+                counters.num_bytes += item.entry.length
+                counters.num_transfers += 1
 
     def _check(
         self, entry: TransferEntry, remotes: dict[str, SegmentDescriptor | TransferError]

@@ -36,10 +36,18 @@ from crescent.common.store_messages import (
     UnpinBlocks,
 )
 from crescent.store.directory import BlockIndex, SegmentDirectory
-from crescent.transfer import Op, ShmEndpoint, ShmSegment, TransferConfig, TransferEngine, TransferEntry
+from crescent.transfer import (
+    Op,
+    ShmEndpoint,
+    ShmSegment,
+    TransferConfig,
+    TransferEngine,
+    TransferEntry,
+    TransportCounters,
+    TransportKind,
+)
 from crescent.transfer.hostinfo import host_id
 from crescent.transfer.segment import ShmMapping
-
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +62,14 @@ class ClientConfig:
     timeout_s: float = 30.0
     staging_bytes: int = 64 << 20  # staging for stores on other hosts
     use_mapping: bool = True  # map same-host stores; False forces the data plane (tests, benchmarks)
-    transfer: TransferConfig | None = None
+    transfer: TransferConfig | None = None  # its `transports` chooses the data plane's roads
+
+    @property
+    def is_mapping(self) -> bool:
+        """Whether same-host stores are mapped: only where shm is among the chosen transports
+        (mapping is shm without the engine), so `transports=(tcp,)` sends every byte over tcp."""
+        kinds = self.transfer.transports if self.transfer is not None else None
+        return self.use_mapping and (kinds is None or TransportKind.SHM in kinds)
 
 
 class StoreClient:
@@ -102,6 +117,10 @@ class StoreClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def transfer_counters(self) -> dict[TransportKind, TransportCounters]:
+        """What this client's data plane moved, per transport (mapped copies are not in it)."""
+        return self._transfer.counters() if self._transfer is not None else {}
+
     async def ctl(self, node: str, request, reply_type):
         """One request to `node`'s store (store.<node>.ctl). With `move` and `mapping`, the
         primitives for callers that work below whole blocks, like the vLLM connector, which
@@ -110,7 +129,7 @@ class StoreClient:
 
     def mapping(self, segment: str) -> ShmMapping | None:
         """The store's segment mapped here, if it lives on this host (and mapping is on)."""
-        if not self.config.use_mapping:
+        if not self.config.is_mapping:
             return None
         if segment in self._mappings:
             return self._mappings[segment]

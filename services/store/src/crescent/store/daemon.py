@@ -14,7 +14,7 @@ import logging
 import time
 from pathlib import Path
 
-from crescent.common.errors import RecoverableError
+from crescent.common.errors import FatalError, RecoverableError
 from crescent.common.etcd import MirrorEvent, PrefixMirror
 from crescent.common.hashing import HASH_BYTES
 from crescent.common.messages import InstanceInfo, InstanceLoad, StoreStats, StoreStatsRequest
@@ -44,12 +44,15 @@ from crescent.store.metadata import MetadataWriter
 from crescent.store.pool import BlockKey, BlockPool, Plan, PoolError, PoolFullError, Tier
 from crescent.store.settings import StoreSettings
 from crescent.store.ssd import SsdTier
+from crescent.store.transfer_metrics import register_transfer_metrics
 from crescent.transfer import (
     Op,
     ShmSegment,
     TransferConfig,
     TransferEngine,
     TransferEntry,
+    TransportUnavailable,
+    parse_transports,
     sweep_orphans,
 )
 
@@ -111,10 +114,15 @@ class StoreDaemon:
         self.segment = ShmSegment.create(self.segment_name, self.pool.num_dram_slots * self.block_bytes)
         if self.pool.num_ssd_slots:
             self.ssd = SsdTier(Path(settings.ssd_path), self.pool.num_ssd_slots, self.block_bytes)
-        config = TransferConfig(node=settings.node, tcp_host=settings.host,
-                                tcp_advertise_host=runtime.advertise_host, tcp_port=settings.transfer_port)
+        config = TransferConfig(node=settings.node, transports=parse_transports(settings.transports),
+                                tcp_host=settings.host, tcp_advertise_host=runtime.advertise_host,
+                                tcp_port=settings.transfer_port)
         self.transfer = TransferEngine(self.directory, config)
-        await self.transfer.start()
+        try:
+            await self.transfer.start()
+        except TransportUnavailable as exc:
+            raise FatalError(f"--transports {settings.transports}: {exc}") from exc
+        register_transfer_metrics(self.transfer, "store")
         descriptor = self.transfer.register(self.segment)
         segments = PrefixMirror(runtime.etcd, runtime.keys.segments(""), self.directory.apply)
         await segments.load()

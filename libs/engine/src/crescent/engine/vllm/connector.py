@@ -68,7 +68,8 @@ class CrescentConnector(KVConnectorBase_V1):
         self.bridge = StoreBridge(BridgeConfig(
             nats_url=self.config.nats_url, etcd_url=self.config.etcd_url, cluster=self.config.cluster,
             node=self.config.node, name=f"{self.config.node}-{self.config.role}-kv-{side}",
-            timeout_s=self.config.timeout_s, use_mapping=self.config.use_mapping))
+            timeout_s=self.config.timeout_s, use_mapping=self.config.use_mapping,
+            transports=self.config.transports))
         self.bridge.start()
         self.ops = BlockOps(self.bridge.client, self.config.model, self.config.timeout_s)
         self.events = EventLog(self.config.event_log)

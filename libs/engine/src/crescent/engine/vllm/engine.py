@@ -74,7 +74,7 @@ def connector_extra_config(settings: EngineSettings, role: str, endpoints: Store
             "node": endpoints.node, "model": settings.model_name, "block_size": settings.block_size,
             "role": role, "timeout_s": settings.kv_timeout_s,
             "event_log": settings.kv_event_log, "fault": settings.kv_fault,
-            "use_mapping": settings.kv_use_mapping}
+            "use_mapping": settings.kv_use_mapping, "transports": settings.kv_transports}
 
 
 def engine_args(settings: EngineSettings, checkpoint: Checkpoint, role: str, endpoints: StoreEndpoints | None):

@@ -30,6 +30,7 @@ class ConnectorConfig:
     timeout_s: float = 10.0
     event_log: str = ""
     use_mapping: bool = True
+    transports: str = ""  # the data plane's transports (EngineSettings.kv_transports)
     # testing only: "evict_after_lookup" drops block 1 between lookup and load; "delay_other_commits"
     # holds commits to every target but the first 3 s (saver.py)
     fault: str = ""

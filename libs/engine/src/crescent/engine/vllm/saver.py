@@ -192,7 +192,12 @@ class Saver:
             span.end()
         self.c.events.write("aborted" if is_failed else "committed", request=job.spec.request_id,
                             step=job.step, node=target, num_blocks=len(slots.allocated),
-                            num_existing=len(slots.existing), t=time.time())
+                            num_existing=len(slots.existing), moved=self._moved(), t=time.time())
+
+    def _moved(self) -> dict[str, int]:
+        """Bytes the connector's data plane moved so far, per transport (mapped copies are not
+        in it): which road the KV really took."""
+        return {kind.value: c.num_bytes for kind, c in self.c.bridge.client.transfer_counters().items()}
 
     async def _writes_done(self, job: _SaveJob, target: str) -> bool:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from crescent.transfer.config import TransportKind
+from crescent.transfer.errors import TransportUnavailable
 from crescent.transfer.transports.base import Transport, TransportContext, WorkItem
 from crescent.transfer.transports.rdma import RdmaTransport, unavailable_reason
 from crescent.transfer.transports.shm import ShmTransport
@@ -25,6 +26,16 @@ def is_available(kind: TransportKind, rdma_device: str | None = None) -> bool:
     return kind is not TransportKind.RDMA or unavailable_reason(rdma_device) is None
 
 
+def check_transports(kinds: tuple[TransportKind, ...] | None, rdma_device: str | None = None) -> None:
+    """TransportUnavailable, with the reason, for the first of `kinds` that cannot run here,
+    so a service asked for a transport fails at start instead of falling back to another."""
+    for kind in kinds or ():
+        if kind is TransportKind.RDMA:
+            reason = unavailable_reason(rdma_device)
+            if reason is not None:
+                raise TransportUnavailable(kind.value, reason)
+
+
 __all__ = [
     "RdmaTransport",
     "ShmTransport",
@@ -32,6 +43,7 @@ __all__ = [
     "Transport",
     "TransportContext",
     "WorkItem",
+    "check_transports",
     "create_transport",
     "is_available",
 ]

@@ -66,6 +66,11 @@ class Transport(ABC):
     def withdraw(self, segment: Segment) -> None:
         """Stop serving a segment that is being unregistered."""
 
+    @property
+    def num_served_bytes(self) -> int:
+        """Bytes this transport's server moved for peers (0 where the owner never sees them)."""
+        return 0
+
     @abstractmethod
     def can_reach(self, descriptor: SegmentDescriptor) -> bool:
         """Whether `execute` can move bytes to and from this remote segment."""

@@ -38,6 +38,7 @@ class TcpTransport(Transport):
         self._server: TcpServer | None = None
         self._pools: dict[tuple[str, int], ConnectionPool[TcpConnection]] = {}
         self.num_retries = 0
+        self._num_served_before_close = 0
 
     async def start(self) -> None:
         config = self.context.config
@@ -56,7 +57,12 @@ class TcpTransport(Transport):
         self._pools.clear()
         if self._server is not None:
             server, self._server = self._server, None
+            self._num_served_before_close = server.num_served_bytes
             await asyncio.to_thread(server.close, self.context.config.close_timeout)
+
+    @property
+    def num_served_bytes(self) -> int:
+        return self._server.num_served_bytes if self._server is not None else self._num_served_before_close
 
     @property
     def address(self) -> tuple[str, int]:

@@ -64,6 +64,7 @@ class TcpServer:
         self._stopping = threading.Event()
         self._lock = threading.Lock()
         self._connections: dict[socket.socket, threading.Thread] = {}
+        self.num_served_bytes = 0  # payload bytes of accepted reads and writes (under _lock)
         self._acceptor = threading.Thread(
             target=self._accept_loop, name=f"crescent-tcp-accept-{self.port}", daemon=True
         )
@@ -162,7 +163,10 @@ class TcpServer:
         if target is None:
             payload = message.encode()
             send_buffers(sock, [encode_reply(status, request.seq, len(payload)), payload], deadline)
-        elif request.op is WireOp.WRITE:
+            return
+        with self._lock:  # counted before the reply, so a client that has it sees the count
+            self.num_served_bytes += request.length
+        if request.op is WireOp.WRITE:
             send_buffers(sock, [encode_reply(Status.OK, request.seq, 0)], deadline)
         else:
             send_buffers(

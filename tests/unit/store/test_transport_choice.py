@@ -1,0 +1,28 @@
+"""`--transports` (store) and `--kv-transports` (vLLM connector): what cannot run is a
+configuration error at start, naming the flag and the reason."""
+
+import pytest
+from crescent.common.errors import ConfigError
+from crescent.engine.settings import EngineSettings
+from crescent.store.settings import StoreSettings
+from crescent.store.transport_choice import transport_choice
+from crescent.transfer import TransportKind
+from crescent.transfer.transports.rdma import unavailable_reason
+
+
+def test_choice_is_the_named_transports():
+    assert transport_choice("transports", "tcp") == (TransportKind.TCP,)
+    assert transport_choice("transports", "") is None
+
+
+def test_unknown_transport_names_the_flag():
+    with pytest.raises(ConfigError, match="--kv-transports udp: unknown transport udp"):
+        EngineSettings(engine="vllm", kv_transports="udp").validate()
+
+
+def test_rdma_without_a_device_stops_the_store_at_start():
+    reason = unavailable_reason()
+    if reason is None:
+        pytest.skip("this machine has RDMA")
+    with pytest.raises(ConfigError, match=f"--transports rdma: transport rdma unavailable: {reason}"):
+        StoreSettings(transports="rdma").validate()
