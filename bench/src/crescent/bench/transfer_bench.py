@@ -9,6 +9,11 @@ here), and compares with the limit measured in the same run on the same memory:
 - tcp: one plain blocking socket over loopback sending the same bytes, entry by entry, to
   that other process, which receives them into the remote segment (the loopback limit).
 
+Entries lie back to back on both sides (`shm-64KiB`: one 16 MiB region as 256 entries), and,
+where a batch has several entries, also `scattered`: the remote offsets are a fixed random
+permutation of the entry slots, as a store's free slots are, so no two entries are adjacent
+in the remote segment; the limit copies to the same offsets.
+
 GB/s is 1e9 bytes per second, from the median of `repeat` timed runs; runs of ours and of
 the limit alternate, so that drift of a shared machine affects both alike.
 
@@ -99,15 +104,16 @@ async def _shm_cases(
     dst = np.frombuffer(mapping.view, dtype=np.uint8)
     cases = []
     async with _client(remote, TransportKind.SHM, local) as engine:
-        for size in sizes:
-            num, _ = _batch_shape(size)
+        for size, slots in _layouts(sizes):
+            num = len(slots)
 
-            def memcpy(num: int = num, size: int = size) -> None:
+            def memcpy(num: int = num, size: int = size, slots: list[int] = slots) -> None:
                 for i in range(num):
-                    np.copyto(dst[i * size : (i + 1) * size], src[i * size : (i + 1) * size])
+                    to = slots[i] * size
+                    np.copyto(dst[to : to + size], src[i * size : (i + 1) * size])
 
-            ours, limit = await _time_pair(engine, remote.name, num, size, memcpy, repeat)
-            cases.append(_case(f"shm-{_label(size)}", num * size, ours, limit))
+            ours, limit = await _time_pair(engine, remote.name, slots, size, memcpy, repeat)
+            cases.append(_case(f"shm-{_label(size)}{_suffix(slots)}", num * size, ours, limit))
     mapping.close()
     return cases
 
@@ -119,8 +125,8 @@ async def _tcp_cases(
     view = local.view()
     with socket.create_connection(("127.0.0.1", sink_port), timeout=BATCH_TIMEOUT_S) as sock:
         async with _client(remote, TransportKind.TCP, local) as engine:
-            for size in sizes:
-                num, _ = _batch_shape(size)
+            for size, slots in _layouts(sizes):
+                num = len(slots)
 
                 def loopback(num: int = num, size: int = size) -> None:
                     sock.sendall(_SIZE.pack(num * size))
@@ -129,10 +135,26 @@ async def _tcp_cases(
                     if sock.recv(1) != b"\x01":
                         raise RuntimeError("loopback sink failed")
 
-                ours, limit = await _time_pair(engine, remote.name, num, size, loopback, repeat)
-                cases.append(_case(f"tcp-{_label(size)}", num * size, ours, limit))
+                ours, limit = await _time_pair(engine, remote.name, slots, size, loopback, repeat)
+                cases.append(_case(f"tcp-{_label(size)}{_suffix(slots)}", num * size, ours, limit))
         sock.sendall(_SIZE.pack(0))
     return cases
+
+
+def _layouts(sizes: list[int]) -> list[tuple[int, list[int]]]:
+    """(entry size, remote slot of each entry): back to back, then scattered where a batch
+    has several entries."""
+    layouts = []
+    for size in sizes:
+        num, _ = _batch_shape(size)
+        layouts.append((size, list(range(num))))
+        if num > 1:
+            layouts.append((size, [int(s) for s in np.random.default_rng(size).permutation(num)]))
+    return layouts
+
+
+def _suffix(slots: list[int]) -> str:
+    return "" if slots == sorted(slots) else "-scattered"
 
 
 class _client:
@@ -156,16 +178,18 @@ class _client:
 async def _time_pair(
     engine: TransferEngine,
     remote: str,
-    num: int,
+    slots: list[int],
     size: int,
     limit: Callable[[], None],
     repeat: int,
 ) -> tuple[float, float]:
-    """Median seconds of one batch of `num` writes of `size` bytes, and of one run of the
-    limit on the same bytes. Runs alternate, so that the drift of a shared machine's
-    memory and CPU speed hits both alike; the first pair warms up and is dropped."""
+    """Median seconds of one batch of writes of `size` bytes, entry i from local slot i to
+    remote slot `slots[i]`, and of one run of the limit on the same bytes. Runs alternate, so
+    that the drift of a shared machine's memory and CPU speed hits both alike; the first pair
+    warms up and is dropped."""
     entries = [
-        TransferEntry(Op.WRITE, "bench/local", i * size, remote, i * size, size) for i in range(num)
+        TransferEntry(Op.WRITE, "bench/local", i * size, remote, slot * size, size)
+        for i, slot in enumerate(slots)
     ]
     ours, limits = [], []
     for _ in range(repeat + 1):
@@ -243,11 +267,11 @@ def _recv_into(sock: socket.socket, view: memoryview) -> None:
 
 
 def format_table(report: dict) -> str:
-    lines = [f"{'case':<12} {'GB/s':>8} {'limit GB/s':>11} {'% of limit':>11}"]
+    lines = [f"{'case':<22} {'GB/s':>8} {'limit GB/s':>11} {'% of limit':>11}"]
     for case in report["cases"]:
         share = 100 * case["gbps"] / case["limit_gbps"]
         lines.append(
-            f"{case['case']:<12} {case['gbps']:>8.2f} {case['limit_gbps']:>11.2f} {share:>10.0f}%"
+            f"{case['case']:<22} {case['gbps']:>8.2f} {case['limit_gbps']:>11.2f} {share:>10.0f}%"
         )
     return "\n".join(lines)
 

@@ -55,7 +55,7 @@ class TransferConfig:
     connect_timeout: float = 2.0
     server_io_timeout: float = 30.0
     server_idle_timeout: float = 300.0
-    shm_inline_bytes: int = 1 << 20
+    shm_inline_bytes: int = 16 << 20
     shm_parallel_entry_bytes: int = 2 << 20
     shm_copy_threads: int = 2
     max_threads: int = 16

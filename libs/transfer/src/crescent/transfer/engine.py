@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from crescent.transfer.batch import BatchResult, Deadline, TransferEntry
+from crescent.transfer.batch import BatchResult, Deadline, Op, TransferEntry
 from crescent.transfer.config import ALL_TRANSPORTS, TransferConfig, TransportKind
 from crescent.transfer.descriptor import Endpoint, SegmentDescriptor
 from crescent.transfer.errors import (
@@ -226,21 +226,41 @@ class TransferEngine:
         outcomes: list[TransferError | None] = [None] * len(entries)
         names = dict.fromkeys(entry.remote_segment for entry in entries)
         remotes = await resolve_all(self._resolver, names, deadline)
-        routes: dict[str, Transport] = {}
+        locals_: dict[str, Segment] = {}
+        routes: dict[str, tuple[list[int], list[WorkItem]]] = {}  # remote segment → its transport's work
         work: dict[Transport, tuple[list[int], list[WorkItem]]] = {}
         for index, entry in enumerate(entries):
-            try:
-                item = self._check(entry, remotes)
-                transport = routes.get(entry.remote_segment)
-                if transport is None:
-                    transport = routes[entry.remote_segment] = self._route(item.remote)
-            except TransferError as exc:
-                outcomes[index] = exc
+            # The common case in a few comparisons (a small entry must cost little); anything
+            # unusual goes through _check, which raises the precise error.
+            local = locals_.get(entry.local_segment)
+            remote = remotes.get(entry.remote_segment)
+            length = entry.length
+            if (
+                local is None
+                or not isinstance(remote, SegmentDescriptor)
+                or type(entry.op) is not Op
+                or length < 0
+                or not 0 <= entry.local_offset <= local.size - length
+                or not 0 <= entry.remote_offset <= remote.size - length
+            ):
+                try:
+                    item = self._check(entry, remotes)
+                except TransferError as exc:
+                    outcomes[index] = exc
+                    continue
+                locals_[entry.local_segment] = local = item.local
+            target = routes.get(entry.remote_segment)
+            if target is None:
+                try:
+                    transport = self._route(remote)
+                except TransferError as exc:
+                    outcomes[index] = exc
+                    continue
+                target = routes[entry.remote_segment] = work.setdefault(transport, ([], []))
+            if not length:
                 continue
-            if entry.length:
-                indices, items = work.setdefault(transport, ([], []))
-                indices.append(index)
-                items.append(item)
+            target[0].append(index)
+            target[1].append(WorkItem(entry, local, remote))
         for transport, results in (await self._execute(work, deadline)).items():
             for index, outcome in zip(work[transport][0], results, strict=True):
                 outcomes[index] = outcome
@@ -280,10 +300,13 @@ class TransferEngine:
 
     def _count(self, kind: TransportKind, items: Sequence[WorkItem], outcomes: list[TransferError | None]) -> None:
         counters = self._counters[kind]
-        for item, outcome in zip(items, outcomes, strict=True):
-            if outcome is None:
-                counters.num_bytes += item.entry.length
-                counters.num_transfers += 1
+        failed = [i for i, outcome in enumerate(outcomes) if outcome is not None]
+        if failed:
+            moved = [item for i, item in enumerate(items) if outcomes[i] is None]
+        else:
+            moved = items
+        counters.num_bytes += sum([item.entry.length for item in moved])
+        counters.num_transfers += len(moved)
 
     def _check(
         self, entry: TransferEntry, remotes: dict[str, SegmentDescriptor | TransferError]

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from crescent.transfer.batch import Deadline, TransferEntry
 from crescent.transfer.config import TransferConfig, TransportKind
@@ -16,9 +16,9 @@ from crescent.transfer.registry import SegmentRegistry
 from crescent.transfer.segment import Segment
 
 
-@dataclass(frozen=True, slots=True)
-class WorkItem:
-    """One entry after the engine checked it: both ranges are inside their segments."""
+class WorkItem(NamedTuple):
+    """One entry after the engine checked it: both ranges are inside their segments. (A
+    named tuple: the engine makes one per entry, and a small entry must cost little.)"""
 
     entry: TransferEntry
     local: Segment

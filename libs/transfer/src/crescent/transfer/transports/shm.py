@@ -1,11 +1,14 @@
-"""The shm transport: same-host peers, one memcpy per entry between mapped segments.
+"""The shm transport: same-host peers, memcpy between mapped segments.
 
 A peer's segment is reachable when its owner runs on our kernel (same boot id) and its
 /dev/shm file is the very file it published (same device and inode). The file is mapped
-once and kept; copies run in worker threads (numpy releases the GIL while it copies; big
-entries are split over `shm_copy_threads` threads), in chunks so that the deadline and the
-owner's liveness are checked as they go. Batches of at most `shm_inline_bytes` are copied
-on the event loop: a thread hop would cost more than the copy.
+once and kept. How a batch is copied is planned in shm_plan.py: back-to-back entries as one
+run, many equal entries as one numpy call, the rest chunk by chunk so that the deadline and
+the owner's liveness are checked as the copy goes. Batches of at most `shm_inline_bytes` are
+copied on the event loop (a thread hop costs more than such a copy: at 16 MiB, about a fifth
+of it on a busy 2-core machine; the loop is then held for one memcpy of that size, ~1–2 ms);
+larger ones in worker threads (numpy releases the GIL while it copies; big runs are split
+over `shm_copy_threads` threads).
 
 A dead owner cannot be seen through memory, so the owner holds a shared flock on its
 file while alive; a batch whose owner is found dead before, during or after the copy fails
@@ -20,16 +23,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from crescent.transfer.batch import Deadline, Op
+from crescent.transfer.batch import Deadline
 from crescent.transfer.config import TransferConfig, TransportKind
 from crescent.transfer.descriptor import Endpoint, SegmentDescriptor, ShmEndpoint
 from crescent.transfer.errors import PeerUnreachable, TransferError
 from crescent.transfer.segment import Segment, ShmMapping, ShmSegment, shm_file_identity
 from crescent.transfer.transports.base import Transport, TransportContext, WorkItem
+from crescent.transfer.transports.shm_plan import Chunk, RowCopy, Run, plan_runs, split
 
-
-# (item index, destination, source, remote mapping): one copy of at most chunk_bytes.
-_Chunk = tuple[int, memoryview, memoryview, ShmMapping]
 
 # Chunks up to this size are copied by memoryview assignment: a plain memcpy with less
 # call overhead than numpy, holding the GIL for a few microseconds only. Larger chunks go
@@ -68,31 +69,44 @@ class ShmTransport(Transport):
         outcomes: list[TransferError | None] = [None] * len(items)
         mappings = await self._map_all(items, outcomes)
         self._fail_dead_owners(mappings, items, outcomes)
-        config = self.context.config
-        lengths = [item.entry.length for i, item in enumerate(items) if outcomes[i] is None]
-        num_bytes = sum(lengths)
-        num_threads = _num_copy_threads(num_bytes, len(lengths), config)
-        chunk_bytes = max(1, min(config.slice_bytes, -(-num_bytes // num_threads)))
-        chunks = _plan_chunks(items, mappings, outcomes, chunk_bytes)
-        copier = _Copier(list(set(mappings.values())), deadline, config.slice_bytes)
-        if num_bytes <= config.shm_inline_bytes:
-            unfinished = copier.run(chunks)
+        rows = RowCopy.of(items, mappings, outcomes)
+        if rows is not None:
+            unfinished = await self._copy_rows(rows, items, deadline)
         else:
-            loop = asyncio.get_running_loop()
-            futures = [
-                loop.run_in_executor(self.context.executor, copier.run, part)
-                for part in _split(chunks, num_threads)
-            ]
-            try:
-                parts = await asyncio.gather(*futures)
-            except asyncio.CancelledError:
-                copier.abort.set()
-                raise
-            unfinished = set().union(*parts)
+            runs = plan_runs(items, mappings, outcomes)
+            unfinished = await self._copy_chunks(runs, list(set(mappings.values())), deadline)
         for index in unfinished:
             outcomes[index] = deadline.timeout_error(items[index].remote.name)
         self._fail_dead_owners(mappings, items, outcomes)
         return outcomes
+
+    async def _copy_rows(self, rows: RowCopy, items: Sequence[WorkItem], deadline: Deadline) -> set[int]:
+        """One numpy call for the whole batch (bounded by it, so checked before, not during)."""
+        if deadline.is_expired():
+            return set(range(len(items)))
+        if len(items) * items[0].entry.length <= self.context.config.shm_inline_bytes:
+            rows.run()
+        else:
+            await asyncio.get_running_loop().run_in_executor(self.context.executor, rows.run)
+        return set()
+
+    async def _copy_chunks(self, runs: list[Run], mappings: list[ShmMapping], deadline: Deadline) -> set[int]:
+        config = self.context.config
+        num_bytes = sum(run.length for run in runs)
+        num_threads = _num_copy_threads(num_bytes, len(runs), config)
+        chunk_bytes = max(1, min(config.slice_bytes, -(-num_bytes // num_threads)))
+        chunks = [chunk for run in runs for chunk in run.chunks(chunk_bytes)]
+        copier = _Copier(mappings, deadline, config.slice_bytes)
+        if num_bytes <= config.shm_inline_bytes:
+            return copier.run(chunks)
+        loop = asyncio.get_running_loop()
+        futures = [loop.run_in_executor(self.context.executor, copier.run, part) for part in split(chunks, num_threads)]
+        try:
+            parts = await asyncio.gather(*futures)
+        except asyncio.CancelledError:
+            copier.abort.set()
+            raise
+        return set().union(*parts)
 
     async def _map_all(
         self, items: Sequence[WorkItem], outcomes: list[TransferError | None]
@@ -162,52 +176,13 @@ class ShmTransport(Transport):
             mapping.close()
 
 
-def _num_copy_threads(num_bytes: int, num_entries: int, config: TransferConfig) -> int:
-    """Large entries copy faster on several threads (numpy drops the GIL while copying);
-    small ones do not: their per-entry Python work needs the GIL, and threads then only
+def _num_copy_threads(num_bytes: int, num_runs: int, config: TransferConfig) -> int:
+    """Large runs copy faster on several threads (numpy drops the GIL while copying);
+    small ones do not: their per-run Python work needs the GIL, and threads then only
     take turns."""
-    if num_entries == 0 or num_bytes // num_entries < config.shm_parallel_entry_bytes:
+    if num_runs == 0 or num_bytes // num_runs < config.shm_parallel_entry_bytes:
         return 1
     return config.shm_copy_threads
-
-
-def _plan_chunks(
-    items: Sequence[WorkItem],
-    mappings: dict[str, ShmMapping],
-    outcomes: list[TransferError | None],
-    chunk_bytes: int,
-) -> list[_Chunk]:
-    """Every copy still to do, cut into chunks of at most `chunk_bytes`."""
-    chunks = []
-    for index, item in enumerate(items):
-        if outcomes[index] is not None:
-            continue
-        entry = item.entry
-        mapping = mappings[item.remote.name]
-        local = item.local.view()[entry.local_offset : entry.local_offset + entry.length]
-        remote = mapping.view[entry.remote_offset : entry.remote_offset + entry.length]
-        dst, src = (remote, local) if entry.op is Op.WRITE else (local, remote)
-        if entry.length <= chunk_bytes:
-            chunks.append((index, dst, src, mapping))
-            continue
-        for start in range(0, entry.length, chunk_bytes):
-            end = start + chunk_bytes
-            chunks.append((index, dst[start:end], src[start:end], mapping))
-    return chunks
-
-
-def _split(chunks: list[_Chunk], num_parts: int) -> list[list[_Chunk]]:
-    """Contiguous runs of chunks with about equal bytes, one per copy thread."""
-    if num_parts == 1:
-        return [chunks]
-    total = sum(chunk[1].nbytes for chunk in chunks)
-    parts: list[list[_Chunk]] = [[] for _ in range(num_parts)]
-    done = 0
-    for chunk in chunks:
-        part = min(num_parts - 1, done * num_parts // max(total, 1))
-        parts[part].append(chunk)
-        done += chunk[1].nbytes
-    return [part for part in parts if part]
 
 
 class _Copier:
@@ -221,21 +196,22 @@ class _Copier:
         self._check_bytes = check_bytes
         self.abort = threading.Event()
 
-    def run(self, chunks: Sequence[_Chunk]) -> set[int]:
+    def run(self, chunks: Sequence[Chunk]) -> set[int]:
         """Returns the indices of items with a chunk that was not copied, because the
         deadline passed or the owner died (the caller tells which)."""
         unfinished: set[int] = set()
         dead: set[int] = set()
         since_check = 0
-        for position, (index, dst, src, mapping) in enumerate(chunks):
+        for position, (first, end, dst, src, mapping) in enumerate(chunks):
             if since_check >= self._check_bytes:
                 since_check = 0
                 dead = {id(m) for m in self._mappings if not m.owner_is_alive()}
             if self._deadline.is_expired() or self.abort.is_set():
-                unfinished.update(chunk[0] for chunk in chunks[position:])
+                for chunk in chunks[position:]:
+                    unfinished.update(range(chunk[0], chunk[1]))
                 break
             if id(mapping) in dead:
-                unfinished.add(index)
+                unfinished.update(range(first, end))
                 continue
             if dst.nbytes <= GIL_COPY_BYTES:
                 dst[:] = src
