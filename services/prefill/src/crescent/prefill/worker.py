@@ -1,11 +1,11 @@
-"""Prefill worker: a FIFO of jobs in front of one engine.
+"""Prefill worker: a FIFO of jobs in front of one engine (compute_gate.py).
 
 The queue's predicted drain time is what the conductor needs to estimate T_queue, so the
 worker keeps each queued job's predicted prefill time and publishes their sum. A job's
 prediction counts the prefix its node's store holds once the planned pull is done (until then,
 the whole prompt).
 
-The FIFO turn covers compute only: the etcd lookup of the decode node, the planned prefix pull
+The FIFO covers compute only: the etcd lookup of the decode node, the planned prefix pull
 and (emulated engine) the store lookup happen while the job waits for its turn, and the saves
 after it, so a slow or dead store never holds up the jobs behind. A job whose conductor cancels
 it (the client left, or the request moved on) stops where it is.
@@ -49,6 +49,7 @@ from crescent.engine.emulated import unsupported
 from crescent.engine.emulated_kv import EmulatedKv
 from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
+from crescent.prefill.compute_gate import ComputeGate
 from crescent.store.client import ClientConfig, StoreClient
 
 log = logging.getLogger(__name__)
@@ -82,7 +83,8 @@ class PrefillWorker:
         self.cost = settings.cost_model()
         self._predicted_s: dict[str, float] = {}  # queued or running job → predicted prefill time
         self._jobs: dict[str, asyncio.Task] = {}  # queued or running job → the task running it
-        self._turn = asyncio.Lock()  # FIFO: asyncio.Lock wakes waiters in arrival order
+        # vLLM batches prompts, so several jobs share it up to a step's tokens; emulated: one job
+        self._gate = ComputeGate(settings.vllm_max_num_batched_tokens if self.is_vllm else 0)
         self.recent_ttft = Ewma()  # measured queue + compute time of finished jobs
         self._decode_nodes: dict[str, str] = {}
         self._runtime: Runtime | None = None
@@ -177,7 +179,7 @@ class PrefillWorker:
             self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids), num_cached)
             with tracer().start_as_current_span("prefill.queue") as queue_span:
                 queue_span.set_attribute("crescent.request_id", job.request_id)
-                await self._turn.acquire()
+                await self._gate.enter(len(job.token_ids) - num_cached)
             try:
                 started = time.monotonic()
                 with tracer().start_as_current_span("prefill.compute") as span:
@@ -191,7 +193,7 @@ class PrefillWorker:
                     span.set_attribute("crescent.num_computed_tokens", output.num_computed_tokens)
                     span.set_attribute("crescent.num_cached_tokens", output.num_cached_tokens)
             finally:
-                self._turn.release()
+                self._gate.leave(len(job.token_ids) - num_cached)
             if plan is not None:
                 await self.engine.save(plan, save_to)
         finally:
