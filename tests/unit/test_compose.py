@@ -68,26 +68,9 @@ def test_each_service_image_installs_the_package_it_runs(name):
     assert service["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
 
 
-def test_kubernetes_manifests_run_real_modules_with_the_shared_environment():
-    documents = list(yaml.safe_load_all((ROOT / "deploy/k8s/crescent.yaml").read_text()))
-    workloads = [d for d in documents if d["kind"] in ("Deployment", "DaemonSet")]
-    assert {w["metadata"]["name"] for w in workloads} == {"crescent-store", "crescent-conductor", "crescent-prefill",
-                                                          "crescent-decode"}
-    for workload in workloads:
-        [container] = workload["spec"]["template"]["spec"]["containers"]
-        role = container["command"][container["command"].index("-m") + 1].split(".")[1]
-        assert (ROOT / "services" / role / "src/crescent" / role / "__main__.py").exists()
-        assert container["envFrom"] == [{"configMapRef": {"name": "crescent-env"}}]
-    assert yaml.safe_load((ROOT / "deploy/k8s/etcd.yaml").read_text())["initial-cluster-state"] == "new"
-
-
 def test_the_conductors_readiness_is_ready_and_its_liveness_health():
-    """/ready needs a live prefill and decode instance; /health only a live conductor."""
+    """/ready needs a live prefill and decode instance; /health only a live conductor (the
+    Kubernetes probes: tests/unit/test_k8s_manifests.py)."""
     assert "/ready" in " ".join(services()["conductor"]["healthcheck"]["test"])
     assert all("/health" in " ".join(services()[name]["healthcheck"]["test"])
                for name in CRESCENT - {"conductor"})
-    documents = list(yaml.safe_load_all((ROOT / "deploy/k8s/crescent.yaml").read_text()))
-    conductor = next(d for d in documents if d["metadata"]["name"] == "crescent-conductor")
-    [container] = conductor["spec"]["template"]["spec"]["containers"]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
