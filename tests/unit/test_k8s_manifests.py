@@ -278,7 +278,9 @@ def test_nats_is_three_servers_routed_to_each_other():
 
 def test_the_vllm_image_installs_what_the_workers_run():
     dockerfile = (ROOT / "deploy/docker/Dockerfile.vllm").read_text()
-    install = " ".join(re.search(r"RUN pip install (.*?)\n\n", dockerfile, re.DOTALL).group(1).split())
+    install = " ".join(
+        re.search(r"RUN pip install (.*?)\n\n", dockerfile, re.DOTALL).group(1).split()
+    )
     assert re.search(r'"vllm==\$\{VLLM_VERSION\}"', install)
     packages = [word for word in install.split() if (ROOT / word / "pyproject.toml").exists()]
     assert {"services/prefill", "services/decode"} <= set(packages)
@@ -311,6 +313,7 @@ def test_the_node_name_entry_point_makes_a_dns_name_a_node_name():
     script = ROOT / "deploy/docker/node-name.sh"
     result = subprocess.run(
         ["sh", str(script), "sh", "-c", 'printf %s "$CRESCENT_NODE"'],
+        check=False,
         capture_output=True,
         text=True,
         timeout=10,
