@@ -5,10 +5,10 @@ shows up here rather than as an empty panel in production."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import aiohttp
+import promql_parser
 import pytest
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port
@@ -46,13 +46,17 @@ def cluster(tmp_path_factory):
 
 
 def queried_metrics() -> set[str]:
+    """Every metric a PromQL query of the dashboard selects."""
+    names: set[str] = set()
     board = json.loads(DASHBOARD.read_text())
-    return {
-        name
-        for panel in board["panels"]
-        for target in panel["targets"]
-        for name in re.findall(r"\bcrescent_[a-z0-9_]+\b", target["expr"])
-    }
+    for target in (target for panel in board["panels"] for target in panel["targets"]):
+        promql_parser.walk(
+            promql_parser.parse(target["expr"]),
+            lambda node: (
+                names.add(node.name) if isinstance(node, promql_parser.VectorSelector) else None
+            ),
+        )
+    return names
 
 
 def sampled_names(text: str) -> set[str]:
