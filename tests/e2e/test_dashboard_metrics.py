@@ -10,8 +10,6 @@ from pathlib import Path
 import aiohttp
 import promql_parser
 import pytest
-from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
 from crescent.common.codec import decode
 from crescent.common.etcd import connect_etcd
 from crescent.common.messages import InstanceInfo
@@ -30,19 +28,6 @@ EVENT_METRICS = {
     "crescent_replication_orders_total",
     "crescent_store_replicated_blocks_total",
 }
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    spec = ClusterSpec(
-        workdir=tmp_path_factory.mktemp("dashboard"),
-        api_port=free_port(),
-        engine_args=["--emulated-time-scale", "0.05"],
-    )
-    cluster = LocalCluster(spec)
-    cluster.start(timeout_s=60)
-    yield cluster
-    cluster.stop()
 
 
 def queried_metrics() -> set[str]:
@@ -87,7 +72,8 @@ async def metrics_urls(cluster) -> dict[str, str]:
     return {info.instance_id: f"{info.http_url}/metrics" for info in infos}
 
 
-async def test_every_metric_the_dashboard_queries_is_served(cluster):
+async def test_every_metric_the_dashboard_queries_is_served(dev_cluster):
+    cluster = dev_cluster
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         # Longer than one 512-token block, so KV is written to the store and its bytes counted.
         body = {"model": MODEL, "prompt": "operators watch this cluster " * 60, "max_tokens": 6}
