@@ -10,7 +10,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
-EXPECTED = {"nats", "etcd", "jaeger", "store", "conductor", "prefill-0", "prefill-1", "decode-0", "decode-1"}
+INFRA = {"nats", "etcd", "jaeger", "prometheus", "grafana"}
+CRESCENT = {"store", "conductor", "prefill-0", "prefill-1", "decode-0", "decode-1"}
+EXPECTED = INFRA | CRESCENT
 
 
 def services():
@@ -23,6 +25,20 @@ def test_docker_accepts_the_compose_file():
                             timeout=60)
     assert result.returncode == 0, result.stderr
     assert "crescent.conductor" in result.stdout
+    assert "deploy/prometheus/prometheus.yml" in result.stdout
+
+
+def test_prometheus_scrapes_every_crescent_service_at_its_http_port():
+    """Each service serves /metrics on CRESCENT_HTTP_PORT; a service Prometheus does not scrape
+    is missing from the dashboard."""
+    prometheus = services()["prometheus"]
+    [mount] = [v for v in prometheus["volumes"] if v.endswith("/etc/prometheus/prometheus.yml:ro")]
+    config = yaml.safe_load((ROOT / mount.split(":")[0]).read_text())
+    scraped = {target for job in config["scrape_configs"] for static in job["static_configs"]
+               for target in static["targets"]}
+    expected = {f"{name}:{services()[name]['environment']['CRESCENT_HTTP_PORT']}" for name in CRESCENT}
+    assert scraped == expected
+    assert all(job.get("metrics_path", "/metrics") == "/metrics" for job in config["scrape_configs"])
 
 
 def test_topology_matches_the_design():
@@ -32,7 +48,7 @@ def test_topology_matches_the_design():
     assert any(port.endswith(":4318") for port in jaeger["ports"])
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED - {"nats", "etcd", "jaeger"}))
+@pytest.mark.parametrize("name", sorted(CRESCENT))
 def test_each_service_image_installs_the_package_it_runs(name):
     service = services()[name]
     module = service["command"][service["command"].index("-m") + 1]
@@ -52,26 +68,9 @@ def test_each_service_image_installs_the_package_it_runs(name):
     assert service["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
 
 
-def test_kubernetes_manifests_run_real_modules_with_the_shared_environment():
-    documents = list(yaml.safe_load_all((ROOT / "deploy/k8s/crescent.yaml").read_text()))
-    workloads = [d for d in documents if d["kind"] in ("Deployment", "DaemonSet")]
-    assert {w["metadata"]["name"] for w in workloads} == {"crescent-store", "crescent-conductor", "crescent-prefill",
-                                                          "crescent-decode"}
-    for workload in workloads:
-        [container] = workload["spec"]["template"]["spec"]["containers"]
-        role = container["command"][container["command"].index("-m") + 1].split(".")[1]
-        assert (ROOT / "services" / role / "src/crescent" / role / "__main__.py").exists()
-        assert container["envFrom"] == [{"configMapRef": {"name": "crescent-env"}}]
-    assert yaml.safe_load((ROOT / "deploy/k8s/etcd.yaml").read_text())["initial-cluster-state"] == "new"
-
-
 def test_the_conductors_readiness_is_ready_and_its_liveness_health():
-    """/ready needs a live prefill and decode instance; /health only a live conductor."""
+    """/ready needs a live prefill and decode instance; /health only a live conductor (the
+    Kubernetes probes: tests/unit/test_k8s_manifests.py)."""
     assert "/ready" in " ".join(services()["conductor"]["healthcheck"]["test"])
     assert all("/health" in " ".join(services()[name]["healthcheck"]["test"])
-               for name in EXPECTED - {"nats", "etcd", "jaeger", "conductor"})
-    documents = list(yaml.safe_load_all((ROOT / "deploy/k8s/crescent.yaml").read_text()))
-    conductor = next(d for d in documents if d["metadata"]["name"] == "crescent-conductor")
-    [container] = conductor["spec"]["template"]["spec"]["containers"]
-    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+               for name in CRESCENT - {"conductor"})

@@ -34,6 +34,7 @@ from crescent.common.errors import ConfigError, FatalError
 from crescent.common.etcd import LeasedKeys, connect_etcd
 from crescent.common.heartbeat import LeaseHeartbeat
 from crescent.common.http_server import JsonErrorRunner
+from crescent.common.load_metrics import record_load
 from crescent.common.logs import setup_logging
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.common.naming import Keys, Subjects, check_token
@@ -144,6 +145,7 @@ class Runtime:
         message = load()
         if self.status is ServiceStatus.DRAINING:
             message = msgspec.structs.replace(message, is_accepting=False, not_accepting_reason="draining")
+        record_load(message)
         await self.bus.publish(self.subjects.telemetry(self.role, self.instance_id), message)
 
     async def _health(self, request: web.Request) -> web.Response:

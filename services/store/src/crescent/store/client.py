@@ -35,6 +35,7 @@ from crescent.common.store_messages import (
     ReplicateReply,
     UnpinBlocks,
 )
+from crescent.store import metrics
 from crescent.store.directory import BlockIndex, SegmentDirectory
 from crescent.transfer import (
     Op,
@@ -158,6 +159,7 @@ class StoreClient:
                     region[:] = buffer
                 else:
                     buffer[:] = region
+            _count_moved(op, "mapped", buffers)
             return
         async with self._staging_lock:
             staging = self._staging.view()
@@ -171,6 +173,7 @@ class StoreClient:
                     raise StoreClientError(f"a {len(buffers[start])}-byte block exceeds the staging segment")
                 await self._move_staged(op, segment, offsets[start:end], buffers[start:end], staging)
                 start = end
+        _count_moved(op, "data-plane", buffers)
 
     async def _move_staged(self, op, segment, offsets, buffers, staging: memoryview) -> None:
         entries, position = [], 0
@@ -250,3 +253,8 @@ class StoreClient:
 
     async def evict(self, model: str, node: str, hashes: Sequence[bytes]) -> EvictReply:
         return await self.ctl(node, EvictBlocks(model=model, hashes=list(hashes)), EvictReply)
+
+
+def _count_moved(op: Op, route: str, buffers: Sequence[memoryview]) -> None:
+    """Bytes that reached their destination (a failed move raised before this is called)."""
+    metrics.KV_TRANSFER_BYTES.labels(op.value, route).inc(sum(len(buffer) for buffer in buffers))

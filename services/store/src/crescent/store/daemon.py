@@ -147,6 +147,10 @@ class StoreDaemon:
         return {"node": self.settings.node, "num_blocks": len(self.pool.blocks)}
 
     def load(self) -> InstanceLoad:
+        for tier in Tier:
+            num_slots = self.pool.num_dram_slots if tier is Tier.DRAM else self.pool.num_ssd_slots
+            metrics.TIER_USED_BYTES.labels(tier.value).set((num_slots - self.pool.num_free(tier)) * self.block_bytes)
+            metrics.TIER_CAPACITY_BYTES.labels(tier.value).set(num_slots * self.block_bytes)
         return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
                             bandwidth={node: rate.value for node, rate in self.pull_rate.items()})
@@ -307,6 +311,7 @@ class StoreDaemon:
             started = time.monotonic()
             result = await self.transfer.transfer(entries, timeout=timeout_s)
             self._note_rate(request.source_node, len(entries) * self.block_bytes, time.monotonic() - started)
+            metrics.KV_TRANSFER_BYTES.labels("read", "data-plane").inc(len(entries) * self.block_bytes)
             if not result.is_ok:
                 await self.abort(AbortBlocks(model=request.model, hashes=slots.allocated))
                 raise ReplicationFailed(request.source_node, result.failed()[0][1])
