@@ -85,6 +85,28 @@ async def test_shared_prefix_is_loaded_from_the_store_not_recomputed(vllm_cluste
     assert load["num_loaded"] >= len(prefix) // BLOCK_SIZE
 
 
+async def test_conditional_disaggregation_decode_computes_the_prompt_as_plain_vllm_would(
+        vllm_cluster, conductor, reference):
+    """No prefill job: the decode instance computes a fresh prompt (0 % cached), and a prompt
+    whose 768-token prefix its node's store holds (90 % cached) loading that prefix and
+    computing the rest; both outputs equal plain vLLM's, and the blocks it computed are saved
+    to its node's store for the next request."""
+    prefix = prompt_tokens(768, seed=300)
+    cold, warm = prompt_tokens(90, seed=301), prefix + prompt_tokens(85, seed=302)
+    expected = reference_tokens(reference, [cold, warm], MAX_TOKENS)
+    await conductor.prefill("prefill-A", prefix + [1])  # the prefix's blocks into store-A
+
+    got_cold, cold_id = await conductor.generate_on_decode(cold, MAX_TOKENS)
+    got_warm, warm_id = await conductor.generate_on_decode(warm, MAX_TOKENS)
+
+    assert [got_cold, got_warm] == expected
+    assert all(e["num_loaded"] == 0 for e in events_of(vllm_cluster, "decode-A", cold_id, "load"))
+    [warm_load] = events_of(vllm_cluster, "decode-A", warm_id, "load")
+    assert warm_load["num_loaded"] == len(prefix) // BLOCK_SIZE and warm_load["error"] is None
+    committed = await wait_for_events(vllm_cluster, "decode-A", cold_id, "committed", {"A"})
+    assert committed["A"]["num_blocks"] == len(cold) // BLOCK_SIZE
+
+
 async def test_prefill_on_node_b_computes_a_prefix_held_only_on_node_a_when_no_pull_is_planned(
         vllm_cluster, conductor, reference):
     """The connector never picks a source itself: without a planned pull, node A's copy of the

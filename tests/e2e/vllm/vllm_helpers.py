@@ -180,25 +180,40 @@ class Conductor:
                        decode_id: str = "decode-A", pull: tuple[str, list[bytes]] = ("", []),
                        ) -> tuple[list[int], PrefillResult]:
         """Prompt → all generated tokens (first from prefill, the rest from decode)."""
+        request_id = await self._reserve(token_ids, max_tokens, decode_id)
+        result = await self.prefill(prefill_id, token_ids, decode_id, request_id, pull)
+        self.prefilled_at = time.time()
+        return await self._decode(request_id, token_ids, result.first_token, max_tokens, decode_id), result
+
+    async def generate_on_decode(self, token_ids: list[int], max_tokens: int,
+                                 decode_id: str = "decode-A") -> tuple[list[int], str]:
+        """Conditional disaggregation: no prefill job, the decode instance computes the prompt.
+        Returns the tokens and the request id."""
+        request_id = await self._reserve(token_ids, max_tokens, decode_id)
+        return await self._decode(request_id, token_ids, None, max_tokens, decode_id), request_id
+
+    async def _reserve(self, token_ids: list[int], max_tokens: int, decode_id: str) -> str:
         self._count += 1
         request_id = f"req-{self._run}-{self._count}"
         reply = await self.bus.request(self.subjects.decode_reserve(decode_id), Reservation(
             request_id=request_id, num_prompt_tokens=len(token_ids), max_tokens=max_tokens), ReservationReply, 10)
         assert reply.accepted, reply.reason
-        result = await self.prefill(prefill_id, token_ids, decode_id, request_id, pull)
-        self.prefilled_at = time.time()
+        return request_id
+
+    async def _decode(self, request_id: str, token_ids: list[int], first_token: int | None, max_tokens: int,
+                      decode_id: str) -> list[int]:
         stream = await self.bus.stream(self.subjects.tokens(request_id), TokenChunk)
         try:
             await self.bus.request(self.subjects.decode_start(decode_id), DecodeStart(
-                request_id=request_id, token_ids=token_ids, first_token=result.first_token, max_tokens=max_tokens,
+                request_id=request_id, token_ids=token_ids, first_token=first_token, max_tokens=max_tokens,
                 sampling=SamplingParams(ignore_eos=True)), Ack, 30)
-            tokens = [result.first_token]
+            tokens = [] if first_token is None else [first_token]
             while True:
                 chunk = await stream.next(60)
                 assert chunk.error is None, chunk.error
                 tokens += chunk.token_ids
                 if chunk.is_final:
-                    return tokens, result
+                    return tokens
         finally:
             await stream.close()
 

@@ -188,11 +188,13 @@ class ReservationReply(Message):
 
 
 class DecodeStart(Message):
-    """Conductor → decode.<id>.start: generate after the prompt and its first token."""
+    """Conductor → decode.<id>.start: generate after the prompt and its first token. Without a
+    first token (conditional disaggregation) the decode instance computes the prompt itself and
+    the first token it streams is the first output token."""
 
     request_id: Id
     token_ids: TokenIds
-    first_token: TokenId
+    first_token: TokenId | None
     max_tokens: TokenCount
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
 

@@ -97,6 +97,7 @@ class _Sequence:
     num_left: int
     stop_token_ids: frozenset[int]
     num_logprobs: int | None = None
+    prefill_tokens: int = 0  # prompt tokens still to compute before its first token (prefill on decode)
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
@@ -119,15 +120,25 @@ class EmulatedDecodeEngine:
     def predict_step_s(self, extra_batch: int = 0, extra_context: int = 0) -> float:
         return self.cost.decode_step_s(self.num_running + extra_batch, self.num_context_tokens + extra_context)
 
-    async def generate(self, request_id: str, token_ids: Sequence[int], first_token: int, max_new_tokens: int,
-                       stop_token_ids: Sequence[int] = (), sampling: SamplingParams | None = None,
+    async def generate(self, request_id: str, token_ids: Sequence[int], first_token: int | None,
+                       max_new_tokens: int, stop_token_ids: Sequence[int] = (),
+                       sampling: SamplingParams | None = None, save_to: Sequence[str] = (),
                        ) -> AsyncIterator[DecodeStep]:
-        """Tokens after `first_token`, one DecodeStep per batch step, until a stop or the limit."""
+        """Tokens after `first_token`, one DecodeStep per batch step, until a stop or the limit.
+        Without a first token the prompt is computed in the next batch step, which takes its
+        prefill time longer (the whole batch waits for it, as on a real engine), and yields the
+        prompt's first token. `save_to` is accepted for the engines' common call: the emulated
+        decode engine keeps no KV."""
         if max_new_tokens < 1:
             yield DecodeStep([], FINISH_LENGTH)
             return
-        seq = _Sequence(request_id, first_token, len(token_ids) + 1, max_new_tokens, frozenset(stop_token_ids),
-                        sampling.logprobs if sampling is not None else None)
+        num_logprobs = sampling.logprobs if sampling is not None else None
+        if first_token is None:
+            seq = _Sequence(request_id, sum(token_ids), len(token_ids), max_new_tokens, frozenset(stop_token_ids),
+                            num_logprobs, prefill_tokens=len(token_ids))
+        else:
+            seq = _Sequence(request_id, first_token, len(token_ids) + 1, max_new_tokens, frozenset(stop_token_ids),
+                            num_logprobs)
         self._running[request_id] = seq
         self._has_work.set()
         try:
@@ -151,11 +162,15 @@ class EmulatedDecodeEngine:
             if not self._running:
                 self._has_work.clear()
                 continue
-            await asyncio.sleep(self.predict_step_s())
+            prefill_s = sum(self.cost.prefill_s(s.prefill_tokens) for s in self._running.values() if s.prefill_tokens)
+            await asyncio.sleep(self.predict_step_s() + prefill_s)
             for seq in list(self._running.values()):
                 self._advance(seq)
 
     def _advance(self, seq: _Sequence) -> None:
+        """One token; a prompt computed here gives the token its prefill would (last_token then
+        holds the prompt's sum, as EmulatedPrefillEngine.compute takes it)."""
+        seq.prefill_tokens = 0
         token = emulated_token(seq.last_token, seq.context_len)
         seq.last_token = token
         seq.context_len += 1

@@ -161,23 +161,19 @@ class RequestFlow:
     async def generate(self, request_id: str, model: str, token_ids: list[int], max_tokens: int,
                        sampling: SamplingParams) -> AsyncIterator[TokenEvent]:
         """Tokens as they come; closing the iterator early cancels the request downstream."""
-        request = self._scheduler.request_for(request_id, model, token_ids, max_tokens)
+        # prompt logprobs come from a prefill instance's full compute: never prefilled on decode
+        request = self._scheduler.request_for(request_id, model, token_ids, max_tokens,
+                                              may_prefill_on_decode=sampling.prompt_logprobs is None)
         progress = Progress(list(token_ids), max_tokens, replayable(sampling))
         decode = _DecodeSide(request_id)
         try:
             result = await self._prefill(request, model, progress, decode)
-            prompt_logprobs = result.prompt_logprobs if sampling.prompt_logprobs is not None else None
-            if progress.is_replayed:
-                if prompt_logprobs is not None:
-                    yield TokenEvent([], prompt_logprobs=prompt_logprobs)
-            else:
-                first_token = result.first_token
-                progress.generated.append(first_token)
-                finish = self._finish_on_first(first_token, max_tokens, sampling)
-                logprobs = [result.first_logprobs] if result.first_logprobs is not None else []
-                yield TokenEvent([first_token], finish, logprobs, prompt_logprobs)
-                if finish is not None:
-                    return
+            if result is not None:  # None: the decode instance computes the prompt, streams its first token
+                first_event = self._first_event(result, progress, sampling)
+                if first_event is not None:
+                    yield first_event
+                    if first_event.finish_reason is not None:
+                        return
             async for event in self._decode(request, model, progress, decode):
                 yield event
         finally:
@@ -186,6 +182,19 @@ class RequestFlow:
                 log.info("request ended before its decode; cancelling it",
                          extra={"request_id": request_id, "decode": decode.instance_id})
                 await self._cancel_decode(decode)
+
+    def _first_event(self, result: PrefillResult, progress: Progress, sampling: SamplingParams) -> TokenEvent | None:
+        """What the client gets from the prefill: its first token (kept in `progress`) and the
+        prompt logprobs asked for; a replayed request gets only the logprobs, its decode
+        regenerates the first token."""
+        prompt_logprobs = result.prompt_logprobs if sampling.prompt_logprobs is not None else None
+        if progress.is_replayed:
+            return TokenEvent([], prompt_logprobs=prompt_logprobs) if prompt_logprobs is not None else None
+        first_token = result.first_token
+        progress.generated.append(first_token)
+        finish = self._finish_on_first(first_token, progress.max_tokens, sampling)
+        logprobs = [result.first_logprobs] if result.first_logprobs is not None else []
+        return TokenEvent([first_token], finish, logprobs, prompt_logprobs)
 
     async def place(self, request: ScheduleRequest, model: str, decode: _DecodeSide,
                     exclude: Collection[str] = ()) -> Decision:
@@ -218,6 +227,7 @@ class RequestFlow:
             span.set_attribute("crescent.prefix_tokens", outcome.prefill.prefix_tokens)
             span.set_attribute("crescent.predicted_ttft_s", outcome.prefill.predicted_ttft_s)
             span.set_attribute("crescent.predicted_tbt_s", outcome.decode.predicted_tbt_s)
+            span.set_attribute("crescent.prefill_on_decode", outcome.prefill_on_decode)
             return outcome
 
     def _may_wait(self, rejection: Rejection, model: str) -> bool:
@@ -243,12 +253,16 @@ class RequestFlow:
         return reply.accepted
 
     async def _prefill(self, request: ScheduleRequest, model: str, progress: Progress,
-                       decode: _DecodeSide) -> PrefillResult:
-        """The result (first token) of the first prefill instance that survives the job."""
+                       decode: _DecodeSide) -> PrefillResult | None:
+        """The result (first token) of the first prefill instance that survives the job; None
+        when the policy has the decode instance compute the prompt (conditional disaggregation)."""
         gone = _Gone(self._view, "prefill")
         num_moves = 0
         while True:
             decision = await self.place(request, model, decode, gone.ids())
+            if decision.prefill_on_decode:
+                metrics.PREFILL_ON_DECODE.inc()
+                return None
             prefill = decision.prefill
             incarnation = self._view.started_at("prefill", prefill.instance_id)
             job = PrefillJob(request_id=request.request_id, model=model, token_ids=progress.prompt,

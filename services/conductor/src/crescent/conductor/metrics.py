@@ -31,6 +31,8 @@ REPLICATED_BLOCKS = Counter("crescent_replication_order_blocks",
                             "Blocks named in replication orders (on-demand: planned; hot-spot: copied)", ["reason"])
 MIGRATIONS = Counter("crescent_request_migrations", "Requests moved to another instance, by stage and cause",
                      ["stage", "cause"])
+PREFILL_ON_DECODE = Counter("crescent_prefill_on_decode", "Requests whose decode instance computed the prompt "
+                            "itself (conditional disaggregation)")
 PREDICTION_ERROR = Histogram("crescent_prediction_abs_error_ratio",
                              "|predicted − measured| / measured, per request: ttft (placement to first "
                              "token against T_transfer + T_queue + T_prefill) and tbt (mean time between "

@@ -39,7 +39,12 @@ class Progress:
 
     def decode_start(self, attempt_id: str) -> DecodeStart:
         """Go on from the last generated token: the prompt and all earlier output are context.
-        A replayed request starts from the prompt, its last token standing in as the first."""
+        A replayed request starts from the prompt, its last token standing in as the first; a
+        request with no output yet (prefilled on decode) starts from the prompt alone."""
+        if not self.generated and not self.is_replayed:
+            return DecodeStart(request_id=attempt_id, token_ids=self.prompt, first_token=None,
+                               max_tokens=self.max_tokens,
+                               sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None))
         if self.is_replayed:
             return DecodeStart(request_id=attempt_id, token_ids=self.prompt[:-1], first_token=self.prompt[-1],
                                max_tokens=self.max_tokens + 1,

@@ -67,7 +67,8 @@ class Scheduler:
         self.policy = make_policy(
             settings.policy, predictors=build_predictors(settings), admission=settings.admission,
             slo=Slo(settings.ttft_slo_s, settings.tbt_slo_s), decode_time=self.decode_time,
-            kvcache_balancing_threshold=settings.kvcache_balancing_threshold, rng=random.Random(settings.seed))
+            kvcache_balancing_threshold=settings.kvcache_balancing_threshold, rng=random.Random(settings.seed),
+            local_prefill_max_tokens=settings.local_prefill_max_tokens)
         self.inflight: dict[str, InflightRequest] = {}
         self.model_of_block: dict[bytes, str] = {}
         self.num_hit_tokens = 0
@@ -92,9 +93,11 @@ class Scheduler:
     def max_decode_capacity(self, model: str) -> int:
         return max((s.kv_capacity_tokens for s in self.view.snapshot("decode", model, self.clock())), default=0)
 
-    def request_for(self, request_id: str, model: str, token_ids: Sequence[int], max_tokens: int) -> ScheduleRequest:
+    def request_for(self, request_id: str, model: str, token_ids: Sequence[int], max_tokens: int,
+                    may_prefill_on_decode: bool = True) -> ScheduleRequest:
         hashes = block_hashes(token_ids, self.settings.block_size, model)
-        return ScheduleRequest(request_id, hashes, len(token_ids), self.settings.block_size, max_tokens)
+        return ScheduleRequest(request_id, hashes, len(token_ids), self.settings.block_size, max_tokens,
+                               may_prefill_on_decode)
 
     def schedule(self, request: ScheduleRequest, model: str, exclude: Collection[str] = ()) -> Decision | Rejection:
         """The policy's verdict on the cluster as it is now, leaving out the `exclude`d instances
@@ -127,8 +130,9 @@ class Scheduler:
         self.inflight.pop(request.request_id, None)
 
     def _assign(self, request: ScheduleRequest, decision: Decision, sign: int) -> None:
-        self.view.note_assignment("prefill", decision.prefill.instance_id, sign * request.num_prompt_tokens,
-                                  sign * decision.prefill.prefill_s, sign)
+        if not decision.prefill_on_decode:
+            self.view.note_assignment("prefill", decision.prefill.instance_id, sign * request.num_prompt_tokens,
+                                      sign * decision.prefill.prefill_s, sign)
         self.view.note_assignment("decode", decision.decode.instance_id, sign * request.num_kv_tokens, 0.0, sign)
 
     def on_prefilled(self, request: ScheduleRequest, decision: Decision, num_cached_tokens: int,

@@ -32,6 +32,9 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     block_size: int = setting(512, "tokens per KV block (the unit of prefix caching)")
     kv_bytes_per_block: int = setting(1 << 20, "bytes of one stored KV block (the store's --block-bytes)")
     kvcache_balancing_threshold: float = setting(1.5, "pull a better prefix only if best/local exceeds this")
+    local_prefill_max_tokens: int = setting(
+        0, "conditional disaggregation: the decode instance computes a prompt itself when at most this many "
+           "of its tokens are not cached on the decode node (0: every prompt goes to a prefill instance)")
     prefill_model: str = setting("", "JSON of a fitted prefill-time model (crescent profile); empty: the emulated cost model")
     hot_spot_period_s: float = setting(2.0, "interval of the hot-block replication pass (0: off)")
     seed: int = setting(0, "seed of the random baseline policy")

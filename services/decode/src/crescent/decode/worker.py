@@ -176,9 +176,12 @@ class DecodeWorker:
         seq = 0
         try:
             with tracer().start_as_current_span("decode.generate") as span:
+                prefill_here = start.first_token is None  # conditional disaggregation
+                span.set_attribute("crescent.prefill_on_decode", prefill_here)
                 steps = self.engine.generate(start.request_id, start.token_ids, start.first_token,
-                                             start.max_tokens - 1, start.sampling.stop_token_ids,
-                                             sampling=start.sampling)
+                                             start.max_tokens - (0 if prefill_here else 1),
+                                             start.sampling.stop_token_ids, sampling=start.sampling,
+                                             save_to=[self.settings.node] if prefill_here else [])
                 num_tokens = 0
                 last_step_at: float | None = None  # the wait for the first step is queueing, not TBT
                 async for step in steps:

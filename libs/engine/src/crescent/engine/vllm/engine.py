@@ -196,19 +196,23 @@ class VllmEngine:
                              first_logprobs=first_logprobs[0] if first_logprobs else None,
                              prompt_logprobs=prompt)
 
-    async def generate(self, request_id: str, token_ids: Sequence[int], first_token: int, max_new_tokens: int,
-                       stop_token_ids: Sequence[int] = (), sampling: CrescentSampling | None = None,
+    async def generate(self, request_id: str, token_ids: Sequence[int], first_token: int | None,
+                       max_new_tokens: int, stop_token_ids: Sequence[int] = (),
+                       sampling: CrescentSampling | None = None, save_to: Sequence[str] = (),
                        ) -> AsyncIterator[DecodeStep]:
-        """Tokens after `first_token`; the prompt's full blocks come from this node's store."""
+        """Tokens after `first_token`; the prompt's full blocks come from this node's store.
+        Without a first token the prompt's uncached part is computed here (conditional
+        disaggregation), its new full blocks saved to the `save_to` nodes' stores, and the
+        first token yielded is the prompt's first output token."""
         from vllm.inputs import TokensPrompt
 
         sampling = sampling or CrescentSampling(stop_token_ids=list(stop_token_ids))
         if max_new_tokens < 1:
             yield DecodeStep([], "length")
             return
-        prompt = [*token_ids, first_token]
+        prompt = [*token_ids] if first_token is None else [*token_ids, first_token]
         self._check_length(len(prompt) + max_new_tokens - 1)
-        params = self._params(sampling, max_new_tokens, {PARAM_LOAD: True})
+        params = self._params(sampling, max_new_tokens, {PARAM_LOAD: True, PARAM_SAVE_TO: list(save_to)})
         finished, is_first = False, True
         try:
             async for output in self._llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):

@@ -21,6 +21,7 @@ class ScheduleRequest:
     num_prompt_tokens: int
     block_size: int
     max_tokens: int = 1
+    may_prefill_on_decode: bool = True  # False: the first token must come from a prefill instance
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 1 or self.block_size < 1 or self.max_tokens < 0:
@@ -92,6 +93,8 @@ class Decision:
     prefill: PrefillChoice
     decode: DecodeChoice
     replication: tuple[ReplicationOrder, ...] = ()
+    # conditional disaggregation: the decode instance computes the prompt; `prefill` is unused
+    prefill_on_decode: bool = False
 
 
 class RejectReason(enum.Enum):

@@ -36,12 +36,14 @@ from crescent.conductor.policy.decision import (
 from crescent.conductor.policy.decode_load import DecodeLoad, choice_for, choose_by_tbt, current_loads
 from crescent.conductor.policy.decode_time import DecodeTimeEstimator
 from crescent.conductor.policy.eligibility import eligible_decode, eligible_prefill
+from crescent.conductor.policy.local_prefill import prefill_on_decode
 from crescent.conductor.policy.replication import on_demand_order
 from crescent.conductor.policy.snapshot import ClusterSnapshot, InstanceSnapshot
 
 
 class Policy(ABC):
     name: str
+    local_prefill_max_tokens: int = 0  # conditional disaggregation threshold; 0: always disaggregate
 
     def __init__(self, predictors: CostPredictors, admission: Admission) -> None:
         self.predictors = predictors
@@ -65,6 +67,9 @@ class Policy(ABC):
         if rejection is not None:
             return rejection
         self.accepted(prefill, decode)
+        decode_node = next(s.node for s in decodes if s.instance_id == decode.instance_id)
+        if prefill_on_decode(request, match.length(decode_node) * request.block_size, self.local_prefill_max_tokens):
+            return Decision(prefill, decode, prefill_on_decode=True)
         return Decision(prefill, decode, self.replication(prefill))
 
     def choose_new_decode(self, request: ScheduleRequest, snapshot: ClusterSnapshot) -> DecodeChoice | Rejection:
@@ -234,15 +239,24 @@ def make_policy(name: str, *, predictors: CostPredictors, admission: str = "none
                 decode_time: DecodeTimeEstimator | None = None, retry_after_s: float = DEFAULT_RETRY_AFTER_S,
                 kvcache_balancing_threshold: float = kv_centric.DEFAULT_BALANCING_THRESHOLD,
                 transfer_only_if_cheaper: bool = True, rng: random.Random | None = None,
-                cursor: baselines.RoundRobinCursor | None = None) -> Policy:
+                cursor: baselines.RoundRobinCursor | None = None, local_prefill_max_tokens: int = 0) -> Policy:
     """A policy by name, with an admission by name ("none", "early", "predictive").
 
     Parameters a policy does not use are ignored, so one parameter set can sweep all policies;
     "random" needs `rng` (a seeded random.Random), since policy code has no randomness of its own.
+    `local_prefill_max_tokens` > 0 turns on conditional disaggregation (local_prefill.py).
     """
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
-    gate = make_admission(admission, slo, decode_time, retry_after_s)
+    policy = _build(name, predictors, make_admission(admission, slo, decode_time, retry_after_s),
+                    kvcache_balancing_threshold, transfer_only_if_cheaper, rng, cursor)
+    policy.local_prefill_max_tokens = local_prefill_max_tokens
+    return policy
+
+
+def _build(name: str, predictors: CostPredictors, gate: Admission, kvcache_balancing_threshold: float,
+           transfer_only_if_cheaper: bool, rng: random.Random | None,
+           cursor: baselines.RoundRobinCursor | None) -> Policy:
     if name in (KvCentricPolicy.name, LocalCacheAwarePolicy.name):
         return POLICIES[name](predictors, gate, kvcache_balancing_threshold, transfer_only_if_cheaper)
     if name == RandomPolicy.name:

@@ -1,0 +1,97 @@
+"""Conditional disaggregation on an emulated 1P1D cluster: with --local-prefill-max-tokens, a
+prompt that short is computed by the decode instance (no prefill job, the decision on the
+trace), a longer one still goes to the prefill instance, and both answer what prefill + decode
+would."""
+
+import asyncio
+import json
+import time
+import urllib.request
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from crescent.cluster.local import ClusterSpec, LocalCluster
+from crescent.cluster.processes import free_port
+from expected import expected_text
+
+pytestmark = pytest.mark.e2e
+MODEL = "crescent-emulated"
+THRESHOLD = 64  # tokens (bytes: the emulated model's tokenizer)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, otlp):
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+           "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    spec = ClusterSpec(workdir=tmp_path_factory.mktemp("cluster"), api_port=free_port(), env=env,
+                       engine_args=["--emulated-time-scale", "0.05"],
+                       conductor_args=["--local-prefill-max-tokens", str(THRESHOLD)])
+    cluster = LocalCluster(spec)
+    cluster.start(timeout_s=60)
+    yield cluster
+    cluster.stop()
+
+
+def local_prefills(cluster) -> float:
+    with urllib.request.urlopen(f"{cluster.api_url}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "crescent_prefill_on_decode_total")
+
+
+async def complete(cluster, prompt: str, max_tokens: int, stream: bool = False) -> tuple[str, str]:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+    async with aiohttp.ClientSession() as session, \
+            session.post(f"{cluster.api_url}/v1/completions", json=body) as response:
+        assert response.status == 200, await response.text()
+        if not stream:
+            result = await response.json()
+            return result["id"], result["choices"][0]["text"]
+        request_id, text = "", ""
+        async for line in response.content:
+            data = line.decode().removeprefix("data: ").strip()
+            if data and data != "[DONE]":
+                chunk = json.loads(data)
+                request_id = chunk["id"]
+                text += "".join(c["text"] for c in chunk["choices"])
+        return request_id, text
+
+
+async def spans_of(otlp, request_id: str, names: set[str]) -> dict[str, dict]:
+    deadline = time.monotonic() + 10
+    while {s["name"] for s in otlp.trace_of(request_id)} < names:
+        assert time.monotonic() < deadline, f"spans so far: {[s['name'] for s in otlp.trace_of(request_id)]}"
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)  # spans of other services still in flight
+    return {s["name"]: s for s in otlp.trace_of(request_id)}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_short_prompt_is_computed_on_decode_with_the_same_answer(cluster, otlp, stream):
+    prompt = f"short {stream}"
+    before = local_prefills(cluster)
+    request_id, text = await complete(cluster, prompt, 12, stream)
+    assert text == expected_text(prompt, 12)
+    assert local_prefills(cluster) == before + 1
+    spans = await spans_of(otlp, request_id, {"conductor.schedule", "decode.generate"})
+    assert spans["conductor.schedule"]["attributes"]["crescent.prefill_on_decode"].bool_value
+    assert spans["decode.generate"]["attributes"]["crescent.prefill_on_decode"].bool_value
+    assert "prefill.compute" not in spans
+
+
+async def test_a_prompt_longer_than_the_threshold_goes_to_the_prefill_instance(cluster, otlp):
+    prompt = "long " * (THRESHOLD // 5 + 1)
+    before = local_prefills(cluster)
+    request_id, text = await complete(cluster, prompt, 12)
+    assert text == expected_text(prompt, 12)
+    assert local_prefills(cluster) == before
+    spans = await spans_of(otlp, request_id, {"conductor.schedule", "prefill.compute", "decode.generate"})
+    assert not spans["conductor.schedule"]["attributes"]["crescent.prefill_on_decode"].bool_value
+
+
+async def test_a_one_token_answer_comes_from_decode(cluster):
+    prompt = "one"
+    _, text = await complete(cluster, prompt, 1)
+    assert text == expected_text(prompt, 1)
