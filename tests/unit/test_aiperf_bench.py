@@ -35,3 +35,11 @@ def test_tokenizer_is_placed_under_a_hub_name(tmp_path):
     repo = tmp_path / "hf" / "hub" / "models--local--tiny-llama"
     revision = (repo / "refs" / "main").read_text()
     assert (repo / "snapshots" / revision / "tokenizer.json").exists()
+
+
+def test_an_unknown_case_is_refused_before_anything_starts(tmp_path):
+    import pytest
+    from crescent.bench.aiperf_replay import AiperfError, run_aiperf_bench
+
+    with pytest.raises(AiperfError, match="unknown cases vllm-3x"):
+        run_aiperf_bench(tmp_path / "t.jsonl", cases=("vllm-3x",), workdir=tmp_path)

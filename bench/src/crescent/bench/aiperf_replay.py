@@ -1,8 +1,11 @@
 """`crescent bench aiperf`: aiperf's Mooncake trace replay against Crescent and plain vLLM, side
 by side in one run, on the same model, trace and load.
 
-  crescent-1p1d   `crescent up` topology: store, conductor, one prefill, one decode, vLLM engine
-  vllm            one plain vLLM OpenAI server (prefix cache on, its default)
+  crescent-1p1d        `crescent up` topology: store, conductor, one prefill, one decode, vLLM engine
+  crescent-1p1d-cond   the same with conditional disaggregation (--local-prefill-max-tokens)
+  vllm                 one plain vLLM OpenAI server (prefix cache on, its default)
+  vllm-2x-rr           two plain vLLM servers behind a round-robin proxy (rr_proxy.py): what a user
+                       of two engines would otherwise run
 
 aiperf (`pip install aiperf`, in an environment of its own: it is not a Crescent dependency)
 replays the trace's requests at their timestamps (`--fixed-schedule`), prompts built from the
@@ -87,9 +90,13 @@ def summarize(export: dict) -> dict:
     return row
 
 
-def _crescent(model_dir: Path, workdir: Path, run: callable) -> dict:
+LOCAL_PREFILL_MAX_TOKENS = 512  # crescent-1p1d-cond: prompts with this few uncached tokens stay on decode
+CASES = ("crescent-1p1d", "crescent-1p1d-cond", "vllm", "vllm-2x-rr")
+
+
+def _crescent(model_dir: Path, workdir: Path, run: callable, conductor_args: tuple[str, ...] = ()) -> dict:
     spec = ClusterSpec(workdir=workdir, api_port=free_port(), engine="vllm", model_dir=model_dir, env=ENV,
-                       store_dram_bytes=256 << 20, store_ssd_bytes=256 << 20)
+                       store_dram_bytes=256 << 20, store_ssd_bytes=256 << 20, conductor_args=list(conductor_args))
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=300)
     try:
@@ -98,24 +105,45 @@ def _crescent(model_dir: Path, workdir: Path, run: callable) -> dict:
         cluster.stop()
 
 
-def _plain_vllm(model_dir: Path, workdir: Path, run: callable) -> dict:
+def _vllm_server(model_dir: Path, workdir: Path, name: str) -> tuple[ManagedProcess, str]:
     port = free_port()
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", model_dir.name, "--host", "127.0.0.1", "--port", str(port),
             "--dtype", "float32", "--block-size", "32", "--enforce-eager", "--max-model-len", "8192"]
-    server = ManagedProcess(ProcessSpec(name="vllm", argv=argv, env={**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"},
+    server = ManagedProcess(ProcessSpec(name=name, argv=argv, env={**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"},
                                         port=port), workdir / "logs")
-    server.start()
+    return server, f"http://127.0.0.1:{port}"
+
+
+def _plain_vllm(model_dir: Path, workdir: Path, run: callable, num_servers: int = 1) -> dict:
+    """One plain vLLM server, or `num_servers` behind the round-robin proxy."""
+    servers = [_vllm_server(model_dir, workdir, f"vllm-{i}") for i in range(num_servers)]
+    processes = [server for server, _ in servers]
+    url = servers[0][1]
+    if num_servers > 1:
+        port = free_port()
+        argv = [sys.executable, "-m", "crescent.bench.rr_proxy", "--port", str(port),
+                *(arg for _, backend in servers for arg in ("--backend", backend))]
+        processes.append(ManagedProcess(ProcessSpec(name="rr-proxy", argv=argv, env={}, port=port), workdir / "logs"))
+        url = f"http://127.0.0.1:{port}"
     try:
-        server.wait_ready(300)
-        return run(f"http://127.0.0.1:{port}")
+        for process in processes:
+            process.start()
+        for process in processes:
+            process.wait_ready(300)
+        return run(url)
     finally:
-        server.stop()
+        for process in reversed(processes):
+            process.stop()
 
 
 def run_aiperf_bench(trace: Path, limit: int = 200, max_input_tokens: int = 2048, aiperf: str = "aiperf",
-                     model_dir: Path | None = None, workdir: Path | None = None) -> dict:
-    """Both cases in turn; aiperf's artifacts and the servers' logs stay in `workdir` when given."""
+                     model_dir: Path | None = None, workdir: Path | None = None,
+                     cases: tuple[str, ...] = CASES) -> dict:
+    """The cases in turn; aiperf's artifacts and the servers' logs stay in `workdir` when given."""
+    unknown = set(cases) - set(CASES)
+    if unknown:
+        raise AiperfError(f"unknown cases {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}")
     if shutil.which(aiperf) is None:
         raise AiperfError(f"{aiperf!r} not found: pip install aiperf (in a virtual environment of its own) "
                           "and pass --aiperf PATH")
@@ -134,9 +162,17 @@ def run_aiperf_bench(trace: Path, limit: int = 200, max_input_tokens: int = 2048
         def replay(name: str):
             return lambda url: run_aiperf(aiperf, url, model_dir.name, cut, workdir / name, hf_home)
 
-        rows = {"crescent-1p1d": _crescent(model_dir, workdir / "crescent", replay("crescent-1p1d")),
-                "vllm": _plain_vllm(model_dir, workdir, replay("vllm"))}
+        runners = {
+            "crescent-1p1d": lambda: _crescent(model_dir, workdir / "crescent", replay("crescent-1p1d")),
+            "crescent-1p1d-cond": lambda: _crescent(
+                model_dir, workdir / "crescent-cond", replay("crescent-1p1d-cond"),
+                ("--local-prefill-max-tokens", str(LOCAL_PREFILL_MAX_TOKENS))),
+            "vllm": lambda: _plain_vllm(model_dir, workdir, replay("vllm")),
+            "vllm-2x-rr": lambda: _plain_vllm(model_dir, workdir, replay("vllm-2x-rr"), num_servers=2),
+        }
+        rows = {name: runners[name]() for name in cases}
     cases = [{"case": name, **row} for name, row in rows.items()]
     return {"bench": "aiperf", "cases": cases,
             "config": {"trace": str(trace), "requests": num_requests, "max_input_tokens": max_input_tokens,
+                       "local_prefill_max_tokens": LOCAL_PREFILL_MAX_TOKENS,
                        "model": model_dir.name, "cpu_threads": os.cpu_count()}}

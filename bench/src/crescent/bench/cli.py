@@ -9,6 +9,8 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from crescent.bench.aiperf_replay import CASES
+
     benches = parser.add_subparsers(dest="bench", required=True)
     control = benches.add_parser("control-plane", help="requests/s and latency the control path adds (emulated, zero compute)")
     control.add_argument("--requests", type=int, default=400, help="requests per case (default 400)")
@@ -38,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     aiperf.add_argument("--aiperf", default="aiperf", help="the aiperf command (default: aiperf on PATH)")
     aiperf.add_argument("--workdir", type=Path, default=None,
                         help="keep aiperf's artifacts and the servers' logs here (default: a temporary directory)")
+    aiperf.add_argument("--cases", default=",".join(CASES),
+                        help=f"comma-separated cases to run (default: all of {','.join(CASES)})")
     lag = benches.add_parser("replay-lag", help="crescent replay's own scheduling lag at 50 requests/s")
     lag.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (sped up to 50 req/s)")
     lag.add_argument("--limit", type=int, default=1000, help="requests to replay (default 1000)")
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             result = run_aiperf_bench(args.trace, args.limit, args.max_input_tokens, args.aiperf,
-                                      workdir=args.workdir)
+                                      workdir=args.workdir, cases=tuple(args.cases.split(",")))
         except AiperfError as exc:
             print(f"crescent bench aiperf: error: {exc}", file=sys.stderr)
             return 2
