@@ -79,17 +79,19 @@ async def test_registers_publishes_telemetry_and_deregisters_on_sigterm(infra, c
 async def test_sigkilled_service_leaves_the_view_within_its_lease_ttl(infra, cluster_name, tmp_path, watched):
     view, _, _, _ = watched
     process = service(infra, cluster_name, "prefill", "prefill-k", tmp_path)
+    survivor = service(infra, cluster_name, "prefill", "prefill-s", tmp_path)  # still heard: the view is not deaf
     try:
-        await wait_until(lambda: ("prefill", "prefill-k") in view.instances, 20, "registration")
+        await wait_until(lambda: view.count("prefill", time.monotonic()) == 2, 20, "registration")
         process.signal(signal.SIGKILL)
         killed_at = time.monotonic()
         # Stale telemetry takes it out of scheduling within 3 periods...
-        await wait_until(lambda: view.count("prefill", time.monotonic()) == 0, 2.0, "staleness")
+        await wait_until(lambda: view.count("prefill", time.monotonic()) == 1, 2.0, "staleness")
         # ...and the lease takes it out of the registry within the TTL (+1 s for etcd's expiry tick).
         await wait_until(lambda: ("prefill", "prefill-k") not in view.instances, LEASE_TTL_S + 1.5, "lease expiry")
         assert time.monotonic() - killed_at <= LEASE_TTL_S + 1.5
     finally:
         process.stop()
+        survivor.stop()
 
 
 async def test_malformed_job_gets_an_error_reply_and_the_worker_keeps_serving(infra, cluster_name, tmp_path,

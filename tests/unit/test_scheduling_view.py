@@ -52,7 +52,8 @@ def test_stale_instances_get_no_work():
     view.apply_load(load("prefill", "p1"))
     clock.now += 0.5
     view.apply_load(load("prefill", "p1"))
-    clock.now += 0.2  # p0 last heard 0.7 s ago > 3 periods of 0.2 s
+    clock.now += 0.2  # p0 last heard 0.7 s ago > 3 periods of 0.2 s, while p1 was heard just now
+    view.apply_load(load("prefill", "p1"))
     snapshots = view.snapshot("prefill", "m", clock.now)
     assert {(s.instance_id, s.is_stale) for s in snapshots} == {("p0", True), ("p1", False)}
     assert [s.instance_id for s in eligible_prefill(snapshots)] == ["p1"]
@@ -143,3 +144,19 @@ def test_a_silent_instance_is_stale_but_still_registered(caplog):
     assert "instance back" in [r.message for r in caplog.records]
     view.apply_registry(MirrorEvent("/crescent/c/instances/prefill/p0", None))
     assert view.started_at("prefill", "p0") is None and view.models() == {}
+
+
+def test_a_conductor_that_heard_nobody_for_a_moment_does_not_call_everyone_stale():
+    """Its own loop stalled: every instance's telemetry is equally late, so nobody is stale; one
+    that stays silent while the others are heard again is."""
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "prefill", "p0")
+    register(view, "decode", "d0")
+    view.apply_load(load("prefill", "p0"))
+    view.apply_load(load("decode", "d0"))
+    clock.now += 1.5  # 7.5 periods without reading anything
+    assert not any(s.is_stale for role in ("prefill", "decode") for s in view.snapshot(role, "m", clock.now))
+    view.apply_load(load("decode", "d0"))  # the backlog is read: d0 spoke, p0 did not
+    assert [s.is_stale for s in view.snapshot("prefill", "m", clock.now)] == [True]
+    assert [s.is_stale for s in view.snapshot("decode", "m", clock.now)] == [False]

@@ -6,7 +6,12 @@ fresh; one that misses STALE_PERIODS telemetry periods is *stale*: it gets no ne
 requests it holds wait for it. Only when its registry key goes (its lease expired or it
 deregistered) is it gone, and its requests move elsewhere. An instance that says it takes no
 work (draining, full) is not *accepting*. Snapshots carry both flags (InstanceSnapshot.is_stale,
-is_accepting) and the policies' eligibility filter leaves such instances out. Between two
+is_accepting) and the policies' eligibility filter leaves such instances out.
+
+Silence is judged against what the conductor heard from the others: when its own loop stalls
+(a busy machine), every instance's telemetry waits unread in the NATS client and all of them
+would look silent at once. So an instance is stale only when others were heard after it by more
+than the stale window, or when nothing at all was heard for DEAF_PERIODS periods. Between two
 telemetry messages the conductor counts its own assignments, so a burst of requests does not
 all land on the instance that looked idlest a moment ago.
 """
@@ -26,6 +31,7 @@ from crescent.conductor.policy.snapshot import InstanceSnapshot
 log = logging.getLogger(__name__)
 
 STALE_PERIODS = 3
+DEAF_PERIODS = 25  # this long without any telemetry: every instance is stale, whoever is deaf
 
 
 @dataclass
@@ -47,6 +53,7 @@ class ClusterView:
     stale_periods: int = STALE_PERIODS
     default_period_s: float = 0.25
     instances: dict[tuple[str, str], InstanceState] = field(default_factory=dict)
+    last_heard_any: float = 0.0  # when the newest telemetry from any instance was received
 
     def apply_registry(self, event: MirrorEvent) -> None:
         """A change under instances/<role>/<id> in etcd."""
@@ -83,7 +90,7 @@ class ClusterView:
                     "role": load.role, "instance_id": load.instance_id, "contradiction": contradiction})
             return
         state.load = load
-        state.load_received_at = self.clock()
+        state.load_received_at = self.last_heard_any = self.clock()
         state.num_assigned_since_load = 0
         state.kv_assigned_since_load = 0
         state.queue_s_assigned_since_load = 0.0
@@ -91,7 +98,10 @@ class ClusterView:
     def is_live(self, state: InstanceState, now: float) -> bool:
         period = state.load.period_s if state.load else self.default_period_s
         last_heard = state.load_received_at if state.load else state.registered_at
-        return now - last_heard <= self.stale_periods * period
+        window = self.stale_periods * period
+        if now - last_heard <= window:
+            return True
+        return self.last_heard_any - last_heard <= window and now - last_heard <= DEAF_PERIODS * period
 
     def log_changes(self, now: float) -> None:
         """Log each instance that went stale or came back since the last call (once per change)."""
