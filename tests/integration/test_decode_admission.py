@@ -15,7 +15,14 @@ from crescent.common.bus import Bus
 from crescent.common.codec import encode
 from crescent.common.errors import NoRespondersError, RequestTimeoutError
 from crescent.common.etcd import connect_etcd
-from crescent.common.messages import ClusterConfig, InstanceLoad, Reservation, ReservationReply
+from crescent.common.messages import (
+    Ack,
+    ClusterConfig,
+    DecodeCancel,
+    InstanceLoad,
+    Reservation,
+    ReservationReply,
+)
 from crescent.common.naming import Keys, Subjects
 
 START_TIMEOUT_S = 30
@@ -111,6 +118,8 @@ async def test_a_draining_decode_instance_says_so_before_it_leaves(infra, cluste
     await bus.subscribe(Subjects(cluster_name).telemetry("decode", "decode-a"), InstanceLoad, seen.append)
     await asyncio.sleep(0.5)
     assert seen and all(load.is_accepting for load in seen)
+    # A draining instance waits for the requests it reserved room for: release the warm-up's.
+    await bus.request(Subjects(cluster_name).decode_cancel("decode-a"), DecodeCancel(request_id="warm-up"), Ack, 5)
     process.signal(signal.SIGTERM)
     assert await asyncio.to_thread(process.popen.wait, 15) == 0
     deadline = time.monotonic() + 2  # what it sent before exiting may still be on its way here

@@ -92,6 +92,20 @@ class InstanceLoad(Message):
     not_accepting_reason: Name = ""
 
 
+class DesiredInstances(Message):
+    """What a conductor's P/D ratio controller (paper §5.1) wants a model to run, written under
+    autoscale/<model> in etcd (with the conductor's lease) for `crescent up --autoscale`; the
+    same counts are its crescent_desired_instances gauges, for a Kubernetes autoscaler."""
+
+    model: Name
+    prefill: Count
+    decode: Count
+    decided_at: Timestamp
+    conductor: Id
+    imbalance: float | None = None  # f_im of the window that decided
+    reason: str = ""  # the controller's latest proposal and why
+
+
 class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The grammar a request's output must follow: a JSON schema (as JSON text), or any JSON object."""
 
