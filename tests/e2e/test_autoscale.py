@@ -118,40 +118,46 @@ async def wait_serving(api_url: str, timeout_s: float = 60) -> None:
             await asyncio.sleep(0.2)
 
 
-async def test_instance_counts_follow_the_mix_and_no_request_fails(tmp_path):
+@pytest.fixture
+def autoscaling_up(tmp_path):
+    """`crescent up --autoscale` (FLAGS) as a user runs it; yields (process, API URL, its output)."""
     port = free_port()
     crescent = Path(sys.executable).parent / "crescent"
-    log = open(tmp_path / "up.log", "w")
-    up = subprocess.Popen(
-        [str(crescent), "up", "--port", str(port), "--workdir", str(tmp_path), *FLAGS],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    api_url = f"http://127.0.0.1:{port}"
+    output = tmp_path / "up.log"
+    with open(output, "w") as log:
+        up = subprocess.Popen(
+            [str(crescent), "up", "--port", str(port), "--workdir", str(tmp_path), *FLAGS],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
-        await wait_serving(api_url)
-        assert workers(up) == {"prefill": 1, "decode": 1}
-        timeout = aiohttp.ClientTimeout(total=120)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            load = Load(api_url)
-            load.start(session, lambda c, i: f"{c:02d}{i:05d} " + "x" * 3000, 1, num_clients=3)
-            prefill_heavy = await until(up, lambda n: n["prefill"] == 2, 90)
-            await load.stop()
-            load.start(session, lambda c, i: f"chat {c} {i}", 300, num_clients=8)
-            decode_heavy = await until(up, lambda n: n["decode"] == 2 and n["prefill"] == 1, 120)
-            await load.stop()
-        assert prefill_heavy == {"prefill": 2, "decode": 1}
-        assert decode_heavy == {"prefill": 1, "decode": 2}
-        assert load.failures == [] and load.num_ok > 0
+        yield up, f"http://127.0.0.1:{port}", output
     finally:
         up.terminate()
         try:
             up.wait(60)
         except subprocess.TimeoutExpired:
             up.kill()
-        log.close()
-    text = (tmp_path / "up.log").read_text()
-    assert "autoscale: starting prefill-1" in text and "autoscale: draining prefill-" in text, text[
+
+
+async def test_instance_counts_follow_the_mix_and_no_request_fails(autoscaling_up):
+    up, api_url, output = autoscaling_up
+    await wait_serving(api_url)
+    assert workers(up) == {"prefill": 1, "decode": 1}
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        load = Load(api_url)
+        load.start(session, lambda c, i: f"{c:02d}{i:05d} " + "x" * 3000, 1, num_clients=3)
+        prefill_heavy = await until(up, lambda n: n["prefill"] == 2, 90)
+        await load.stop()
+        load.start(session, lambda c, i: f"chat {c} {i}", 300, num_clients=8)
+        decode_heavy = await until(up, lambda n: n["decode"] == 2 and n["prefill"] == 1, 120)
+        await load.stop()
+    assert prefill_heavy == {"prefill": 2, "decode": 1}
+    assert decode_heavy == {"prefill": 1, "decode": 2}
+    assert load.failures == [] and load.num_ok > 0
+    said = output.read_text()
+    assert "autoscale: starting prefill-1" in said and "autoscale: draining prefill-" in said, said[
         -3000:
     ]
-    assert "autoscale: starting decode-1" in text, text[-3000:]
+    assert "autoscale: starting decode-1" in said, said[-3000:]
