@@ -67,10 +67,12 @@ class Load:
         self.num_ok = 0
         self.failures: list[str] = []
         self._tasks: list[asyncio.Task] = []
+        self._is_stopping = False
 
     def start(
         self, session: aiohttp.ClientSession, prompt_of, max_tokens: int, num_clients: int
     ) -> None:
+        self._is_stopping = False
         self._tasks += [
             asyncio.create_task(self._client(session, prompt_of, max_tokens, c))
             for c in range(num_clients)
@@ -78,14 +80,13 @@ class Load:
 
     async def stop(self) -> None:
         """Let every request in flight finish, then stop."""
-        self._stopping = True
+        self._is_stopping = True
         await asyncio.gather(*self._tasks)
         self._tasks = []
 
     async def _client(self, session, prompt_of, max_tokens: int, client: int) -> None:
-        self._stopping = False
         i = 0
-        while not self._stopping:
+        while not self._is_stopping:
             body = {"model": MODEL, "prompt": prompt_of(client, i), "max_tokens": max_tokens}
             async with session.post(f"{self.api_url}/v1/completions", json=body) as response:
                 if response.status == 200:
