@@ -74,9 +74,20 @@ def test_no_samples_from_one_side_holds():
 
 
 def test_a_change_waits_for_the_signal_to_persist():
-    controller = RatioController(CONFIG, InstanceCounts(1, 1))
-    decisions = [controller.step(PREFILL_HEAVY, controller.desired) for _ in range(3)]
+    off_ratio = RatioSignal(
+        prefill_load=0.1, decode_load=0.7, ttft_attainment=1.0, tbt_attainment=1.0
+    )
+    controller = RatioController(CONFIG, InstanceCounts(3, 2))
+    decisions = [controller.step(off_ratio, controller.desired) for _ in range(3)]
     assert [d.is_change for d in decisions] == [False, False, True]
+    assert controller.desired == InstanceCounts(2, 2)
+
+
+def test_a_side_missing_its_slo_grows_sooner_than_capacity_is_removed():
+    controller = RatioController(CONFIG, InstanceCounts(1, 1))
+    decisions = [controller.step(PREFILL_HEAVY, controller.desired) for _ in range(2)]
+    assert CONFIG.urgent_persist_windows == 2 < CONFIG.persist_windows
+    assert [d.is_change for d in decisions] == [False, True] and decisions[1].proposal.is_urgent
     assert controller.desired == InstanceCounts(2, 1)
 
 
@@ -89,7 +100,9 @@ def test_a_flapping_signal_changes_nothing():
 
 
 def test_a_cooldown_follows_each_change():
-    config = RatioConfig(bounds=Bounds(1, 8, 1, 8), persist_windows=1, cooldown_windows=3)
+    config = RatioConfig(
+        bounds=Bounds(1, 8, 1, 8), persist_windows=1, urgent_persist_windows=1, cooldown_windows=3
+    )
     controller = RatioController(config, InstanceCounts(1, 1))
     changes = [controller.step(PREFILL_HEAVY, controller.desired).is_change for _ in range(9)]
     assert changes == [True, False, False, False, True, False, False, False, True]
@@ -97,7 +110,11 @@ def test_a_cooldown_follows_each_change():
 
 def test_no_change_while_the_last_one_has_not_taken_effect():
     config = RatioConfig(
-        bounds=Bounds(1, 8, 1, 8), persist_windows=1, cooldown_windows=0, settle_windows=4
+        bounds=Bounds(1, 8, 1, 8),
+        persist_windows=1,
+        urgent_persist_windows=1,
+        cooldown_windows=0,
+        settle_windows=4,
     )
     controller = RatioController(config, InstanceCounts(1, 1))
     assert controller.step(PREFILL_HEAVY, InstanceCounts(1, 1)).is_change
@@ -188,7 +205,12 @@ def test_any_signal_sequence_keeps_counts_in_bounds_and_moves_one_step_at_a_time
 ):
     bounds = Bounds(1, 5, 1, 4, max_total=7)
     controller = RatioController(
-        RatioConfig(bounds=bounds, persist_windows=persist, cooldown_windows=cooldown),
+        RatioConfig(
+            bounds=bounds,
+            persist_windows=persist,
+            urgent_persist_windows=min(persist, 2),
+            cooldown_windows=cooldown,
+        ),
         InstanceCounts(2, 2),
     )
     previous, last_change = controller.desired, -cooldown - 1
@@ -199,6 +221,6 @@ def test_any_signal_sequence_keeps_counts_in_bounds_and_moves_one_step_at_a_time
         step = abs(desired.prefill - previous.prefill) + abs(desired.decode - previous.decode)
         assert step <= 1
         if step:
-            assert i - last_change > cooldown and i + 1 >= persist
+            assert i - last_change > cooldown and i + 1 >= min(persist, 2)
             last_change = i
         previous = desired

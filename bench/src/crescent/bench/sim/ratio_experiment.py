@@ -29,7 +29,9 @@ DECODE_INPUT = 4096
 DECODE_OUTPUT = 2048
 DECODE_MEMORY_GBPS = 4000.0
 BUDGET = 12
-CONTROLLER = RatioConfig(bounds=Bounds(2, 10, 2, 10, BUDGET), persist_windows=2, cooldown_windows=1)
+CONTROLLER = RatioConfig(
+    bounds=Bounds(2, 10, 2, 10, BUDGET), persist_windows=3, urgent_persist_windows=1, cooldown_windows=1
+)
 WINDOW_S = 10.0
 INSTANCE_START_S = 15.0
 STATIC_SPLITS = ((6, 6), (8, 4), (4, 8))

@@ -45,6 +45,8 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
                                           "SLO outcomes (0: the controller is off)")
     ratio_persist_windows: int = setting(3, "P/D ratio controller: windows in a row a proposal must persist "
                                             "before the desired counts change")
+    ratio_urgent_persist_windows: int = setting(2, "P/D ratio controller: windows in a row a proposal to grow a "
+                                                   "side that misses its SLO must persist")
     ratio_cooldown_windows: int = setting(2, "P/D ratio controller: windows after a change before the next")
     autoscale_min_prefill: int = setting(1, "P/D ratio controller: fewest prefill instances it asks for")
     autoscale_max_prefill: int = setting(8, "P/D ratio controller: most prefill instances it asks for")
@@ -57,6 +59,7 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
         bounds = Bounds(self.autoscale_min_prefill, self.autoscale_max_prefill, self.autoscale_min_decode,
                         self.autoscale_max_decode, self.autoscale_max_total)
         return RatioConfig(bounds=bounds, persist_windows=self.ratio_persist_windows,
+                           urgent_persist_windows=self.ratio_urgent_persist_windows,
                            cooldown_windows=self.ratio_cooldown_windows)
 
     @property

@@ -11,7 +11,8 @@ share of requests that met the TTFT and TBT SLOs) and proposes one step:
 - both sides idle: the lighter side gives one up (scale in the less-loaded side).
 
 Production traffic is skewed, so driving f_im straight to 1 oscillates. A proposal is carried
-out only after it has persisted for `persist_windows` windows in a row, no sooner than
+out only after it has persisted for `persist_windows` windows in a row (a side that misses its
+SLO grows after `urgent_persist_windows`: capacity is added faster than it is removed), no sooner than
 `cooldown_windows` after the last change, and not while the last change has yet to take effect
 (the cluster does not run the desired counts yet, for at most `settle_windows`). Each change is
 one instance, within the bounds.
@@ -100,6 +101,7 @@ class RatioConfig:
     idle_load: float = 0.2  # a side below this has capacity to spare
     attainment_target: float = 0.9  # share of requests within their SLO below which a side is short
     persist_windows: int = 3
+    urgent_persist_windows: int = 2  # for a proposal that grows a side missing its SLO
     cooldown_windows: int = 2
     settle_windows: int = 6
 
@@ -115,8 +117,10 @@ class RatioConfig:
             raise RatioConfigError(
                 f"attainment_target must be in (0, 1], got {self.attainment_target}"
             )
-        if self.persist_windows < 1 or self.cooldown_windows < 0 or self.settle_windows < 0:
-            raise RatioConfigError("persist_windows must be >= 1; cooldown and settle windows >= 0")
+        if min(self.persist_windows, self.urgent_persist_windows) < 1:
+            raise RatioConfigError("persist_windows and urgent_persist_windows must be >= 1")
+        if self.cooldown_windows < 0 or self.settle_windows < 0:
+            raise RatioConfigError("cooldown_windows and settle_windows must be >= 0")
 
 
 class Action(enum.Enum):
@@ -145,6 +149,7 @@ class Action(enum.Enum):
 class Proposal:
     action: Action
     reason: str
+    is_urgent: bool = False  # it makes room for a side that misses its SLO
 
 
 def _other(role: str) -> str:
@@ -162,14 +167,14 @@ def propose(signal: RatioSignal, desired: InstanceCounts, config: RatioConfig) -
     if short:
         role = short[0] if len(short) == 1 else heavier
         return _grow(
-            role, desired, config, f"{role} misses its SLO (f_im {factor:.2f})", may_shift=True
+            role, desired, config, f"{role} misses its SLO (f_im {factor:.2f})", is_urgent=True
         )
     if factor > config.imbalance_band or factor < 1 / config.imbalance_band:
         lighter = _other(heavier)
         reason = f"f_im {factor:.2f} outside [{1 / config.imbalance_band:.2f}, {config.imbalance_band:.2f}]"
         if signal.load(lighter) < config.idle_load and desired.of(lighter) > bounds.low(lighter):
             return Proposal(Action.remove(lighter), f"{reason}: {lighter} idle")
-        return _grow(heavier, desired, config, reason, may_shift=False)
+        return _grow(heavier, desired, config, reason, is_urgent=False)
     if max(signal.prefill_load, signal.decode_load) < config.idle_load:
         for role in (_other(heavier), heavier):
             if desired.of(role) > bounds.low(role):
@@ -185,19 +190,21 @@ def _is_short(signal: RatioSignal, role: str, config: RatioConfig) -> bool:
 
 
 def _grow(
-    role: str, desired: InstanceCounts, config: RatioConfig, reason: str, may_shift: bool
+    role: str, desired: InstanceCounts, config: RatioConfig, reason: str, is_urgent: bool
 ) -> Proposal:
-    """One more `role` instance; with the total budget spent (and `may_shift`), one fewer of
-    the other role instead, so the ratio still moves."""
+    """One more `role` instance; for a side missing its SLO (`is_urgent`) with the total budget
+    spent, one fewer of the other role instead, so the ratio still moves."""
     bounds = config.bounds
     if desired.of(role) >= bounds.high(role):
         return Proposal(Action.HOLD, f"{reason}; {role} at its maximum {bounds.high(role)}")
     if desired.total < bounds.total_budget:
-        return Proposal(Action.add(role), reason)
+        return Proposal(Action.add(role), reason, is_urgent)
     other = _other(role)
-    if may_shift and desired.of(other) > bounds.low(other):
+    if is_urgent and desired.of(other) > bounds.low(other):
         return Proposal(
-            Action.remove(other), f"{reason}; total at {bounds.total_budget}: fewer {other} first"
+            Action.remove(other),
+            f"{reason}; total at {bounds.total_budget}: fewer {other} first",
+            is_urgent,
         )
     return Proposal(Action.HOLD, f"{reason}; total at its maximum {bounds.total_budget}")
 
@@ -235,8 +242,13 @@ class RatioController:
         is_settled = (
             self._windows_unsettled == 0 or self._windows_unsettled > self.config.settle_windows
         )
+        needed = (
+            self.config.urgent_persist_windows
+            if proposal.is_urgent
+            else self.config.persist_windows
+        )
         is_change = (
-            self._num_persisted >= self.config.persist_windows
+            self._num_persisted >= needed
             and is_settled
             and self._windows_since_change > self.config.cooldown_windows
         )
