@@ -17,6 +17,7 @@ from crescent.common.bounds import (
     BlockHashes,
     Count,
     Id,
+    Imbalance,
     Logprob,
     LogitBias,
     Logprobs,
@@ -102,7 +103,7 @@ class DesiredInstances(Message):
     decode: Count
     decided_at: Timestamp
     conductor: Id
-    imbalance: float | None = None  # f_im of the window that decided
+    imbalance: Imbalance | None = None  # f_im of the window that decided
     reason: str = ""  # the controller's latest proposal and why
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import aetcd
+from crescent.common.bounds import MAX_IMBALANCE
 from crescent.common.codec import encode
 from crescent.common.messages import DesiredInstances
 from crescent.common.service import Runtime
@@ -117,6 +118,8 @@ class RatioLoop:
     def message(self, model: str, decision: RatioDecision, conductor: str) -> DesiredInstances:
         signal = self.last_signals.get(model)
         factor = signal.imbalance if signal is not None else None
+        if factor is not None:
+            factor = min(factor, MAX_IMBALANCE)  # an overloaded side's load has no ceiling
         return DesiredInstances(
             model=model,
             prefill=decision.desired.prefill,
