@@ -69,6 +69,7 @@ def test_a_queued_prefill_side_asks_for_more_prefill():
     decision = ratio.decide()[MODEL]
     assert decision.is_change and decision.desired == InstanceCounts(2, 1)
     assert (gauge("prefill"), gauge("decode")) == (2, 1)
+    assert ratio.desired(MODEL) == {"prefill": 2, "decode": 1}
     message = decode(encode(ratio.message(MODEL, decision, "conductor-0")), DesiredInstances)
     assert (message.prefill, message.decode, message.model) == (2, 1, MODEL)
     assert message.imbalance < 1 and message.reason.startswith("add-prefill")

@@ -139,7 +139,8 @@ class Conductor:
                                   "bandwidth": load.bandwidth}})
         hottest = [{"hash": block.hash.hex(), "replicas": block.num_replicas, "hits": round(block.hits, 2)}
                    for block in self.scheduler.index.hottest(10, now)]
-        models = {model: {"pd_imbalance_factor": self.scheduler.imbalance(model)}
+        models = {model: {"pd_imbalance_factor": self.scheduler.imbalance(model),
+                          "desired_instances": self.ratio.desired(model) if self.ratio is not None else None}
                   for model in self.view.models()}
         index = self.scheduler.index
         blocks_by_node = {node: index.num_blocks_of(node) for node in index.nodes()}

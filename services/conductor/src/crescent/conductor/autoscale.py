@@ -83,6 +83,13 @@ class RatioLoop:
             self.view.count_serving("decode", model, now),
         )
 
+    def desired(self, model: str) -> dict[str, int] | None:
+        """The model's desired counts by role; None before its first window closed."""
+        controller = self._controllers.get(model)
+        if controller is None:
+            return None
+        return {"prefill": controller.desired.prefill, "decode": controller.desired.decode}
+
     def decide(self) -> dict[str, RatioDecision]:
         """Close every model's window and step its controller; the gauges follow."""
         decisions = {}
