@@ -44,7 +44,8 @@ def migrations(cluster) -> float:
     with urllib.request.urlopen(f"{cluster.api_url}/metrics", timeout=5) as response:
         text = response.read().decode()
     return sum(
-        float(v) for v in re.findall(r"^crescent_request_migrations_total\{.*\} (\S+)$", text, re.MULTILINE)
+        float(v)
+        for v in re.findall(r"^crescent_request_migrations_total\{.*\} (\S+)$", text, re.MULTILINE)
     )
 
 

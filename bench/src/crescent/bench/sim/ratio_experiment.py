@@ -30,7 +30,10 @@ DECODE_OUTPUT = 2048
 DECODE_MEMORY_GBPS = 4000.0
 BUDGET = 12
 CONTROLLER = RatioConfig(
-    bounds=Bounds(2, 10, 2, 10, BUDGET), persist_windows=3, urgent_persist_windows=1, cooldown_windows=1
+    bounds=Bounds(2, 10, 2, 10, BUDGET),
+    persist_windows=3,
+    urgent_persist_windows=1,
+    cooldown_windows=1,
 )
 WINDOW_S = 10.0
 INSTANCE_START_S = 15.0
