@@ -15,7 +15,14 @@ from crescent.common.bus import Bus
 from crescent.common.codec import encode
 from crescent.common.errors import NoRespondersError, RequestTimeoutError
 from crescent.common.etcd import connect_etcd
-from crescent.common.messages import ClusterConfig, InstanceLoad, Reservation, ReservationReply
+from crescent.common.messages import (
+    Ack,
+    ClusterConfig,
+    DecodeCancel,
+    InstanceLoad,
+    Reservation,
+    ReservationReply,
+)
 from crescent.common.naming import Keys, Subjects
 
 START_TIMEOUT_S = 30
@@ -104,7 +111,7 @@ async def test_a_decode_instance_with_no_kv_room_left_says_it_is_full(infra, clu
     assert load.not_accepting_reason == "full"
 
 
-async def test_a_draining_decode_instance_says_so_before_it_leaves(infra, cluster_name, decode):
+async def test_a_draining_decode_instance_says_so_and_waits_for_what_it_reserved(infra, cluster_name, decode):
     bus, start = decode
     process = await start("--emulated-time-scale", "0")
     seen: list[InstanceLoad] = []
@@ -112,6 +119,18 @@ async def test_a_draining_decode_instance_says_so_before_it_leaves(infra, cluste
     await asyncio.sleep(0.5)
     assert seen and all(load.is_accepting for load in seen)
     process.signal(signal.SIGTERM)
+    # Draining, it refuses new reservations but waits for the one it holds (the warm-up's).
+    held = ["warm-up"]  # and any taken before the SIGTERM arrived
+    deadline = time.monotonic() + 5
+    while (reply := await reserve(bus, cluster_name, f"late-{len(held)}", 1)).accepted:
+        held.append(reply.request_id)
+        assert time.monotonic() < deadline, "a draining instance kept taking reservations"
+        await asyncio.sleep(0.05)
+    assert "draining" in reply.reason
+    await asyncio.sleep(0.5)
+    assert process.is_running, "it left before the requests it reserved room for were done"
+    for request_id in held:
+        await bus.request(Subjects(cluster_name).decode_cancel("decode-a"), DecodeCancel(request_id=request_id), Ack, 5)
     assert await asyncio.to_thread(process.popen.wait, 15) == 0
     deadline = time.monotonic() + 2  # what it sent before exiting may still be on its way here
     while not (draining := [load for load in seen if not load.is_accepting]):

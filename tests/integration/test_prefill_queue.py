@@ -1,7 +1,9 @@
 """A prefill worker's published queue time (the conductor's T_queue) counts the prefix each
-queued job will load from its node's store, not the whole prompt."""
+queued job will load from its node's store, not the whole prompt; a draining one finishes the
+jobs it holds and refuses new ones."""
 
 import asyncio
+import signal
 import sys
 import time
 
@@ -9,6 +11,7 @@ import pytest
 
 from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.bus import Bus
+from crescent.common.errors import NoRespondersError, RemoteError, RequestTimeoutError
 from crescent.common.etcd import connect_etcd
 from crescent.common.hashing import block_hashes
 from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
@@ -79,5 +82,35 @@ async def test_queue_time_counts_the_prefix_the_store_holds(infra, cluster_name,
         assert both_queued, "no telemetry while both jobs were queued"
         assert both_queued[-1] == pytest.approx(expected, rel=1e-6)
         assert expected < whole_prompts * 0.6
+    finally:
+        prefill.stop()
+
+
+async def test_a_draining_prefill_finishes_its_jobs_and_refuses_new_ones(infra, cluster_name, tmp_path,
+                                                                         store_client):
+    bus, _ = store_client
+    prefill = start(infra, cluster_name, tmp_path, "prefill", "--block-size", str(BLOCK_SIZE))
+    subject = Subjects(cluster_name).prefill_job("prefill-q")
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # serving once a tiny job gets an answer
+            try:
+                await bus.request(subject, PrefillJob(request_id="ping", model=MODEL, token_ids=[1, 2, 3],
+                                                      block_size=BLOCK_SIZE), PrefillResult, 5)
+                break
+            except (NoRespondersError, RequestTimeoutError):
+                assert time.monotonic() < deadline and prefill.is_running, prefill.log_tail()
+                await asyncio.sleep(0.1)
+        long_prompt = [11 + i % 997 for i in range(8000)]  # about 1.3 s of compute
+        held = asyncio.create_task(bus.request(subject, PrefillJob(
+            request_id="held", model=MODEL, token_ids=long_prompt, block_size=BLOCK_SIZE), PrefillResult, 30))
+        await asyncio.sleep(0.2)
+        prefill.signal(signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        with pytest.raises(RemoteError, match="draining"):
+            await bus.request(subject, PrefillJob(request_id="late", model=MODEL, token_ids=[1, 2, 3],
+                                                  block_size=BLOCK_SIZE), PrefillResult, 5)
+        assert (await held).request_id == "held"
+        assert await asyncio.to_thread(prefill.popen.wait, 15) == 0
     finally:
         prefill.stop()

@@ -9,10 +9,15 @@ as etcd's watch does. Each request is placed the way conductor/flow.py places it
 record → reserve the decode instance, or forget it and ask again without that instance), and
 the hot-spot pass runs `Scheduler.hot_spot_orders` every period. The simulator only carries out
 what the policy decided: queues, pulls, compute, KV saves and decode batches.
+
+With a P/D ratio controller (`SimConfig.ratio`), instances come and go as it decides (see
+autoscale.py); a new instance gets a node and a store of its own, a drained one leaves the
+registry once it holds no work (its node's store stays, with the blocks it holds).
 """
 
 from __future__ import annotations
 
+from crescent.bench.sim.autoscale import SimRatio
 from crescent.bench.sim.config import SimConfig
 from crescent.bench.sim.events import EventLoop
 from crescent.bench.sim.instances import DecodeInstance, PrefillInstance
@@ -26,10 +31,12 @@ from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceInfo
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.policy import Rejection, ScheduleRequest
+from crescent.conductor.ratio import InstanceCounts
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.settings import ConductorSettings
 
 MODEL = "sim-model"
+ROLES = ("prefill", "decode")
 _BLOCK_KEY = f"/crescent/sim/blocks/{MODEL}/"
 
 
@@ -70,6 +77,10 @@ class DisaggregatedCluster:
         self.stores = {node: NodeStore(node, capacity, ssd, self._on_block_added, self._on_block_removed)
                        for node in nodes}
         self.num_open = 0
+        self._num_made = {"prefill": config.num_prefill, "decode": config.num_decode}
+        self._num_starting = {"prefill": 0, "decode": 0}
+        self.ratio = None if config.ratio is None else SimRatio(
+            config.ratio, config.ttft_slo_s, config.tbt_slo_s, InstanceCounts(config.num_prefill, config.num_decode))
         self.imbalance_samples: list[float] = []
         self.load_timeline: list[tuple[float, float, float]] = []  # (time, prefill load, decode load)
         for instance in [*self.prefills.values(), *self.decodes.values()]:
@@ -107,9 +118,17 @@ class DisaggregatedCluster:
         if self.config.hot_spot_period_s > 0 and self.config.cache_scope == "global":
             self.loop.at(self.config.hot_spot_period_s, self._hot_spot)
         self.loop.at(period, self._sample_imbalance)
+        if self.ratio is not None:
+            self.loop.at(self.config.ratio_window_s, self._ratio_tick)
 
     def _telemetry(self, instance: PrefillInstance | DecodeInstance) -> None:
+        if instance.is_draining and not instance.holds_work and instance.drain_announced_s is not None \
+                and self.loop.now - instance.drain_announced_s > self.config.telemetry_delay_s:
+            self._retire(instance)  # the conductor knows it takes no work: it can go
+            return
         load = instance.load(self.loop.now, self.config.telemetry_period_s)
+        if instance.is_draining and instance.drain_announced_s is None:
+            instance.drain_announced_s = self.loop.now
         if self.config.telemetry_delay_s > 0:
             self.loop.after(self.config.telemetry_delay_s, self.view.apply_load, load)
         else:
@@ -117,9 +136,62 @@ class DisaggregatedCluster:
         if self.num_open:
             self.loop.after(self.config.telemetry_period_s, self._telemetry, instance)
 
+    # -- the P/D ratio controller's actions ------------------------------------------------------
+
+    def _instances(self, role: str) -> dict[str, PrefillInstance | DecodeInstance]:
+        return self.prefills if role == "prefill" else self.decodes
+
+    def serving(self) -> InstanceCounts:
+        """Instances that take work (not draining, not still starting)."""
+        return InstanceCounts(*(sum(not i.is_draining for i in self._instances(role).values()) for role in ROLES))
+
+    def _ratio_tick(self, _: object) -> None:
+        serving = self.serving()
+        desired = self.ratio.step(self.loop.now, serving)
+        for role in ROLES:
+            planned = serving.of(role) + self._num_starting[role]
+            for _ in range(desired.of(role) - planned):
+                self._num_starting[role] += 1
+                self.loop.after(self.config.instance_start_s, self._bring_up, role)
+            for _ in range(planned - desired.of(role)):
+                self._drain_one(role)
+        if self.num_open:
+            self.loop.after(self.config.ratio_window_s, self._ratio_tick)
+
+    def _bring_up(self, role: str) -> None:
+        self._num_starting[role] -= 1
+        index = self._num_made[role]
+        self._num_made[role] += 1
+        instance_id = f"{role}-{index}"
+        if role == "prefill":
+            instance = PrefillInstance(instance_id, f"p{index}")
+        else:
+            instance = DecodeInstance(instance_id, f"d{index}", self.config.kv_capacity_tokens())
+        capacity = None if self.config.cache_tokens_per_node is None \
+            else self.config.cache_tokens_per_node // TRACE_BLOCK_TOKENS
+        self.stores[instance.node] = NodeStore(instance.node, capacity,
+                                               self.config.ssd_tokens_per_node // TRACE_BLOCK_TOKENS,
+                                               self._on_block_added, self._on_block_removed)
+        self._instances(role)[instance_id] = instance
+        self._register(instance)
+        self._telemetry(instance)
+
+    def _drain_one(self, role: str) -> None:
+        """The newest instance of `role` that still takes work stops taking it."""
+        candidates = [i for i in self._instances(role).values() if not i.is_draining]
+        if len(candidates) > 1:
+            candidates[-1].is_draining = True
+
+    def _retire(self, instance: PrefillInstance | DecodeInstance) -> None:
+        role = "prefill" if isinstance(instance, PrefillInstance) else "decode"
+        del self._instances(role)[instance.instance_id]
+        self.view.apply_registry(MirrorEvent(f"/crescent/sim/instances/{role}/{instance.instance_id}", None))
+
     def _sample_imbalance(self, _: object) -> None:
         """Each period: the conductor's f_im, and each side's true mean SLO load for a timeline
         (the paper's Fig. 6: prefill and decode load swinging against each other)."""
+        if self.ratio is not None:
+            self.ratio.window.add_loads(*self.scheduler.slo_loads(MODEL))
         factor = self.scheduler.imbalance(MODEL)
         if factor is not None and self.num_open:
             self.imbalance_samples.append(factor)
@@ -216,6 +288,8 @@ class DisaggregatedCluster:
         prefill.num_queued_tokens -= request.num_prompt
         now = self.loop.now
         request.first_token_s = now
+        if self.ratio is not None:
+            self.ratio.window.add_ttft(now - request.arrival_s)
         self.stores[prefill.node].write(request.blocks)
         decode = self.decodes[request.decode_id]
         if request.num_output <= 1:
@@ -280,3 +354,8 @@ class DisaggregatedCluster:
         request.status = status
         request.reject_reason = reason
         self.num_open -= 1
+        if self.ratio is not None:
+            if reason:
+                self.ratio.record_rejection(reason)
+            elif status is Status.OK and request.num_output > 1:
+                self.ratio.window.add_tbt(request.tbt_s)

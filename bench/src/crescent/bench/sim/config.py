@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crescent.conductor.policy import POLICIES, PrefillTimeModel
+from crescent.conductor.ratio import RatioConfig, RatioConfigError
 from crescent.engine.cost_model import CostModel, ModelDims
 
 ADMISSIONS = ("none", "baseline", "early", "predictive")
@@ -71,6 +72,9 @@ class SimConfig:
     max_num_seqs: int = 256  # coupled instances: most requests in one batch (vLLM's default)
     seed: int = 0
     model_dims: ModelDims = field(default=LLAMA3_70B)
+    ratio: RatioConfig | None = None  # the P/D ratio controller's bounds and hysteresis (None: off)
+    ratio_window_s: float = 30.0  # one controller window
+    instance_start_s: float = 30.0  # from the controller asking for an instance to it serving
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
@@ -99,6 +103,15 @@ class SimConfig:
             raise SimConfigError("the KV-cache balancing threshold must be > 0")
         if self.chunk_tokens < 1 or self.max_num_seqs < 1:
             raise SimConfigError("chunk tokens and max_num_seqs must be >= 1")
+        if self.ratio is not None:
+            if self.coupled != "none":
+                raise SimConfigError("the P/D ratio controller sizes a disaggregated cluster, not a coupled one")
+            if not self.ratio_window_s > 0 or self.instance_start_s < 0:
+                raise SimConfigError("the ratio window must be > 0 s and the instance start time >= 0 s")
+            try:
+                self.ratio.validate()
+            except RatioConfigError as exc:
+                raise SimConfigError(f"P/D ratio controller: {exc}") from exc
 
     @property
     def num_nodes(self) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from crescent.bench.sim.cli import config_from
+from crescent.bench.sim.ratio_experiment import ratio
 from crescent.bench.sim.run import SimRun, simulate
 from crescent.bench.slo import SloTargets
 from crescent.bench.trace import TraceRequest
@@ -107,7 +108,7 @@ def fig1(trace: Trace, args: argparse.Namespace) -> list[dict]:
 
 
 EXPERIMENTS: dict[str, Callable[[Trace, argparse.Namespace], list[dict]]] = {
-    "fig16": fig16, "fig17": fig17, "fig5": fig5, "table4": table4, "fig23": fig23, "fig1": fig1}
+    "fig16": fig16, "fig17": fig17, "fig5": fig5, "table4": table4, "fig23": fig23, "fig1": fig1, "ratio": ratio}
 
 
 def run_experiment(name: str, trace: Trace, trace_name: str, args: argparse.Namespace, out: Path) -> dict:

@@ -20,10 +20,16 @@ class PrefillInstance:
         self.running: SimRequest | None = None
         self.running_ends_s = 0.0
         self.num_queued_tokens = 0
+        self.is_draining = False  # takes no new work; leaves once what it holds is done
+        self.drain_announced_s: float | None = None  # when its telemetry first said so
 
     @property
     def is_idle(self) -> bool:
         return self.running is None
+
+    @property
+    def holds_work(self) -> bool:
+        return self.running is not None or bool(self.queue)
 
     def queue_time_s(self, now: float) -> float:
         """What is left of the running job plus the predicted time of every queued one."""
@@ -34,7 +40,8 @@ class PrefillInstance:
         # kv_used_tokens: the prompt tokens of the jobs it holds (queued prompt work).
         return InstanceLoad(role="prefill", instance_id=self.instance_id, node=self.node, sent_at=now,
                             period_s=period_s, num_queued=len(self.queue) + (self.running is not None),
-                            queue_time_s=self.queue_time_s(now), kv_used_tokens=self.num_queued_tokens)
+                            queue_time_s=self.queue_time_s(now), kv_used_tokens=self.num_queued_tokens,
+                            **_accepting(self.is_draining))
 
 
 class DecodeInstance:
@@ -52,6 +59,12 @@ class DecodeInstance:
         self.batch = Batch()
         self.joining: list[SimRequest] = []
         self.is_stepping = False
+        self.is_draining = False  # takes no new work; leaves once what it holds is done
+        self.drain_announced_s: float | None = None  # when its telemetry first said so
+
+    @property
+    def holds_work(self) -> bool:
+        return bool(self.reserved) or self.batch.num_running > 0 or bool(self.joining)
 
     def can_reserve(self, num_tokens: int) -> bool:
         return self.kv_used_tokens + num_tokens <= self.kv_capacity_tokens
@@ -73,4 +86,9 @@ class DecodeInstance:
         return InstanceLoad(role="decode", instance_id=self.instance_id, node=self.node, sent_at=now,
                             period_s=period_s, num_queued=self.num_waiting, num_running=self.batch.num_running,
                             kv_used_tokens=self.kv_used_tokens, kv_capacity_tokens=self.kv_capacity_tokens,
-                            num_context_tokens=self.batch.context_tokens)
+                            num_context_tokens=self.batch.context_tokens, **_accepting(self.is_draining))
+
+
+def _accepting(is_draining: bool) -> dict:
+    """The telemetry fields of a draining instance (as the real workers send them)."""
+    return {"is_accepting": False, "not_accepting_reason": "draining"} if is_draining else {}

@@ -73,6 +73,9 @@ def plot_experiment(name: str, result: dict, path: Path) -> None:
         right.set_ylabel("mean TTFT (s)")
         twin.set_ylabel("mean TBT (ms)")
         fig.suptitle(title)
+    elif name == "ratio":
+        _plot_ratio(plt, cases, title)
+        fig = plt.gcf()
     else:  # fig1
         fig, ax = plt.subplots(figsize=(7, 4))
         systems = list(dict.fromkeys(c["system"] for c in cases))
@@ -90,3 +93,36 @@ def plot_experiment(name: str, result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _plot_ratio(plt, cases: list[dict], title: str) -> None:
+    """Left: the controller's desired and serving counts over time, the phases shaded; right:
+    effective request capacity per phase, each static split against the controller."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [3, 2]})
+    controlled = next(c for c in cases if c["case"] == "controller")
+    timeline = controlled["count_timeline"]
+    times = [row[0] for row in timeline]
+    left.step(times, [row[3] for row in timeline], where="post", color="#4c72b0", label="prefill serving")
+    left.step(times, [row[4] for row in timeline], where="post", color="#dd8452", label="decode serving")
+    left.step(times, [row[1] for row in timeline], where="post", color="#4c72b0", linestyle=":",
+              label="prefill desired")
+    left.step(times, [row[2] for row in timeline], where="post", color="#dd8452", linestyle=":",
+              label="decode desired")
+    start = 0.0
+    for i, end in enumerate(controlled["phase_ends_s"]):
+        if i % 2:
+            left.axvspan(start, end, color="grey", alpha=0.15)
+        start = end
+    left.set_xlabel("time (s); shaded: decode-heavy phase")
+    left.set_ylabel("instances")
+    left.legend(fontsize=7)
+    left.set_title("P/D ratio controller")
+    width = 0.8 / len(cases)
+    for i, case in enumerate(cases):
+        right.bar([j + i * width for j in range(3)], case["by_phase"], width, label=case["case"])
+    right.set_xticks([j + 0.4 - width / 2 for j in range(3)], ["prefill-heavy", "decode-heavy", "prefill-heavy"])
+    right.set_ylabel("effective request capacity")
+    right.set_ylim(0, 1)
+    right.legend(fontsize=7)
+    right.set_title("by phase")
+    fig.suptitle(title)

@@ -112,14 +112,16 @@ class LocalCluster:
         spec.port = port
         return spec
 
+    def worker_spec(self, role: str, instance_id: str, node: str = "node0") -> ProcessSpec:
+        """A prefill or decode instance of this cluster on `node`."""
+        extra = self.spec.decode_args if role == "decode" else []
+        return self._service(role, instance_id, ["--node", node, *self._model_flags()["worker"], *extra])
+
     def _specs(self) -> list[ProcessSpec]:
         nodes = self.spec.nodes()
         specs = [self._store(node) for node in sorted(set(nodes.values()))]
-        worker = self._model_flags()["worker"]
         for instance_id, node in nodes.items():
-            role = instance_id.split("-")[0]
-            extra = self.spec.decode_args if role == "decode" else []
-            specs.append(self._service(role, instance_id, ["--node", node, *worker, *extra]))
+            specs.append(self.worker_spec(instance_id.split("-")[0], instance_id, node))
         conductors = [self.conductor_spec(f"conductor-{i}", port)
                       for i, port in enumerate(self.conductor_ports)]
         return specs + conductors
@@ -127,6 +129,14 @@ class LocalCluster:
     def process(self, name: str) -> ManagedProcess:
         """The process named `name`: "nats", "etcd", "store-node0", "prefill-1", "conductor-0"..."""
         return next(p for p in self.processes if p.spec.name == name)
+
+    def workers(self, role: str) -> list[ManagedProcess]:
+        """The prefill or decode processes of this cluster, oldest first."""
+        return [p for p in self.processes if p.spec.name.startswith(f"{role}-")]
+
+    def remove_process(self, process: ManagedProcess) -> None:
+        """Forget a process that has exited for good (a drained surplus worker)."""
+        self.processes.remove(process)
 
     def add_process(self, spec: ProcessSpec) -> ManagedProcess:
         """Start one more process under this cluster's supervision and stop."""

@@ -101,6 +101,12 @@ class ManagedProcess:
             except ProcessLookupError:
                 pass
 
+    def terminate(self) -> None:
+        """SIGTERM without waiting (the process drains and exits on its own); it is stopped on
+        purpose, so the supervisor does not restart it."""
+        self.is_stopped = True
+        self.signal(signal.SIGTERM)
+
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after stop_timeout_s; returns the exit code."""
         self.is_stopped = True

@@ -25,6 +25,7 @@ MAX_SECONDS = 7 * 24 * 3600.0  # a measured or predicted duration
 MAX_TTL_S = 3600.0  # how long a reservation, allocation or pin may hold resources unattended
 MAX_TIMESTAMP = 1e11  # wall-clock seconds since 1970 (the year 5138)
 MAX_BANDWIDTH = 1e13  # bytes/s (80 Tbit/s)
+MAX_IMBALANCE = 1e6  # f_im = (L̄_decode + 1) / (L̄_prefill + 1): loads are SLO ratios
 MAX_TEMPERATURE = 100.0
 MAX_STOP_TOKENS = 1024
 MAX_PENALTY = 100.0  # presence, frequency (OpenAI: -2..2) and repetition penalties
@@ -49,6 +50,7 @@ Period = Annotated[float, Meta(gt=0.0, le=MAX_SECONDS)]
 Ttl = Annotated[float, Meta(gt=0.0, le=MAX_TTL_S)]
 Timestamp = Annotated[float, Meta(ge=0.0, le=MAX_TIMESTAMP)]
 Bandwidth = Annotated[float, Meta(ge=0.0, le=MAX_BANDWIDTH)]
+Imbalance = Annotated[float, Meta(gt=0.0, le=MAX_IMBALANCE)]
 Temperature = Annotated[float, Meta(ge=0.0, le=MAX_TEMPERATURE)]
 Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-MAX_PENALTY, le=MAX_PENALTY)]

@@ -17,6 +17,7 @@ from crescent.common.bounds import (
     BlockHashes,
     Count,
     Id,
+    Imbalance,
     Logprob,
     LogitBias,
     Logprobs,
@@ -90,6 +91,20 @@ class InstanceLoad(Message):
     # (decode: no KV room left); `not_accepting_reason` says which.
     is_accepting: bool = True
     not_accepting_reason: Name = ""
+
+
+class DesiredInstances(Message):
+    """What a conductor's P/D ratio controller (paper §5.1) wants a model to run, written under
+    autoscale/<model> in etcd (with the conductor's lease) for `crescent up --autoscale`; the
+    same counts are its crescent_desired_instances gauges, for a Kubernetes autoscaler."""
+
+    model: Name
+    prefill: Count
+    decode: Count
+    decided_at: Timestamp
+    conductor: Id
+    imbalance: Imbalance | None = None  # f_im of the window that decided
+    reason: str = ""  # the controller's latest proposal and why
 
 
 class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -80,3 +80,6 @@ class Keys:
 
     def block(self, model: str, block_hash: bytes, node: str) -> str:
         return f"{self.prefix}blocks/{model}/{block_hash.hex()}/{node}"
+
+    def autoscale(self, model: str) -> str:
+        return f"{self.prefix}autoscale/{model}"

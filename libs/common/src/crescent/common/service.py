@@ -2,10 +2,17 @@
 
     settings → connect NATS and etcd (bounded) → HTTP /health and /metrics → service.start()
     → register in etcd under the lease → telemetry every period → … → SIGTERM →
-    deregister (revoke the lease) → service.drain() → drain NATS → close
+    telemetry says "draining" → service.finish_inflight() → deregister (revoke the lease)
+    → service.drain() → drain NATS → close
 
-A service is an object with `role`, `start(runtime)`, `instance_info()`, `load()`,
-`health()` and `drain()`; `run_service` does the rest, so the four services differ only in what they do.
+The instance stays registered while it finishes its accepted work: a conductor moves a
+request off an instance that leaves the registry, so deregistering first would restart every
+request in flight elsewhere instead of letting it finish. Telemetry goes on saying "draining",
+so no new work comes.
+
+A service is an object with `role`, `start(runtime)`, `instance_info()`, `load()`, `health()`,
+`finish_inflight()` and `drain()`; `run_service` does the rest, so the four services differ
+only in what they do.
 """
 
 from __future__ import annotations
@@ -60,7 +67,13 @@ class Service(Protocol):
 
     def load(self) -> InstanceLoad: ...
 
-    async def drain(self) -> None: ...
+    async def finish_inflight(self) -> None:
+        """Refuse new work; return once the work already accepted is done (or a deadline passed)."""
+        ...
+
+    async def drain(self) -> None:
+        """Release what the service holds; runs after it left the registry."""
+        ...
 
     def health(self) -> dict: ...
 
@@ -201,6 +214,7 @@ async def serve(service: Service, settings: CommonSettings) -> int:
             await runtime.publish_load(service.load)
         except (nats.errors.Error, OSError) as exc:  # NATS may be gone: deregistering says it all the same
             log.warning("draining telemetry not sent", extra={"error": repr(exc)})
+        await service.finish_inflight()
         await runtime.deregister()
         await service.drain()
         if runtime.tasks.failure:

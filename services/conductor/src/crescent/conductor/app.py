@@ -20,6 +20,7 @@ from crescent.common.service import Runtime, ServiceStatus
 from crescent.common.store_messages import ReplicateBlocks, ReplicateReply
 from crescent.common.tokenizer import ByteTokenizer
 from crescent.conductor import metrics
+from crescent.conductor.autoscale import RatioLoop
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.flow import FlowTimeouts, RequestFlow
 from crescent.conductor.generation import Generation
@@ -41,6 +42,7 @@ class Conductor:
         self.tokenizer = HfTokenizer(settings.tokenizer) if settings.tokenizer else ByteTokenizer()
         self.view = ClusterView(clock=time.monotonic)
         self.scheduler = Scheduler(settings, self.view, time.monotonic)
+        self.ratio = RatioLoop(settings, self.view, self.scheduler) if settings.ratio_window_s > 0 else None
         self._runtime: Runtime | None = None
         self._generation: Generation | None = None
 
@@ -53,6 +55,8 @@ class Conductor:
         blocks = PrefixMirror(runtime.etcd, runtime.keys.prefix + "blocks/", self.scheduler.apply_block_event)
         await blocks.load()
         runtime.tasks.spawn("blocks-watch", blocks.run())
+        if self.ratio is not None:
+            runtime.tasks.spawn("ratio-controller", self.ratio.run(runtime))
         if self.settings.hot_spot_period_s > 0:
             runtime.tasks.spawn("hot-spot-replication", self._replicate_hot_blocks())
         await runtime.bus.subscribe(runtime.subjects.telemetry_all(), InstanceLoad, self._on_load)
@@ -60,7 +64,8 @@ class Conductor:
                                 start_s=self.settings.start_timeout_s, token_gap_s=self.settings.token_timeout_s,
                                 placement_wait_s=self.settings.placement_wait_s)
         flow = RequestFlow(runtime.bus, runtime.subjects, self.scheduler, timeouts, self.tokenizer.eos_token_id)
-        generation = self._generation = Generation(self.settings, self.tokenizer, self.view, self.scheduler, flow)
+        generation = self._generation = Generation(self.settings, self.tokenizer, self.view, self.scheduler, flow,
+                                                       self.ratio)
         app = runtime.http_app
         app.middlewares.append(openai_errors)
         app.router.add_post("/v1/completions", generation.completions)
@@ -110,8 +115,11 @@ class Conductor:
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
                             num_running=self._generation.num_inflight if self._generation else 0)
 
-    async def drain(self) -> None:
+    async def finish_inflight(self) -> None:
         """In-flight responses finish while aiohttp shuts down; nothing else to wait for."""
+
+    async def drain(self) -> None:
+        """Nothing to release."""
 
     async def cluster(self, request: web.Request) -> web.Response:
         """Instances and their loads, the cache hit rate, the blocks each node's store holds (as
@@ -131,7 +139,8 @@ class Conductor:
                                   "bandwidth": load.bandwidth}})
         hottest = [{"hash": block.hash.hex(), "replicas": block.num_replicas, "hits": round(block.hits, 2)}
                    for block in self.scheduler.index.hottest(10, now)]
-        models = {model: {"pd_imbalance_factor": self.scheduler.imbalance(model)}
+        models = {model: {"pd_imbalance_factor": self.scheduler.imbalance(model),
+                          "desired_instances": self.ratio.desired(model) if self.ratio is not None else None}
                   for model in self.view.models()}
         index = self.scheduler.index
         blocks_by_node = {node: index.num_blocks_of(node) for node in index.nodes()}

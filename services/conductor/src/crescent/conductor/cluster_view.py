@@ -171,6 +171,13 @@ class ClusterView:
         return sum(1 for (r, _), s in self.instances.items()
                    if r == role and s.info.model == model and self.is_live(s, now))
 
+    def count_serving(self, role: str, model: str, now: float) -> int:
+        """Live instances of `role` for `model` that are not draining: what the cluster runs
+        once the instances being stopped have gone."""
+        return sum(1 for (r, _), s in self.instances.items()
+                   if r == role and s.info.model == model and self.is_live(s, now)
+                   and not (s.load is not None and s.load.not_accepting_reason == "draining"))
+
     def started_at(self, role: str, instance_id: str) -> float | None:
         """When the registered process of this id started (None: not registered): tells a
         restarted instance from the one that failed under the same id."""

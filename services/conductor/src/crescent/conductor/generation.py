@@ -24,6 +24,7 @@ from opentelemetry.trace import SpanKind
 from crescent.common.errors import RecoverableError, RequestTimeoutError
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
+from crescent.conductor.autoscale import RatioLoop
 from crescent.conductor.choice import Choice
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.flow import RejectedError, RequestFlow, RequestRefusedError
@@ -45,12 +46,13 @@ class Generation:
     """The handlers of the generating endpoints, sharing one tokenizer and one flow."""
 
     def __init__(self, settings: ConductorSettings, tokenizer, view: ClusterView, scheduler: Scheduler,
-                 flow: RequestFlow) -> None:
+                 flow: RequestFlow, ratio: RatioLoop | None = None) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.view = view
         self.scheduler = scheduler
         self.flow = flow
+        self.ratio = ratio  # the P/D ratio controller's SLO outcomes (None: the controller is off)
         self.num_inflight = 0
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -145,7 +147,8 @@ class Generation:
                 span.set_attribute("crescent.num_choices", gen.n)
                 renderer_type = ResponsesRenderer if gen.api == "responses" else OpenAIRenderer
                 relay = Relay(self._choices(gen, token_ids), renderer_type(gen, request_id, int(time.time())),
-                              request_id, len(token_ids), arrived)
+                              request_id, len(token_ids), arrived,
+                              self.ratio.window(gen.model) if self.ratio is not None else None)
                 streams = self._streams(gen, request_id, token_ids, max_tokens)
                 if gen.stream:
                     response = await relay.stream(request, streams)
@@ -155,6 +158,8 @@ class Generation:
                 return response
         except RejectedError as exc:
             outcome = "rejected"
+            if self.ratio is not None:
+                self.ratio.record_rejection(gen.model, exc.rejection.reason)
             raise self._rejection_error(exc.rejection, request_id) from exc
         except RequestRefusedError as exc:
             raise ApiError(400, f"the model's engine refused the request: {exc}", headers=headers) from exc

@@ -38,3 +38,9 @@ PREDICTION_ERROR = Histogram("crescent_prediction_abs_error_ratio",
                              "token against T_transfer + T_queue + T_prefill) and tbt (mean time between "
                              "tokens against the TBT predicted at placement)", ["kind"],
                              buckets=(0.05, 0.1, 0.15, 0.25, 0.4, 0.6, 1, 2, 5, 10))
+DESIRED_INSTANCES = Gauge("crescent_desired_instances",
+                          "Instances of each role the P/D ratio controller wants for a model (scale by this)",
+                          ["model", "role"])
+SLO_ATTAINMENT = Gauge("crescent_slo_attainment",
+                       "Share of the last controller window's first tokens within the TTFT SLO (ttft) and "
+                       "token gaps within the TBT SLO (tbt); rejections count as misses", ["model", "slo"])

@@ -86,11 +86,20 @@ class ChoiceEvents:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
+class SloRecorder(Protocol):
+    """Where each measured TTFT and TBT also goes (the P/D ratio controller's window)."""
+
+    def add_ttft(self, ttft_s: float) -> None: ...
+
+    def add_tbt(self, tbt_s: float) -> None: ...
+
+
 class _Timing:
     """TTFT and TBT of one choice."""
 
-    def __init__(self, arrived: float) -> None:
+    def __init__(self, arrived: float, slo: SloRecorder | None) -> None:
         self._arrived = arrived
+        self._slo = slo
         self._last_token_at: float | None = None
 
     def on_tokens(self, num_tokens: int) -> None:
@@ -99,20 +108,24 @@ class _Timing:
         now = time.monotonic()
         if self._last_token_at is None:
             metrics.TTFT.observe(now - self._arrived)
+            if self._slo is not None:
+                self._slo.add_ttft(now - self._arrived)
         else:
             metrics.TBT.observe((now - self._last_token_at) / num_tokens)
+            if self._slo is not None:
+                self._slo.add_tbt((now - self._last_token_at) / num_tokens)
         self._last_token_at = now
         metrics.GENERATED_TOKENS.inc(num_tokens)
 
 
 class Relay:
     def __init__(self, choices: list[Choice], renderer: Renderer, request_id: str, num_prompt_tokens: int,
-                 arrived: float) -> None:
+                 arrived: float, slo: SloRecorder | None = None) -> None:
         self.choices = choices
         self.renderer = renderer
         self.request_id = request_id
         self.num_prompt_tokens = num_prompt_tokens
-        self._timings = [_Timing(arrived) for _ in choices]
+        self._timings = [_Timing(arrived, slo) for _ in choices]
         self._collected = [Collected(c.index) for c in choices]
         self._has_sent = [False] * len(choices)
 

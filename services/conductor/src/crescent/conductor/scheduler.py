@@ -180,14 +180,20 @@ class Scheduler:
         orders = hot_spot_orders(self.index, targets, self.bandwidth, now, HotSpotConfig())
         return [o for o in orders if all(self.model_of_block.get(h) == model for h in o.hashes)]
 
-    def imbalance(self, model: str) -> float | None:
-        """f_im from each usable instance's current SLO load (None until both sides exist)."""
+    def slo_loads(self, model: str) -> tuple[list[float], list[float]]:
+        """Each usable prefill and decode instance's current SLO load: queue time over the TTFT
+        SLO, predicted step time over the TBT SLO."""
         now = self.clock()
         prefill = [slo_load(s.queue_time_s, self.settings.ttft_slo_s)
                    for s in self.view.snapshot("prefill", model, now) if is_usable(s)]
         step_s = self.policy.predictors.decode_step_s
         decode = [slo_load(step_s(s.num_running, s.num_context_tokens), self.settings.tbt_slo_s)
                   for s in self.view.snapshot("decode", model, now) if is_usable(s)]
+        return prefill, decode
+
+    def imbalance(self, model: str) -> float | None:
+        """f_im from each usable instance's current SLO load (None until both sides exist)."""
+        prefill, decode = self.slo_loads(model)
         return imbalance_factor(prefill, decode) if prefill and decode else None
 
     @property

@@ -9,6 +9,7 @@ from crescent.common.config import CommonSettings, setting
 from crescent.common.errors import ConfigError
 from crescent.conductor.policy import POLICIES
 from crescent.conductor.policy.admission import ADMISSIONS
+from crescent.conductor.ratio import Bounds, RatioConfig, RatioConfigError
 from crescent.engine.device_settings import EmulatedDevice
 
 
@@ -43,6 +44,27 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     served_model_name: str = setting("", "the model this cluster serves, recorded in the cluster config "
                                          "(empty: the --tokenizer directory's name; no tokenizer: any model)")
 
+    ratio_window_s: float = setting(10.0, "P/D ratio controller: length of one window of load samples and "
+                                          "SLO outcomes (0: the controller is off)")
+    ratio_persist_windows: int = setting(3, "P/D ratio controller: windows in a row a proposal must persist "
+                                            "before the desired counts change")
+    ratio_urgent_persist_windows: int = setting(2, "P/D ratio controller: windows in a row a proposal to grow a "
+                                                   "side that misses its SLO must persist")
+    ratio_cooldown_windows: int = setting(2, "P/D ratio controller: windows after a change before the next")
+    autoscale_min_prefill: int = setting(1, "P/D ratio controller: fewest prefill instances it asks for")
+    autoscale_max_prefill: int = setting(8, "P/D ratio controller: most prefill instances it asks for")
+    autoscale_min_decode: int = setting(1, "P/D ratio controller: fewest decode instances it asks for")
+    autoscale_max_decode: int = setting(8, "P/D ratio controller: most decode instances it asks for")
+    autoscale_max_total: int = setting(0, "P/D ratio controller: most prefill + decode instances together "
+                                          "(0: the two maximums' sum); at it, the ratio shifts instead")
+
+    def ratio_config(self) -> RatioConfig:
+        bounds = Bounds(self.autoscale_min_prefill, self.autoscale_max_prefill, self.autoscale_min_decode,
+                        self.autoscale_max_decode, self.autoscale_max_total)
+        return RatioConfig(bounds=bounds, persist_windows=self.ratio_persist_windows,
+                           urgent_persist_windows=self.ratio_urgent_persist_windows,
+                           cooldown_windows=self.ratio_cooldown_windows)
+
     @property
     def model_name(self) -> str:
         if self.served_model_name or not self.tokenizer:
@@ -60,6 +82,12 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
             raise ConfigError(f"admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
         if self.block_size < 1 or self.kv_bytes_per_block < 1:
             raise ConfigError("block_size and kv_bytes_per_block must be >= 1")
+        if self.ratio_window_s < 0:
+            raise ConfigError(f"ratio_window_s must be >= 0, got {self.ratio_window_s}")
+        try:
+            self.ratio_config().validate()
+        except RatioConfigError as exc:
+            raise ConfigError(f"autoscale bounds: {exc}") from exc
         for name in ("ttft_slo_s", "tbt_slo_s", "reserve_timeout_s", "prefill_timeout_s", "start_timeout_s", "token_timeout_s",
                      "placement_wait_s", "body_timeout_s"):
             if getattr(self, name) <= 0:

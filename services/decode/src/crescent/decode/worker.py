@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 CANCEL_MEMORY_S = 60.0
 EMULATED_KV_CAPACITY_TOKENS = 262144
+DRAIN_POLL_S = 0.05
+HAND_BACK_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -68,6 +70,8 @@ class DecodeWorker:
         self._cancelled: dict[str, float] = {}  # request id → until when a late start is refused
         self.recent_tbt = Ewma()  # measured time between tokens of running requests
         self._runtime: Runtime | None = None
+        self._is_draining = False  # shutting down: new reservations are refused
+        self._handed_back: set[str] = set()  # requests cut off at the drain deadline
 
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
@@ -135,6 +139,9 @@ class DecodeWorker:
     async def reserve(self, reservation: Reservation) -> ReservationReply:
         need = reservation.num_prompt_tokens + reservation.max_tokens
         now = time.monotonic()
+        if self._is_draining:
+            return ReservationReply(request_id=reservation.request_id, accepted=False,
+                                    reason=f"decode {self._runtime.instance_id} is draining")
         if need > self.max_model_len:
             return ReservationReply(request_id=reservation.request_id, accepted=False,
                                     reason=f"{need} tokens exceed max_model_len {self.max_model_len}")
@@ -197,6 +204,12 @@ class DecodeWorker:
                         is_final=step.finish_reason is not None, finish_reason=step.finish_reason))
                     seq += 1
                 span.set_attribute("crescent.num_generated_tokens", num_tokens)
+        except asyncio.CancelledError:
+            if start.request_id in self._handed_back:  # drain deadline: its conductor moves it on
+                await self._runtime.bus.publish(subject, TokenChunk(
+                    request_id=start.request_id, seq=seq, token_ids=[], is_final=True,
+                    finish_reason=FINISH_ABORT, error="decode instance draining: continue elsewhere"))
+            raise
         except Exception as exc:
             log.exception("generation failed", extra={"request_id": start.request_id})
             await self._runtime.bus.publish(subject, TokenChunk(
@@ -219,18 +232,36 @@ class DecodeWorker:
             self.ledger.release(cancel.request_id)
         return Ack(request_id=cancel.request_id)
 
-    async def drain(self) -> None:
-        """Let running requests finish within drain_timeout_s, then abort the rest."""
-        running = list(self._generations.values())
-        if not running:
-            if self.is_vllm:
-                await self.engine.close()
-            return
-        log.info("draining", extra={"num_running": len(running)})
-        _, unfinished = await asyncio.wait(running, timeout=self.settings.drain_timeout_s)
-        for request_id in list(self._generations):
+    @property
+    def num_inflight(self) -> int:
+        """Requests this instance owes tokens: running, or reserved and yet to start."""
+        self.ledger.expire(time.monotonic())
+        return len(self._generations) + len(self.ledger.reserved)
+
+    async def finish_inflight(self) -> None:
+        """New reservations are refused from now on; the requests already running finish, and
+        those reserved before the drain are started when their prefill ends and finish too.
+        The instance is still registered, so their conductors wait for it. Whatever is left at
+        drain_timeout_s is handed back: its stream ends with an error, on which its conductor
+        continues it on another decode instance, so no request fails."""
+        self._is_draining = True
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        if self.num_inflight:
+            log.info("draining", extra={"num_running": len(self._generations),
+                                        "num_reserved": len(self.ledger.reserved)})
+        while self.num_inflight and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        left = list(self._generations.items())
+        if left:
+            log.warning("drain deadline passed; handing requests back", extra={"num_running": len(left)})
+        for request_id, task in left:
+            self._handed_back.add(request_id)
+            task.cancel()
             self.engine.abort(request_id)
-        if unfinished:
-            await asyncio.wait(unfinished, timeout=5.0)
+        if left:
+            await asyncio.wait([task for _, task in left], timeout=HAND_BACK_TIMEOUT_S)
+
+    async def drain(self) -> None:
+        """After the instance left the registry: close the engine."""
         if self.is_vllm:
             await self.engine.close()

@@ -54,6 +54,8 @@ from crescent.store.client import ClientConfig, StoreClient
 
 log = logging.getLogger(__name__)
 
+DRAIN_POLL_S = 0.05
+
 
 class JobRejected(RecoverableError):
     """A job this instance will not run (wrong model, too long)."""
@@ -89,6 +91,7 @@ class PrefillWorker:
         self._decode_nodes: dict[str, str] = {}
         self._runtime: Runtime | None = None
         self._store: StoreClient | None = None  # the emulated engine's KV traffic
+        self._is_draining = False  # shutting down: new jobs are refused
 
     @property
     def is_vllm(self) -> bool:
@@ -157,6 +160,8 @@ class PrefillWorker:
         return self._decode_nodes[job.decode_instance]
 
     async def run_job(self, job: PrefillJob) -> PrefillResult:
+        if self._is_draining:
+            raise JobRejected(f"prefill {self._runtime.instance_id} is draining: it takes no new jobs")
         if job.model != self.settings.model_name:
             raise JobRejected(f"this instance serves {self.settings.model_name!r}, not {job.model!r}")
         if not 0 < len(job.token_ids) <= self.max_model_len:
@@ -258,12 +263,23 @@ class PrefillWorker:
                 log.warning("prefix pull failed; computing it instead",
                             extra={"request_id": job.request_id, "error": str(exc)})
 
-    async def drain(self) -> None:
-        """Jobs already accepted finish (or drain_timeout_s passes), then the engine's store
-        connection closes."""
+    async def finish_inflight(self) -> None:
+        """New jobs are refused from now on (their conductor places them elsewhere); the jobs
+        already accepted finish, or drain_timeout_s passes. The instance is still registered,
+        so their conductors wait for them rather than moving them."""
+        self._is_draining = True
         deadline = time.monotonic() + self.settings.drain_timeout_s
-        while self._predicted_s and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        if self._jobs:
+            log.info("draining", extra={"num_jobs": len(self._jobs)})
+        while self._jobs and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if self._jobs:
+            log.warning("drain deadline passed; cancelling jobs left", extra={"num_jobs": len(self._jobs)})
+            for task in list(self._jobs.values()):
+                task.cancel()
+
+    async def drain(self) -> None:
+        """After the instance left the registry: close the engine and its store connection."""
         if self.is_vllm:
             await self.engine.close()
         elif self._store is not None:

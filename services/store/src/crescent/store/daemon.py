@@ -155,6 +155,9 @@ class StoreDaemon:
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
                             bandwidth={node: rate.value for node, rate in self.pull_rate.items()})
 
+    async def finish_inflight(self) -> None:
+        """Nothing to wait for: a read or write in flight finishes while NATS drains."""
+
     async def drain(self) -> None:
         """Runs after the lease is revoked (block metadata gone): release memory and files."""
         if self.transfer is not None:
