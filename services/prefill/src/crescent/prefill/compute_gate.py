@@ -3,9 +3,9 @@
 The emulated engine computes one prompt at a time (its cost model is per prompt), so its gate
 holds one job. vLLM batches: holding it to one job at a time leaves it idle between jobs and
 never lets a short prompt share a step with a long one's last chunk, which plain vLLM does. So
-jobs enter vLLM in arrival order while the tokens still to compute inside it are under one
-step's budget (`max_num_batched_tokens`): the engine always has its next step's work, and a
-job still waits behind everything that arrived before it, which is what the conductor's
+jobs enter vLLM in arrival order while the tokens still to compute inside it are under two
+steps' budget (`max_num_batched_tokens`): while one step runs, the next one is already full,
+and a job still waits behind everything that arrived before it, which is what the conductor's
 queue-time prediction assumes.
 """
 
