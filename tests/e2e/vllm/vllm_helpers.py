@@ -32,7 +32,7 @@ from crescent.common.messages import (
     TokenChunk,
 )
 from crescent.common.naming import Subjects
-from crescent.engine.checkpoint import inspect_checkpoint
+from crescent.common.checkpoint import inspect_checkpoint
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "tiny"

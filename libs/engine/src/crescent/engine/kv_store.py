@@ -30,7 +30,7 @@ from crescent.common.store_messages import (
     PinnedBlocks,
     UnpinBlocks,
 )
-from crescent.store.client import ClientConfig, StoreClient
+from crescent.storeclient.client import ClientConfig, StoreClient
 from crescent.transfer import Op, TransferConfig, parse_transports
 
 log = logging.getLogger(__name__)

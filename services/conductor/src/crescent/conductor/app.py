@@ -28,7 +28,7 @@ from crescent.conductor.policy import ReplicationOrder
 from crescent.conductor.openapi import OPENAPI
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.settings import ConductorSettings
-from crescent.engine.hf_tokenizer import HfTokenizer
+from crescent.common.hf_tokenizer import HfTokenizer
 
 log = logging.getLogger(__name__)
 

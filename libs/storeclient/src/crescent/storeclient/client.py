@@ -35,8 +35,8 @@ from crescent.common.store_messages import (
     ReplicateReply,
     UnpinBlocks,
 )
-from crescent.store import metrics
-from crescent.store.directory import BlockIndex, SegmentDirectory
+from crescent.storeclient import metrics
+from crescent.storeclient.directory import BlockIndex, SegmentDirectory
 from crescent.transfer import (
     Op,
     ShmEndpoint,
