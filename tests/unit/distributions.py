@@ -30,6 +30,9 @@ def missing_crescent_requirements(packages: list[str]) -> list[tuple[str, str]]:
                 continue
             extras = project(by_name[requirement.name]).get("optional-dependencies", {})
             for extra in requirement.extras:
-                missing += [(package, f"{text}: {needed}") for needed in extras[extra]
-                            if Requirement(needed).name not in by_name]
+                missing += [
+                    (package, f"{text}: {needed}")
+                    for needed in extras[extra]
+                    if Requirement(needed).name not in by_name
+                ]
     return missing

@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import ClassVar, TypeVar
 
 from crescent.common.bus import Bus
 from crescent.common.errors import RecoverableError
@@ -66,10 +66,26 @@ class StoreBridge:
         self._bus: Bus | None = None
         self._etcd = None
         self.client: StoreClient | None = None
+        self._started = threading.Event()  # set once start() has connected or failed
+        self._start_error: KvStoreError | None = None
+        self._start_timeout_s = config.timeout_s + 10
 
     def start(self) -> None:
         self._thread.start()
-        self.call(self._connect(), self.config.timeout_s + 10)
+        try:
+            self.call(self._connect(), self._start_timeout_s)
+        except KvStoreError as exc:
+            self._start_error = exc
+            raise
+        finally:
+            self._started.set()
+
+    def wait_started(self) -> None:
+        """Wait for another thread's `start` of this bridge; its error, if it failed."""
+        if not self._started.wait(self._start_timeout_s):
+            raise KvStoreError(f"store bridge {self.config.name} not connected within {self._start_timeout_s}s")
+        if self._start_error is not None:
+            raise self._start_error
 
     async def _connect(self) -> None:
         config = self.config
@@ -114,6 +130,46 @@ class StoreBridge:
             raise
         except Exception as exc:
             raise KvStoreError(f"store operation failed: {exc!r}") from exc
+
+
+class SharedBridges:
+    """One started StoreBridge per process and configuration, shared by its users and closed by
+    the last. vLLM builds CrescentConnector once per role (scheduler, worker) in an engine core,
+    each on its own, so only the process can see that both want the same connections. Class
+    state for that reason alone; the registry lock is never held while a bridge connects."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _bridges: ClassVar[dict[BridgeConfig, StoreBridge]] = {}
+    _num_users: ClassVar[dict[BridgeConfig, int]] = {}
+
+    @classmethod
+    def acquire(cls, config: BridgeConfig) -> StoreBridge:
+        """The process's bridge for `config`, started (connected) before it is returned."""
+        with cls._lock:
+            bridge = cls._bridges.get(config)
+            is_new = bridge is None
+            if is_new:
+                bridge = cls._bridges[config] = StoreBridge(config)
+            cls._num_users[config] = cls._num_users.get(config, 0) + 1
+        try:
+            bridge.start() if is_new else bridge.wait_started()
+        except BaseException:
+            cls.release(bridge)
+            raise
+        return bridge
+
+    @classmethod
+    def release(cls, bridge: StoreBridge) -> None:
+        """One user is done with `bridge`; the last one closes it."""
+        with cls._lock:
+            config = bridge.config
+            cls._num_users[config] -= 1
+            is_last = cls._num_users[config] == 0
+            if is_last:
+                del cls._num_users[config]
+                del cls._bridges[config]
+        if is_last:
+            bridge.close()
 
 
 class BlockOps:

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-KV_TRANSFER_BYTES = Counter("crescent_kv_transfer_bytes",
-                            "KV bytes moved to (write) or from (read) a store, by route: mapped (a store on "
-                            "this host, copied in place) or data-plane (a store elsewhere, or a store's "
-                            "replication pull)", ["op", "route"])
+KV_TRANSFER_BYTES = Counter(
+    "crescent_kv_transfer_bytes",
+    "KV bytes moved to (write) or from (read) a store, by route: mapped (a store on "
+    "this host, copied in place) or data-plane (a store elsewhere, or a store's "
+    "replication pull)",
+    ["op", "route"],
+)

@@ -57,7 +57,7 @@ class LoadSpec:
 class SaveSpec:
     request_id: str
     hashes: list[bytes]
-    vllm_block_ids: list[int]  # k per store block, in order
+    vllm_block_ids: list[int]  # vllm_blocks_per_block per store block, in order
     targets: list[str]
     trace: dict[str, str] = field(default_factory=dict)
     is_last: bool = False  # the prompt ends in this step: its first token waits for targets[0]'s commit
