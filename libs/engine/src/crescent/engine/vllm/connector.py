@@ -64,17 +64,18 @@ class CrescentConnector(KVConnectorBase_V1):
         if config.block_size % vllm_block_size:
             raise ValueError(f"Crescent block size {config.block_size} is not a multiple of vLLM's "
                              f"{vllm_block_size}")
-        # vLLM builds this connector once per role in an engine core; both roles share the
-        # process's bridge: one NATS connection, one etcd client, one staging segment.
+        # vLLM builds this connector once per role; only the worker side moves bytes, and where
+        # both roles share a process they share its bridge (kv_store.SharedBridges).
         bridge = SharedBridges.acquire(BridgeConfig(
             nats_url=config.nats_url, etcd_url=config.etcd_url, cluster=config.cluster,
             node=config.node, name=f"{config.node}-{config.role}-kv", timeout_s=config.timeout_s,
-            use_mapping=config.use_mapping, transports=config.transports))
+            use_mapping=config.use_mapping, transports=config.transports,
+            has_data_plane=role == KVConnectorRole.WORKER))
         # vLLM's engine core may run in a child process: give it its own exporter, so the
         # connector's spans (load_kv, kv.transfer) join the request's trace from there.
         self.tracer_provider = setup_tracing(f"{config.role}-kv", config.node)
         self.runtime = ConnectorRuntime(
-            config=config, bridge=bridge, ops=BlockOps(bridge.client, config.model, config.timeout_s),
+            config=config, bridge=bridge, ops=BlockOps(bridge, config.cluster, config.model, config.timeout_s),
             events=EventLog(config.event_log), tracer=self.tracer_provider.get_tracer("crescent"),
             vllm_block_size=vllm_block_size, vllm_blocks_per_block=config.block_size // vllm_block_size)
         self._scheduler = SchedulerSide(self.runtime) if role == KVConnectorRole.SCHEDULER else None

@@ -194,7 +194,8 @@ class Saver:
     def _moved(self) -> dict[str, int]:
         """Bytes the connector's data plane moved so far, per transport (mapped copies are not
         in it): which road the KV really took."""
-        return {kind.value: c.num_bytes for kind, c in self.runtime.bridge.client.transfer_counters().items()}
+        counters = self.runtime.ops.client.transfer_counters()
+        return {kind.value: moved.num_bytes for kind, moved in counters.items()}
 
     async def _writes_done(self, job: _SaveJob, target: str) -> bool:
         try:

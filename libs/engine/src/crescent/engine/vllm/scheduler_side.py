@@ -112,7 +112,7 @@ class SchedulerSide:
         hashes = self._hashes(request)[first_block:last_block + 1]
         fills = [((v // per_block) - first_block, v % per_block, block_ids[v])
                  for v in range(start // vbs, end // vbs)]
-        return LoadSpec(request.request_id, hashes, first_block, fills, _trace(request))
+        return LoadSpec(request.request_id, hashes, fills, _trace(request))
 
     def build_meta(self, output: SchedulerOutput) -> CrescentMetadata:
         meta = CrescentMetadata(loads=self._pending_loads)
