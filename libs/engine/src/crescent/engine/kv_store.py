@@ -103,7 +103,8 @@ class StoreBridge:
     def wait_started(self) -> None:
         """Wait for another thread's `start` of this bridge; its error, if it failed."""
         if not self._started.wait(self._start_timeout_s):
-            raise KvStoreError(f"store bridge {self.config.name} not connected within {self._start_timeout_s}s")
+            raise KvStoreError(f"store bridge {self.config.connection_name} not connected within "
+                               f"{self._start_timeout_s}s")
         if self._start_error is not None:
             raise self._start_error
 
@@ -156,9 +157,10 @@ class StoreBridge:
 
 class SharedBridges:
     """One started StoreBridge per process and configuration, shared by its users and closed by
-    the last. vLLM builds CrescentConnector once per role (scheduler, worker) in an engine core,
-    each on its own, so only the process can see that both want the same connections. Class
-    state for that reason alone; the registry lock is never held while a bridge connects."""
+    the last. vLLM builds CrescentConnector once per role (scheduler, worker), each on its own;
+    where both roles run in one process only the process can see that they want the same
+    connections. Class state for that reason alone; the registry lock is never held while a
+    bridge connects."""
 
     _lock: ClassVar[threading.Lock] = threading.Lock()
     _bridges: ClassVar[dict[BridgeConfig, StoreBridge]] = {}
@@ -177,7 +179,10 @@ class SharedBridges:
                 bridge = cls._bridges[config] = StoreBridge(config)
             cls._num_users[bridge.config] = cls._num_users.get(bridge.config, 0) + 1
         try:
-            bridge.start() if is_new else bridge.wait_started()
+            if is_new:
+                bridge.start()
+            else:
+                bridge.wait_started()
         except BaseException:
             cls.release(bridge)
             raise
