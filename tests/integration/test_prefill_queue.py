@@ -17,7 +17,7 @@ from crescent.common.hashing import block_hashes
 from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.naming import Subjects
 from crescent.engine.settings import EngineSettings
-from crescent.store.client import ClientConfig, StoreClient
+from crescent.storeclient.client import ClientConfig, StoreClient
 
 MODEL = "crescent-emulated"
 BLOCK_SIZE = 512

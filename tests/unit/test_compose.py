@@ -2,11 +2,11 @@
 
 import shutil
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
+from distributions import missing_crescent_requirements
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "docker-compose.yml"
@@ -59,12 +59,7 @@ def test_each_service_image_installs_the_package_it_runs(name):
     role = module.split(".")[1]
     assert f"services/{role}" in packages
     # Every crescent-* distribution the image needs is installed from the repository, as none is on PyPI.
-    names = {tomllib.loads((ROOT / p / "pyproject.toml").read_text())["project"]["name"]: p for p in packages}
-    for package in packages:
-        project = tomllib.loads((ROOT / package / "pyproject.toml").read_text())["project"]
-        for dependency in project["dependencies"]:
-            if dependency.startswith("crescent-"):
-                assert dependency in names, f"{name} image installs {package}, which needs {dependency}"
+    assert missing_crescent_requirements(packages) == [], f"{name} image lacks what its packages need"
     assert service["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
 
 

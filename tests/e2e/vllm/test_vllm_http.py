@@ -11,7 +11,7 @@ import pytest
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port
-from crescent.engine.hf_tokenizer import HfTokenizer
+from crescent.common.hf_tokenizer import HfTokenizer
 from vllm_helpers import ENV, prompt_tokens, reference_tokens
 
 pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")

@@ -68,7 +68,7 @@ async def test_decode_killed_mid_stream_goes_on_elsewhere_with_plain_vllms_token
                     next(p for p in two_decode_cluster.processes if p.spec.name == killed).signal(signal.SIGKILL)
         async with session.get(f"{url}/metrics") as response:
             metrics = await response.text()
-    from crescent.engine.hf_tokenizer import HfTokenizer
+    from crescent.common.hf_tokenizer import HfTokenizer
 
     assert "".join(pieces) == HfTokenizer(tiny_model_dir).decode(want)
     assert 'crescent_request_migrations_total{cause="InstanceLostError",stage="decode"} 1.0' in metrics

@@ -19,10 +19,10 @@ from crescent.common.bus import Bus
 from crescent.common.codec import decode
 from crescent.common.etcd import connect_etcd
 from crescent.common.hashing import block_hashes
+from crescent.common.hf_tokenizer import HfTokenizer
 from crescent.common.messages import InstanceInfo
 from crescent.common.naming import Keys, Subjects
 from crescent.common.store_messages import EvictBlocks, EvictReply
-from crescent.engine.hf_tokenizer import HfTokenizer
 from vllm_helpers import ENV, metric_value, prompt_tokens, reference_tokens
 
 pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")

@@ -58,6 +58,16 @@ async def test_disaggregated_1p1d_equals_plain_vllm_token_for_token(vllm_cluster
             ([(full_blocks, full_blocks, None)] if full_blocks else [])
 
 
+def test_each_engine_core_holds_one_data_plane_bridge_and_a_lookup_connection(vllm_cluster):
+    """vLLM builds CrescentConnector once per role, its worker in a process of its own: the worker
+    side's bridge holds the data plane (`<node>-<role>-kv`), the scheduler side's a NATS
+    connection for lookups alone (`…-kv-lookup`: no etcd client, no staging segment)."""
+    names = vllm_cluster.nats_connection_names()
+    kv_connections = sorted(name for name in names if "-kv" in name)
+    assert kv_connections == ["A-decode-kv", "A-decode-kv", "A-decode-kv-lookup", "A-decode-kv-lookup",
+                              "A-prefill-kv", "A-prefill-kv-lookup", "B-prefill-kv", "B-prefill-kv-lookup"], names
+
+
 async def test_decode_telemetry_reports_vllm_batch_and_kv_usage(vllm_cluster, conductor):
     telemetry: list[InstanceLoad] = []
     await conductor.bus.subscribe(Subjects(CLUSTER).telemetry("decode", "decode-A"), InstanceLoad,

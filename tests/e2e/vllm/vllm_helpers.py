@@ -21,6 +21,7 @@ from pathlib import Path
 from crescent.cluster.infra import etcd_spec, nats_spec
 from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
 from crescent.common.bus import Bus
+from crescent.common.checkpoint import inspect_checkpoint
 from crescent.common.messages import (
     Ack,
     DecodeStart,
@@ -32,7 +33,6 @@ from crescent.common.messages import (
     TokenChunk,
 )
 from crescent.common.naming import Subjects
-from crescent.engine.checkpoint import inspect_checkpoint
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "tiny"
@@ -53,6 +53,7 @@ class VllmCluster:
     model_dir: Path
     nats_url: str = ""
     etcd_url: str = ""
+    nats_monitor_port: int = 0
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
     http_ports: dict[str, int] = field(default_factory=dict)
 
@@ -83,9 +84,9 @@ class VllmCluster:
         return ProcessSpec(name=instance_id, argv=argv, env=ENV, stop_timeout_s=30.0)
 
     def start(self, timeout_s: float = 240.0) -> None:
-        nats_port, etcd_port = free_port(), free_port()
+        nats_port, etcd_port, self.nats_monitor_port = free_port(), free_port(), free_port()
         self.nats_url, self.etcd_url = f"nats://127.0.0.1:{nats_port}", f"http://127.0.0.1:{etcd_port}"
-        self._launch(nats_spec(nats_port)).wait_ready(30)
+        self._launch(nats_spec(nats_port, monitor_port=self.nats_monitor_port)).wait_ready(30)
         self._launch(etcd_spec(etcd_port, self.workdir / "etcd-data")).wait_ready(30)
         for node, transports in (("A", ""), ("B", "tcp")):  # B, "another host", pulls from A over tcp
             self._launch(self._service("store", f"store-{node}", "--node", node, "--block-bytes",
@@ -112,6 +113,12 @@ class VllmCluster:
         return {(s.labels["transport"], s.labels["side"]): s.value
                 for family in text_string_to_metric_families(text) if family.name == "crescent_transfer_bytes"
                 for s in family.samples if s.name == "crescent_transfer_bytes_total"}
+
+    def nats_connection_names(self) -> list[str]:
+        """The name of every client connection the NATS server holds (its /connz endpoint)."""
+        url = f"http://127.0.0.1:{self.nats_monitor_port}/connz?limit=4096"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return [connection.get("name", "") for connection in json.load(response)["connections"]]
 
     def health(self, instance_id: str) -> dict | None:
         url = f"http://127.0.0.1:{self.http_ports[instance_id]}/health"

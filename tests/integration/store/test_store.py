@@ -24,7 +24,7 @@ from crescent.common.store_messages import (
     PinBlocks,
     PinnedBlocks,
 )
-from crescent.store.client import ClientConfig, StoreClient
+from crescent.storeclient.client import ClientConfig, StoreClient
 from crescent.transfer import Op, TransferConfig, TransportKind
 from crescent.transfer.transports.rdma import unavailable_reason
 

@@ -10,7 +10,7 @@ import json
 import shutil
 
 import pytest
-from crescent.engine.checkpoint import CheckpointError, KvGeometry, inspect_checkpoint
+from crescent.common.checkpoint import CheckpointError, KvGeometry, inspect_checkpoint
 
 
 def test_kv_geometry_puts_one_layer_of_a_block_contiguously():
@@ -67,7 +67,7 @@ def test_a_tokenizer_that_does_not_match_the_model_is_refused(tiny, tmp_path):
 
 
 def test_hf_tokenizer_round_trips_and_streams_whole_characters(tiny):
-    from crescent.engine.hf_tokenizer import HfTokenizer
+    from crescent.common.hf_tokenizer import HfTokenizer
 
     tokenizer = HfTokenizer(tiny)
     text = "The prefill node stores 42 KV blocks; the decode node loads them. Ünïcödé ✓"

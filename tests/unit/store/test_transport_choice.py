@@ -5,7 +5,7 @@ import pytest
 from crescent.common.errors import ConfigError
 from crescent.engine.settings import EngineSettings
 from crescent.store.settings import StoreSettings
-from crescent.store.transport_choice import transport_choice
+from crescent.storeclient.transport_choice import transport_choice
 from crescent.transfer import TransportKind
 from crescent.transfer.transports.rdma import unavailable_reason
 

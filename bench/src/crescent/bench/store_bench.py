@@ -47,7 +47,7 @@ from crescent.common.errors import FatalError
 from crescent.common.etcd import connect_etcd
 from crescent.common.hashing import HASH_BYTES
 from crescent.common.naming import Keys
-from crescent.store.client import ClientConfig, StoreClient
+from crescent.storeclient.client import ClientConfig, StoreClient
 from crescent.transfer import ShmEndpoint, TransferConfig, TransportKind
 from crescent.transfer.segment import shm_file_identity
 

@@ -30,8 +30,11 @@ def etcd_binary() -> str:
     return str(binary)
 
 
-def nats_spec(port: int, name: str = "nats") -> ProcessSpec:
-    return ProcessSpec(name=name, argv=[_venv_bin("nats-server"), "-a", "127.0.0.1", "-p", str(port)], port=port)
+def nats_spec(port: int, name: str = "nats", monitor_port: int | None = None) -> ProcessSpec:
+    """`monitor_port`: also serve NATS's monitoring endpoints (/connz, /varz) there."""
+    monitoring = ["-m", str(monitor_port)] if monitor_port is not None else []
+    argv = [_venv_bin("nats-server"), "-a", "127.0.0.1", "-p", str(port), *monitoring]
+    return ProcessSpec(name=name, argv=argv, port=port)
 
 
 def etcd_spec(port: int, data_dir: Path, name: str = "etcd") -> ProcessSpec:

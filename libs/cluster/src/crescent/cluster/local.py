@@ -89,7 +89,7 @@ class LocalCluster:
         tokenizer, block size and the bytes of one stored block."""
         if self.spec.engine != "vllm":
             return {"store": [], "worker": list(self.spec.engine_args), "conductor": []}
-        from crescent.engine.checkpoint import inspect_checkpoint
+        from crescent.common.checkpoint import inspect_checkpoint
 
         model_dir, block_size = str(self.spec.model_dir), str(self.spec.block_size)
         block_bytes = str(inspect_checkpoint(model_dir).kv.block_bytes(self.spec.block_size))

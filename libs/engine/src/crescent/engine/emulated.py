@@ -14,14 +14,26 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from crescent.common.bounds import MIN_LOGPROB
 from crescent.common.messages import SamplingParams, TokenLogprobs
 from crescent.engine.base import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, DecodeStep, PrefillOutput
 from crescent.engine.cost_model import CostModel
-from crescent.engine.emulated_kv import EmulatedKv
 
 log = logging.getLogger(__name__)
+
+
+class KvBlocks(Protocol):
+    """What the emulated prefill needs of the stores; emulated_kv.EmulatedKv provides it. A
+    protocol, so that importing this module (the conductor does, for `unsupported`) needs no
+    store client: crescent-engine's [kv] extra."""
+
+    def hashes(self, token_ids: Sequence[int]) -> list[bytes]: ...
+
+    async def num_cached_tokens(self, hashes: Sequence[bytes]) -> int: ...
+
+    async def save(self, hashes: Sequence[bytes], nodes: Sequence[str]) -> None: ...
 
 
 def emulated_token(previous: int, position: int) -> int:
@@ -64,7 +76,7 @@ class EmulatedPrefillEngine:
 
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
-        self.kv: EmulatedKv | None = None
+        self.kv: KvBlocks | None = None
 
     def predict_s(self, num_tokens: int, num_cached: int = 0) -> float:
         return self.cost.prefill_s(num_tokens, num_cached)

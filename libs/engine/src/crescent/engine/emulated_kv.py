@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from crescent.common.errors import RecoverableError
 from crescent.common.hashing import block_hashes
-from crescent.store.client import StoreClient
+from crescent.storeclient.client import StoreClient
 
 log = logging.getLogger(__name__)
 

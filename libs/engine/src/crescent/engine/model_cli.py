@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from crescent.engine.checkpoint import CheckpointError, inspect_checkpoint
+from crescent.common.checkpoint import CheckpointError, inspect_checkpoint
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from crescent.common.config import CommonSettings, setting
 from crescent.common.errors import ConfigError
 from crescent.engine.device_settings import EmulatedDevice
-from crescent.store.transport_choice import transport_choice
+from crescent.storeclient.transport_choice import transport_choice
 
 ENGINES = ("emulated", "vllm")
 KV_FAULTS = ("delay_other_commits", "evict_after_lookup")

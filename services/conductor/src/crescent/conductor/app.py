@@ -15,6 +15,7 @@ from aiohttp import web
 from crescent.common.cluster_config import ConfigConflict, conflicts, publish_config
 from crescent.common.errors import RecoverableError
 from crescent.common.etcd import PrefixMirror
+from crescent.common.hf_tokenizer import HfTokenizer
 from crescent.common.messages import ClusterConfig, InstanceInfo, InstanceLoad
 from crescent.common.service import Runtime, ServiceStatus
 from crescent.common.store_messages import ReplicateBlocks, ReplicateReply
@@ -29,7 +30,6 @@ from crescent.conductor.policy import ReplicationOrder
 from crescent.conductor.openapi import OPENAPI
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.settings import ConductorSettings
-from crescent.engine.hf_tokenizer import HfTokenizer
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ from crescent.engine.emulated_kv import EmulatedKv
 from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
 from crescent.prefill.compute_gate import ComputeGate
-from crescent.store.client import ClientConfig, StoreClient
+from crescent.storeclient.client import ClientConfig, StoreClient
 
 log = logging.getLogger(__name__)
 

@@ -1,2 +1,3 @@
-"""The node-local KV block store daemon (DESIGN §5). So far it joins the cluster — registry,
-telemetry, health, `store.<node>.ctl` stats; the DRAM/SSD pool arrives with the data-plane issue."""
+"""The node-local KV block store daemon (DESIGN §5): a DRAM pool in shared memory, an SSD tier,
+block metadata in etcd, served on `store.<node>.ctl` and the data plane. Its client lives in
+crescent.storeclient."""

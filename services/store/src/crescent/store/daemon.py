@@ -39,12 +39,13 @@ from crescent.common.store_messages import (
 )
 from crescent.common.telemetry import Ewma
 from crescent.store import metrics
-from crescent.store.directory import SegmentDirectory, encode_segments
 from crescent.store.metadata import MetadataWriter
 from crescent.store.pool import BlockKey, BlockPool, Plan, PoolError, PoolFullError, Tier
 from crescent.store.settings import StoreSettings
 from crescent.store.ssd import SsdTier
 from crescent.store.transfer_metrics import register_transfer_metrics
+from crescent.storeclient.directory import SegmentDirectory, encode_segments
+from crescent.storeclient.metrics import KV_TRANSFER_BYTES
 from crescent.transfer import (
     Op,
     ShmSegment,
@@ -314,7 +315,7 @@ class StoreDaemon:
             started = time.monotonic()
             result = await self.transfer.transfer(entries, timeout=timeout_s)
             self._note_rate(request.source_node, len(entries) * self.block_bytes, time.monotonic() - started)
-            metrics.KV_TRANSFER_BYTES.labels("read", "data-plane").inc(len(entries) * self.block_bytes)
+            KV_TRANSFER_BYTES.labels("read", "data-plane").inc(len(entries) * self.block_bytes)
             if not result.is_ok:
                 await self.abort(AbortBlocks(model=request.model, hashes=slots.allocated))
                 raise ReplicationFailed(request.source_node, result.failed()[0][1])

@@ -1,7 +1,7 @@
 """Prometheus metrics of the store (served on /metrics): what it was asked to replicate, for
-whom, and what it copied, so a replication order can be seen to have been carried out; how full
-its tiers are; and the KV bytes moved through the store client (in the engines' processes) and
-by the store's own pulls, whose rate is the cluster's KV transfer throughput."""
+whom, and what it copied, so a replication order can be seen to have been carried out; and how
+full its tiers are. The KV bytes its replication pulls move are counted with the store client's
+(crescent.storeclient.metrics)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,3 @@ REPLICATED_BLOCKS = Counter("crescent_store_replicated_blocks",
 
 TIER_USED_BYTES = Gauge("crescent_store_used_bytes", "Bytes of this store's blocks, by tier (dram, ssd)", ["tier"])
 TIER_CAPACITY_BYTES = Gauge("crescent_store_capacity_bytes", "Bytes this store holds at most, by tier", ["tier"])
-KV_TRANSFER_BYTES = Counter("crescent_kv_transfer_bytes",
-                            "KV bytes moved to (write) or from (read) a store, by route: mapped (a store on "
-                            "this host, copied in place) or data-plane (a store elsewhere, or a store's "
-                            "replication pull)", ["op", "route"])

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from crescent.common.config import CommonSettings, setting
 from crescent.common.errors import ConfigError
-from crescent.store.transport_choice import transport_choice
+from crescent.storeclient.transport_choice import transport_choice
 
 
 @dataclass

@@ -15,8 +15,8 @@ that ends a prompt, the decode node's commits, which decode needs to find the bl
 A block that is missing or fails is reported to vLLM (invalid block ids) and
 recomputed; a failed save only means the block is not stored. Every wait has a deadline.
 
-Store block layout: layer-major, `k = block_size / vllm_block_size` vLLM blocks per layer
-slice, each vLLM block as vLLM's per-layer view holds it ([heads, tokens, 2·head_dim] on CPU).
+Store block layout: layer-major, `block_size / vllm_block_size` vLLM blocks per layer slice
+(ConnectorRuntime.vllm_blocks_per_block), each vLLM block as vLLM's per-layer view holds it ([heads, tokens, 2·head_dim] on CPU).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from crescent.common.tracing import setup_tracing
-from crescent.engine.kv_store import BlockOps, BridgeConfig, StoreBridge
+from crescent.engine.kv_store import BlockOps, BridgeConfig, SharedBridges
 from crescent.engine.vllm.events import EventLog
 from crescent.engine.vllm.plan import (
     PARAM_LOAD,
@@ -34,6 +34,7 @@ from crescent.engine.vllm.plan import (
     ConnectorConfig,
     CrescentMetadata,
 )
+from crescent.engine.vllm.runtime import ConnectorRuntime
 from crescent.engine.vllm.scheduler_side import SchedulerSide
 from crescent.engine.vllm.worker_side import WorkerSide
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -58,33 +59,33 @@ class CrescentConnector(KVConnectorBase_V1):
                  kv_cache_config: KVCacheConfig | None = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
-        self.config = ConnectorConfig.from_extra(extra)
-        self.vllm_block_size = vllm_config.cache_config.block_size
-        if self.config.block_size % self.vllm_block_size:
-            raise ValueError(f"Crescent block size {self.config.block_size} is not a multiple of vLLM's "
-                             f"{self.vllm_block_size}")
-        self.k = self.config.block_size // self.vllm_block_size
-        side = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
-        self.bridge = StoreBridge(BridgeConfig(
-            nats_url=self.config.nats_url, etcd_url=self.config.etcd_url, cluster=self.config.cluster,
-            node=self.config.node, name=f"{self.config.node}-{self.config.role}-kv-{side}",
-            timeout_s=self.config.timeout_s, use_mapping=self.config.use_mapping,
-            transports=self.config.transports))
-        self.bridge.start()
-        self.ops = BlockOps(self.bridge.client, self.config.model, self.config.timeout_s)
-        self.events = EventLog(self.config.event_log)
+        config = ConnectorConfig.from_extra(extra)
+        vllm_block_size = vllm_config.cache_config.block_size
+        if config.block_size % vllm_block_size:
+            raise ValueError(f"Crescent block size {config.block_size} is not a multiple of vLLM's "
+                             f"{vllm_block_size}")
+        # vLLM builds this connector once per role; only the worker side moves bytes, and where
+        # both roles share a process they share its bridge (kv_store.SharedBridges).
+        bridge = SharedBridges.acquire(BridgeConfig(
+            nats_url=config.nats_url, etcd_url=config.etcd_url, cluster=config.cluster,
+            node=config.node, name=f"{config.node}-{config.role}-kv", timeout_s=config.timeout_s,
+            use_mapping=config.use_mapping, transports=config.transports,
+            has_data_plane=role == KVConnectorRole.WORKER))
         # vLLM's engine core may run in a child process: give it its own exporter, so the
         # connector's spans (load_kv, kv.transfer) join the request's trace from there.
-        self.tracer_provider = setup_tracing(f"{self.config.role}-kv", self.config.node)
-        self.tracer = self.tracer_provider.get_tracer("crescent")
-        self._scheduler = SchedulerSide(self) if role == KVConnectorRole.SCHEDULER else None
-        self._worker = WorkerSide(self) if role == KVConnectorRole.WORKER else None
+        self.tracer_provider = setup_tracing(f"{config.role}-kv", config.node)
+        self.runtime = ConnectorRuntime(
+            config=config, bridge=bridge, ops=BlockOps(bridge, config.cluster, config.model, config.timeout_s),
+            events=EventLog(config.event_log), tracer=self.tracer_provider.get_tracer("crescent"),
+            vllm_block_size=vllm_block_size, vllm_blocks_per_block=config.block_size // vllm_block_size)
+        self._scheduler = SchedulerSide(self.runtime) if role == KVConnectorRole.SCHEDULER else None
+        self._worker = WorkerSide(self.runtime) if role == KVConnectorRole.WORKER else None
 
     def shutdown(self) -> None:
         if self._worker is not None:
             self._worker.saver.close()
-        self.bridge.close()
-        self.events.close()
+        SharedBridges.release(self.runtime.bridge)
+        self.runtime.events.close()
         self.tracer_provider.shutdown()
 
     # scheduler side ------------------------------------------------------------------------

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from crescent.common import tracing
+from crescent.common.checkpoint import Checkpoint, inspect_checkpoint
 from crescent.common.errors import ConfigError, RecoverableError
 from crescent.common.messages import SamplingParams as CrescentSampling
 from crescent.engine.base import FINISH_ABORT, DecodeStep, InvalidRequestError, PrefillOutput
-from crescent.engine.checkpoint import Checkpoint, inspect_checkpoint
 from crescent.engine.settings import EngineSettings
 from crescent.engine.vllm.connector import PARAM_LOAD, PARAM_SAVE_TO, PARAM_TRACE
 from crescent.engine.vllm.sampling import output_logprobs, prompt_logprobs, vllm_params

@@ -43,12 +43,11 @@ class ConnectorConfig:
 
 @dataclass
 class LoadSpec:
-    """Fill vLLM blocks from store blocks `first_block …` of a request's prompt, read from this
-    node's store."""
+    """Fill vLLM blocks from a run of store blocks of a request's prompt, read from this node's
+    store."""
 
     request_id: str
-    hashes: list[bytes]  # store blocks first_block … last, in order
-    first_block: int
+    hashes: list[bytes]  # the store blocks to read, in prompt order
     fills: list[tuple[int, int, int]]  # (index into hashes, sub-block within it, vLLM block id)
     trace: dict[str, str] = field(default_factory=dict)  # the request's trace context, for spans
 
@@ -57,7 +56,7 @@ class LoadSpec:
 class SaveSpec:
     request_id: str
     hashes: list[bytes]
-    vllm_block_ids: list[int]  # k per store block, in order
+    vllm_block_ids: list[int]  # vllm_blocks_per_block per store block, in order
     targets: list[str]
     trace: dict[str, str] = field(default_factory=dict)
     is_last: bool = False  # the prompt ends in this step: its first token waits for targets[0]'s commit

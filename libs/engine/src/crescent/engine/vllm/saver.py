@@ -21,16 +21,13 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import torch
 from crescent.common.store_messages import BlockSlots
 from crescent.common.tracing import extract_headers
 from crescent.engine.kv_store import KvStoreError
 from crescent.engine.vllm.plan import SaveSpec
-
-if TYPE_CHECKING:
-    from crescent.engine.vllm.connector import CrescentConnector
+from crescent.engine.vllm.runtime import ConnectorRuntime
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +55,8 @@ class _SaveJob:
 class Saver:
     """Snapshots finished layers in the forward pass; writes and commits them beside it."""
 
-    def __init__(self, connector: CrescentConnector) -> None:
-        self.c = connector
+    def __init__(self, runtime: ConnectorRuntime) -> None:
+        self.runtime = runtime
         self.num_layers = 0
         self.layer_bytes = 0
         self._step = 0
@@ -86,7 +83,7 @@ class Saver:
             job = _SaveJob(spec, step)
             if spec.hashes:
                 for target in spec.targets:
-                    job.slots[target] = self.c.bridge.submit(self.c.ops.alloc(target, spec.hashes))
+                    job.slots[target] = self.runtime.bridge.submit(self.runtime.ops.alloc(target, spec.hashes))
             self._jobs.append(job)
 
     def save_layer(self, layer: int, kv_layer: torch.Tensor, failed_requests: set[str]) -> None:
@@ -100,10 +97,10 @@ class Saver:
                 continue
             ids = torch.tensor(job.spec.vllm_block_ids, device=kv_layer.device)
             data = kv_layer[ids].cpu().contiguous().view(torch.uint8).view(len(job.spec.hashes), self.layer_bytes)
-            self.c.events.write("computed", request=job.spec.request_id, step=self._step, layer=layer,
+            self.runtime.events.write("computed", request=job.spec.request_id, step=self._step, layer=layer,
                                 t=computed_at)
             for target in job.spec.targets:
-                job.writes[target].append(self.c.bridge.submit(self._store_layer(job, target, layer, data)))
+                job.writes[target].append(self.runtime.bridge.submit(self._store_layer(job, target, layer, data)))
             job.num_layers += 1
             if job.num_layers == self.num_layers:
                 self._start_commits(job)  # while the model finishes the step
@@ -118,13 +115,13 @@ class Saver:
         row_of = job.row_of
         offsets = [offset + layer * self.layer_bytes for offset in slots.offsets]
         rows = [row_of[h] for h in slots.allocated]
-        view = self.c.ops.mapped(slots.segment)
+        view = self.runtime.ops.mapped(slots.segment)
         if view is None:
-            await self.c.ops.write(slots.segment, offsets, [memoryview(data[r].numpy()) for r in rows])
+            await self.runtime.ops.write(slots.segment, offsets, [memoryview(data[r].numpy()) for r in rows])
         else:
             await asyncio.get_running_loop().run_in_executor(self._copier, _copy_rows, view, offsets, data, rows,
                                                              self.layer_bytes)
-        self.c.events.write("stored", request=job.spec.request_id, step=job.step, layer=layer, node=target,
+        self.runtime.events.write("stored", request=job.spec.request_id, step=job.step, layer=layer, node=target,
                             num_blocks=len(slots.allocated), t=time.time())
 
     def end_step(self) -> int:
@@ -149,12 +146,12 @@ class Saver:
         job.is_committing = True
         for i, target in enumerate(job.spec.targets):
             if target in job.slots:
-                done = self.c.bridge.submit(self._finish(job, target))
+                done = self.runtime.bridge.submit(self._finish(job, target))
                 if i == 0:
                     self._first_commits.setdefault(job.spec.request_id, []).append(done)
 
     def _wait_first_commits(self, request_id: str) -> None:
-        deadline = time.monotonic() + self.c.config.timeout_s
+        deadline = time.monotonic() + self.runtime.config.timeout_s
         for done in self._first_commits.pop(request_id, []):
             try:
                 done.result(max(0.0, deadline - time.monotonic()))
@@ -165,7 +162,7 @@ class Saver:
 
     async def _finish(self, job: _SaveJob, target: str) -> None:
         """After every layer reached `target`: commit there, or abort if any part failed."""
-        span = self.c.tracer.start_span("kv.transfer", context=extract_headers(job.spec.trace),
+        span = self.runtime.tracer.start_span("kv.transfer", context=extract_headers(job.spec.trace),
                                         start_time=job.started_ns)
         span.set_attribute("crescent.num_blocks", len(job.spec.hashes))
         span.set_attribute("crescent.target", target)
@@ -177,31 +174,32 @@ class Saver:
             span.end()
             return
         is_failed = job.is_failed or not await self._writes_done(job, target)
-        if self.c.config.fault == "delay_other_commits" and target != job.spec.targets[0]:
+        if self.runtime.config.fault == "delay_other_commits" and target != job.spec.targets[0]:
             await asyncio.sleep(OTHER_COMMITS_DELAY_S)
         span.set_attribute("crescent.failed", is_failed)
         try:
             if is_failed:
-                await self.c.ops.abort(target, slots.allocated)
+                await self.runtime.ops.abort(target, slots.allocated)
             else:
-                await self.c.ops.commit(target, slots.allocated, wait_metadata=False)
+                await self.runtime.ops.commit(target, slots.allocated, wait_metadata=False)
         except Exception as exc:
             log.warning("KV commit failed", extra={"node": target, "error": repr(exc)})
             return
         finally:
             span.end()
-        self.c.events.write("aborted" if is_failed else "committed", request=job.spec.request_id,
+        self.runtime.events.write("aborted" if is_failed else "committed", request=job.spec.request_id,
                             step=job.step, node=target, num_blocks=len(slots.allocated),
                             num_existing=len(slots.existing), moved=self._moved(), t=time.time())
 
     def _moved(self) -> dict[str, int]:
         """Bytes the connector's data plane moved so far, per transport (mapped copies are not
         in it): which road the KV really took."""
-        return {kind.value: c.num_bytes for kind, c in self.c.bridge.client.transfer_counters().items()}
+        counters = self.runtime.ops.client.transfer_counters()
+        return {kind.value: moved.num_bytes for kind, moved in counters.items()}
 
     async def _writes_done(self, job: _SaveJob, target: str) -> bool:
         try:
-            async with asyncio.timeout(self.c.config.timeout_s):
+            async with asyncio.timeout(self.runtime.config.timeout_s):
                 for write in job.writes[target]:
                     await asyncio.wrap_future(write)
         except Exception as exc:

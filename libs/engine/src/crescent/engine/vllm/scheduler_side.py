@@ -22,9 +22,9 @@ from crescent.engine.vllm.plan import (
     LoadSpec,
     SaveSpec,
 )
+from crescent.engine.vllm.runtime import ConnectorRuntime
 
 if TYPE_CHECKING:
-    from crescent.engine.vllm.connector import CrescentConnector
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
@@ -56,14 +56,14 @@ class SchedulerSide:
     """Finds per request how much of its prompt this node's store holds and, per step, what to
     load and what to save."""
 
-    def __init__(self, connector: CrescentConnector) -> None:
-        self.c = connector
+    def __init__(self, runtime: ConnectorRuntime) -> None:
+        self.runtime = runtime
         self._lookups: dict[str, _Lookup] = {}
         self._tracked: dict[str, _Tracked] = {}
         self._pending_loads: list[LoadSpec] = []
 
     def _hashes(self, request: Request) -> list[bytes]:
-        return block_hashes(list(request.prompt_token_ids or []), self.c.config.block_size, self.c.config.model)
+        return block_hashes(list(request.prompt_token_ids or []), self.runtime.config.block_size, self.runtime.config.model)
 
     def num_new_matched_tokens(self, request: Request, num_computed: int) -> tuple[int | None, bool]:
         """Prompt tokens past `num_computed` that this node's store holds, loaded synchronously
@@ -75,16 +75,16 @@ class SchedulerSide:
         if cached is not None and cached.num_computed == num_computed:
             return cached.num_tokens, False
         prompt = list(request.prompt_token_ids or [])
-        vbs, bs = self.c.vllm_block_size, self.c.config.block_size
+        vbs, bs = self.runtime.vllm_block_size, self.runtime.config.block_size
         limit = (len(prompt) - 1) // vbs * vbs  # the last prompt token is always computed
         hashes = self._hashes(request)[:(limit + bs - 1) // bs]
         lookup = _Lookup(num_computed, 0)
         if hashes and limit > num_computed:
             try:
-                local = self.c.bridge.call(self.c.ops.lookup(self.c.config.node, hashes))
+                local = self.runtime.bridge.call(self.runtime.ops.lookup(self.runtime.config.node, hashes))
                 lookup.num_tokens = max(0, min(local * bs, limit) - num_computed)
-                if self.c.config.fault == "evict_after_lookup" and local >= 2:
-                    self.c.bridge.call(self.c.ops.evict(self.c.config.node, hashes[1:2]))
+                if self.runtime.config.fault == "evict_after_lookup" and local >= 2:
+                    self.runtime.bridge.call(self.runtime.ops.evict(self.runtime.config.node, hashes[1:2]))
             except KvStoreError as exc:
                 log.warning("store lookup failed; computing the whole prompt",
                             extra={"request_id": request.request_id, "error": str(exc)})
@@ -107,11 +107,12 @@ class SchedulerSide:
                                                  len(request.prompt_token_ids or []))
 
     def _load_spec(self, request: Request, block_ids: list[int], start: int, end: int) -> LoadSpec:
-        vbs, k = self.c.vllm_block_size, self.c.k
-        first_block, last_block = start // (vbs * k), (end - 1) // (vbs * k)
+        vbs, per_block = self.runtime.vllm_block_size, self.runtime.vllm_blocks_per_block
+        first_block, last_block = start // (vbs * per_block), (end - 1) // (vbs * per_block)
         hashes = self._hashes(request)[first_block:last_block + 1]
-        fills = [((v // k) - first_block, v % k, block_ids[v]) for v in range(start // vbs, end // vbs)]
-        return LoadSpec(request.request_id, hashes, first_block, fills, _trace(request))
+        fills = [((v // per_block) - first_block, v % per_block, block_ids[v])
+                 for v in range(start // vbs, end // vbs)]
+        return LoadSpec(request.request_id, hashes, fills, _trace(request))
 
     def build_meta(self, output: SchedulerOutput) -> CrescentMetadata:
         meta = CrescentMetadata(loads=self._pending_loads)
@@ -142,12 +143,12 @@ class SchedulerSide:
         worker knows when the first token must wait for the decode node's commits."""
         if tracked.is_last_planned:
             return
-        last = min(end_tokens // self.c.config.block_size, len(tracked.hashes))
+        last = min(end_tokens // self.runtime.config.block_size, len(tracked.hashes))
         is_last = end_tokens >= tracked.num_prompt_tokens
         if last <= tracked.num_planned and not (is_last and tracked.num_planned):
             return
-        k = self.c.k
-        ids = tracked.block_ids[tracked.num_planned * k:last * k]
+        per_block = self.runtime.vllm_blocks_per_block
+        ids = tracked.block_ids[tracked.num_planned * per_block:last * per_block]
         meta.saves.append(SaveSpec(request_id, tracked.hashes[tracked.num_planned:last], ids, tracked.save_to,
                                    tracked.trace, is_last))
         tracked.num_planned = last

@@ -9,17 +9,15 @@ import logging
 import re
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from crescent.common.tracing import extract_headers
 from crescent.engine.kv_store import KvStoreError
 from crescent.engine.vllm.plan import CrescentMetadata, LoadSpec
+from crescent.engine.vllm.runtime import ConnectorRuntime
 from crescent.engine.vllm.saver import Saver
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
-
-if TYPE_CHECKING:
-    from crescent.engine.vllm.connector import CrescentConnector
 
 log = logging.getLogger(__name__)
 
@@ -47,14 +45,14 @@ class _LoadJob:
 
 
 class WorkerSide:
-    def __init__(self, connector: CrescentConnector) -> None:
-        self.c = connector
+    def __init__(self, runtime: ConnectorRuntime) -> None:
+        self.runtime = runtime
         self.kv: dict[str, torch.Tensor] = {}
         self.layer_index: dict[str, int] = {}
         self.layer_bytes = 0
         self._step = 0
         self._loads: list[_LoadJob] = []
-        self.saver = Saver(connector)
+        self.saver = Saver(runtime)
         self._save_s = 0.0  # this step's time in save_layer and finish_saves
         self._invalid: set[int] = set()
         self._failed_requests: set[str] = set()  # requests whose load failed this step: saves skipped
@@ -66,7 +64,7 @@ class WorkerSide:
         per_block = {kv[0].numel() * kv.element_size() for kv in self.kv.values()}
         if len(per_block) != 1:
             raise ValueError(f"layers have different KV block sizes {sorted(per_block)}")
-        self.layer_bytes = self.c.k * per_block.pop()
+        self.layer_bytes = self.runtime.vllm_blocks_per_block * per_block.pop()
         self.saver.configure(len(names), self.layer_bytes)
         log.info("CrescentConnector registered KV caches", extra={
             "num_layers": len(names), "store_block_bytes": self.layer_bytes * len(names)})
@@ -92,7 +90,7 @@ class WorkerSide:
         self.saver.begin_step(self._step, meta.saves)
         for spec in meta.loads:
             job = _LoadJob(spec, len(self.kv), self.layer_bytes)
-            self.c.bridge.submit(self._read_layers(job))
+            self.runtime.bridge.submit(self._read_layers(job))
             self._loads.append(job)
 
     def start_loads(self) -> None:
@@ -100,17 +98,17 @@ class WorkerSide:
 
     # loads ---------------------------------------------------------------------------------
     async def _read_layers(self, job: _LoadJob) -> None:
-        node, hashes = self.c.config.node, job.spec.hashes
+        node, hashes = self.runtime.config.node, job.spec.hashes
         pinned = None
-        span = self.span(f"{self.c.config.role}.load_kv", job.spec.trace, num_blocks=len(hashes))
+        span = self.span(f"{self.runtime.config.role}.load_kv", job.spec.trace, num_blocks=len(hashes))
         try:
-            pinned = await self.c.ops.pin(node, hashes)
+            pinned = await self.runtime.ops.pin(node, hashes)
             self._check_block_bytes(pinned.block_bytes)
             job.num_pinned = len(pinned.hashes)
             for layer, buffer in enumerate(job.buffers):
                 offsets = [offset + layer * self.layer_bytes for offset in pinned.offsets]
                 views = [memoryview(buffer[i].numpy()) for i in range(job.num_pinned)]
-                await self.c.ops.read(pinned.segment, offsets, views)
+                await self.runtime.ops.read(pinned.segment, offsets, views)
                 job.layer_done[layer].set()
         except Exception as exc:
             job.error = exc
@@ -123,7 +121,7 @@ class WorkerSide:
             span.end()
             if pinned is not None:
                 try:
-                    await self.c.ops.unpin(node, pinned.hashes)
+                    await self.runtime.ops.unpin(node, pinned.hashes)
                 except Exception as exc:
                     log.warning("unpin failed", extra={"error": repr(exc)})
 
@@ -139,10 +137,10 @@ class WorkerSide:
         kv = self.kv[layer_name]
         for job in self._loads:
             spec = job.spec
-            if not job.layer_done[layer].wait(self.c.config.timeout_s) and job.error is None:
+            if not job.layer_done[layer].wait(self.runtime.config.timeout_s) and job.error is None:
                 job.error = KvStoreError(f"layer {layer} of {spec.request_id} not read within the deadline")
             usable = 0 if job.error is not None else job.num_pinned
-            good = [(i * self.c.k + sub, dst) for i, sub, dst in spec.fills if i < usable]
+            good = [(i * self.runtime.vllm_blocks_per_block + sub, dst) for i, sub, dst in spec.fills if i < usable]
             if good:
                 self._fill(kv, job.buffers[layer], good)
             bad = [dst for i, _, dst in spec.fills if i >= usable]
@@ -150,7 +148,7 @@ class WorkerSide:
                 self._invalid.update(bad)
                 self._failed_requests.add(spec.request_id)
             if layer == 0:
-                self.c.events.write("load", request=spec.request_id, step=self._step, num_blocks=len(spec.hashes),
+                self.runtime.events.write("load", request=spec.request_id, step=self._step, num_blocks=len(spec.hashes),
                                     num_loaded=min(usable, len(spec.hashes)), num_vllm_blocks=len(good),
                                     error=repr(job.error) if job.error else None)
 
@@ -173,13 +171,13 @@ class WorkerSide:
         num_saves = self.saver.end_step()
         self._save_s += time.perf_counter() - started
         if num_saves:
-            self.c.events.write("step", step=self._step, num_saves=num_saves, save_s=self._save_s)
+            self.runtime.events.write("step", step=self._step, num_saves=num_saves, save_s=self._save_s)
         self._save_s = 0.0
         self._loads = []
 
     def span(self, name: str, trace: dict[str, str], start_ns: int | None = None, **attributes: Any):
         """A span of the request whose trace context the plan carries, started now or at `start_ns`."""
-        span = self.c.tracer.start_span(name, context=extract_headers(trace), start_time=start_ns)
+        span = self.runtime.tracer.start_span(name, context=extract_headers(trace), start_time=start_ns)
         for key, value in attributes.items():
             span.set_attribute(f"crescent.{key}", value)
         return span

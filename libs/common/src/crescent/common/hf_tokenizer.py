@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from crescent.engine.checkpoint import CheckpointError, inspect_checkpoint
+from crescent.common.checkpoint import CheckpointError, inspect_checkpoint
 
 REPLACEMENT = "\ufffd"
 

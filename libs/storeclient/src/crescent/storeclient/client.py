@@ -1,5 +1,6 @@
-"""The store client for engines and the conductor: put and get KV blocks anywhere in the
-cluster, find the longest cached prefix per node, order replication.
+"""The store client for the engines, the prefill worker (its planned pulls) and benchmarks: put
+and get KV blocks anywhere in the cluster, find the longest cached prefix per node, order
+replication.
 
 Bytes take the shortest road: a store on this host is mapped into this process and its slots
 are read and written in place (one memcpy, no socket); a store elsewhere is reached through a
@@ -35,8 +36,8 @@ from crescent.common.store_messages import (
     ReplicateReply,
     UnpinBlocks,
 )
-from crescent.store import metrics
-from crescent.store.directory import BlockIndex, SegmentDirectory
+from crescent.storeclient import metrics
+from crescent.storeclient.directory import BlockIndex, SegmentDirectory
 from crescent.transfer import (
     Op,
     ShmEndpoint,

@@ -1,0 +1,90 @@
+"""The vLLM connector's store bridges (crescent.engine.kv_store) against a real NATS and etcd:
+the two roles of one engine core share one bridge in one process, and the scheduler role on
+its own holds a NATS connection alone (no etcd client, no data plane). Connections are counted
+on the NATS server's /connz endpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import urllib.request
+
+import pytest
+from crescent.cluster.infra import nats_spec
+from crescent.cluster.processes import ManagedProcess, free_port
+from crescent.engine.kv_store import BlockOps, BridgeConfig, KvStoreError, SharedBridges
+
+
+@pytest.fixture
+def monitored_nats(tmp_path):
+    """A NATS server whose monitoring endpoint answers: (client url, /connz url)."""
+    port, monitor_port = free_port(), free_port()
+    process = ManagedProcess(nats_spec(port, monitor_port=monitor_port), tmp_path / "logs")
+    process.start()
+    process.wait_ready(30)
+    yield f"nats://127.0.0.1:{port}", f"http://127.0.0.1:{monitor_port}/connz"
+    process.stop()
+
+
+def connection_names(connz_url: str) -> list[str]:
+    with urllib.request.urlopen(connz_url, timeout=5) as response:
+        return sorted(
+            connection.get("name", "") for connection in json.load(response)["connections"]
+        )
+
+
+def closed_names(connz_url: str, timeout_s: float = 10.0) -> list[str]:
+    """The connection names once the server has seen closed connections go (it notices a
+    closed socket a moment after the client drained); what is left after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while (names := connection_names(connz_url)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return names
+
+
+def worker_config(nats_url: str, etcd_url: str, cluster: str) -> BridgeConfig:
+    return BridgeConfig(
+        nats_url=nats_url,
+        etcd_url=etcd_url,
+        cluster=cluster,
+        node="n0",
+        name="n0-prefill-kv",
+        timeout_s=5.0,
+        staging_bytes=1 << 20,
+    )
+
+
+def test_both_roles_in_one_process_share_one_bridge(infra, monitored_nats, cluster_name):
+    nats_url, connz_url = monitored_nats
+    worker = worker_config(nats_url, infra.etcd_url, cluster_name)
+    worker_bridge = SharedBridges.acquire(worker)
+    scheduler_bridge = SharedBridges.acquire(dataclasses.replace(worker, has_data_plane=False))
+    try:
+        assert scheduler_bridge is worker_bridge
+        assert worker_bridge.client is not None
+        assert connection_names(connz_url) == ["n0-prefill-kv"]
+    finally:
+        SharedBridges.release(scheduler_bridge)
+        assert connection_names(connz_url) == ["n0-prefill-kv"]  # the worker side still uses it
+        SharedBridges.release(worker_bridge)
+    assert closed_names(connz_url) == []
+
+
+def test_the_scheduler_role_alone_holds_a_nats_connection_only(infra, monitored_nats, cluster_name):
+    nats_url, connz_url = monitored_nats
+    config = dataclasses.replace(
+        worker_config(nats_url, infra.etcd_url, cluster_name), has_data_plane=False
+    )
+    bridge = SharedBridges.acquire(config)
+    try:
+        assert bridge.client is None
+        assert connection_names(connz_url) == ["n0-prefill-kv-lookup"]
+        ops = BlockOps(bridge, cluster_name, "m", timeout_s=1.0)
+        with pytest.raises(KvStoreError, match="no data plane"):
+            ops.mapped("n0")
+        with pytest.raises(KvStoreError):  # no store on n0 answers: an error, not a hang
+            bridge.call(ops.lookup("n0", [b"\0" * 16]), 5)
+    finally:
+        SharedBridges.release(bridge)
+    assert closed_names(connz_url) == []
