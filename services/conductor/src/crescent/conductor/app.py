@@ -11,7 +11,6 @@ import logging
 import time
 
 from aiohttp import web
-
 from crescent.common.cluster_config import ConfigConflict, conflicts, publish_config
 from crescent.common.errors import RecoverableError
 from crescent.common.etcd import PrefixMirror
@@ -24,8 +23,8 @@ from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.flow import FlowTimeouts, RequestFlow
 from crescent.conductor.generation import Generation
 from crescent.conductor.http_errors import openai_errors
-from crescent.conductor.policy import ReplicationOrder
 from crescent.conductor.openapi import OPENAPI
+from crescent.conductor.policy import ReplicationOrder
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.settings import ConductorSettings
 from crescent.engine.hf_tokenizer import HfTokenizer
@@ -130,7 +129,7 @@ class Conductor:
                                   "recent_ttft_s": load.recent_ttft_s, "recent_tbt_s": load.recent_tbt_s,
                                   "bandwidth": load.bandwidth}})
         hottest = [{"hash": block.hash.hex(), "replicas": block.num_replicas, "hits": round(block.hits, 2)}
-                   for block in self.scheduler.index.hottest(10, now)]
+                   for block in self.scheduler.heat.hottest(10, now)]
         models = {model: {"pd_imbalance_factor": self.scheduler.imbalance(model)}
                   for model in self.view.models()}
         index = self.scheduler.index
