@@ -289,7 +289,8 @@ class RequestFlow:
         lost = _Gone(self._view, "decode")
         num_moves = 0
         while True:
-            stream = await self._bus.stream(self._subjects.tokens(decode.attempt_id), TokenChunk)
+            # Unconfirmed: the start that makes decode send goes after it on this connection.
+            stream = await self._bus.stream(self._subjects.tokens(decode.attempt_id), TokenChunk, confirm=False)
             incarnation = self._view.started_at("decode", decode.instance_id)
             try:
                 async for event in self._stream_from(decode, progress, stream):
@@ -320,7 +321,7 @@ class RequestFlow:
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
         while True:
-            chunk = await self._while_present("decode", decode_id, stream.next(self._timeouts.token_gap_s))
+            chunk = await self._next_chunk(decode_id, stream)
             if chunk.seq != expected_seq:
                 raise StreamBrokenError(f"token stream of {decode.attempt_id} skipped from {expected_seq} "
                                         f"to {chunk.seq}")
@@ -342,6 +343,26 @@ class RequestFlow:
                 yield TokenEvent(token_ids, chunk.finish_reason if chunk.is_final else None, logprobs)
             if chunk.is_final:
                 return
+
+    async def _next_chunk(self, decode_id: str, stream: Stream) -> TokenChunk:
+        """The next chunk within token_gap_s. Like _while_present, it gives up as soon as the
+        decode instance leaves (or is replaced) or NATS reconnects, but it checks between short
+        waits on the stream instead of running the wait as a task: chunks are frequent."""
+        epoch = self._bus.epoch
+        started_at = self._view.started_at("decode", decode_id)
+        waited_s = 0.0
+        while True:
+            wait_s = min(PRESENCE_CHECK_S, self._timeouts.token_gap_s - waited_s)
+            try:
+                return await stream.next(wait_s)
+            except RequestTimeoutError:
+                waited_s += wait_s
+                if waited_s >= self._timeouts.token_gap_s:
+                    raise
+                if self._view.started_at("decode", decode_id) != started_at:
+                    raise InstanceLostError(f"decode instance {decode_id} left the cluster mid-request") from None
+                if self._bus.epoch != epoch:
+                    raise ConnectionLostError(f"NATS reconnected while waiting on decode {decode_id}") from None
 
     async def _move_decode(self, request: ScheduleRequest, model: str, progress: Progress,
                            decode: _DecodeSide, lost: _Gone) -> None:
