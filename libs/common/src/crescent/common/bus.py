@@ -47,15 +47,19 @@ class Stream:
     (nats.py's own next_msg starts two tasks and draws a UUID per message.)
     """
 
-    def __init__(self, subject: str, message_type: Any) -> None:
+    def __init__(self, subject: str, message_type: Any, on_close: Callable[[], None] | None = None) -> None:
         self.subject = subject
         self._message_type = message_type
         self._arrived: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self._on_close = on_close  # a stream of a StreamGroup leaves it; others unsubscribe
         self.subscription: Subscription | None = None  # set once subscribed
 
     async def deliver(self, msg: Msg) -> None:
-        self._arrived.append(msg.data)
+        self.push(msg.data)
+
+    def push(self, data: bytes) -> None:
+        self._arrived.append(data)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
@@ -72,12 +76,37 @@ class Stream:
         return decode(self._arrived.popleft(), self._message_type)
 
     async def close(self) -> None:
+        if self._on_close is not None:
+            self._on_close()
         if self.subscription is None:
             return
         try:
             await self.subscription.unsubscribe()
         except nats.errors.ConnectionClosedError:
             pass
+
+
+class StreamGroup:
+    """Many streams through one wildcard subscription, each a subject it matches: a stream
+    costs no SUB and UNSUB of its own (two NATS writes and a server round of work per request
+    on the conductor). Messages for a subject no stream is open on are dropped."""
+
+    def __init__(self, message_type: Any) -> None:
+        self._message_type = message_type
+        self._streams: dict[str, Stream] = {}
+
+    async def deliver(self, msg: Msg) -> None:
+        stream = self._streams.get(msg.subject)
+        if stream is not None:
+            stream.push(msg.data)
+
+    def open(self, subject: str) -> Stream:
+        """A stream of `subject`, which must match the group's subscription."""
+        if subject in self._streams:
+            raise ValueError(f"a stream of {subject} is already open")
+        stream = Stream(subject, self._message_type, on_close=lambda: self._streams.pop(subject, None))
+        self._streams[subject] = stream
+        return stream
 
 
 class Bus:
@@ -210,6 +239,13 @@ class Bus:
         if confirm:
             await self._flush()
         return stream
+
+    async def stream_group(self, wildcard_subject: str, message_type: Any) -> StreamGroup:
+        """A StreamGroup subscribed to `wildcard_subject`, confirmed by the server."""
+        group = StreamGroup(message_type)
+        await self._client.subscribe(wildcard_subject, cb=group.deliver)
+        await self._flush()
+        return group
 
     async def _flush(self) -> None:
         """Wait until the server has our subscriptions: only then may peers be told to send."""

@@ -9,16 +9,14 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-from msgspec import Meta
-
 from crescent.common.bounds import (
     MAX_SEQUENCE_TOKENS,
     Bandwidth,
     BlockHashes,
     Count,
     Id,
-    Logprob,
     LogitBias,
+    Logprob,
     Logprobs,
     Name,
     NumBytes,
@@ -42,6 +40,7 @@ from crescent.common.bounds import (
     Url,
 )
 from crescent.common.codec import Message
+from msgspec import Meta
 
 
 class ErrorReply(Message):
@@ -195,6 +194,8 @@ class DecodeStart(Message):
     first_token: TokenId
     max_tokens: TokenCount
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    # The conductor that reads the tokens, on tokens.<owner>.<request_id>; "" for tokens.<request_id>.
+    stream_owner: OptionalId = ""
 
 
 class DecodeCancel(Message):

@@ -14,7 +14,7 @@ from aiohttp import web
 from crescent.common.cluster_config import ConfigConflict, conflicts, publish_config
 from crescent.common.errors import RecoverableError
 from crescent.common.etcd import PrefixMirror
-from crescent.common.messages import ClusterConfig, InstanceInfo, InstanceLoad
+from crescent.common.messages import ClusterConfig, InstanceInfo, InstanceLoad, TokenChunk
 from crescent.common.service import Runtime, ServiceStatus
 from crescent.common.store_messages import ReplicateBlocks, ReplicateReply
 from crescent.common.tokenizer import ByteTokenizer
@@ -58,7 +58,9 @@ class Conductor:
         timeouts = FlowTimeouts(reserve_s=self.settings.reserve_timeout_s, prefill_s=self.settings.prefill_timeout_s,
                                 start_s=self.settings.start_timeout_s, token_gap_s=self.settings.token_timeout_s,
                                 placement_wait_s=self.settings.placement_wait_s)
-        flow = RequestFlow(runtime.bus, runtime.subjects, self.scheduler, timeouts, self.tokenizer.eos_token_id)
+        streams = await runtime.bus.stream_group(runtime.subjects.tokens_of(runtime.instance_id), TokenChunk)
+        flow = RequestFlow(runtime.bus, runtime.subjects, self.scheduler, timeouts, self.tokenizer.eos_token_id,
+                           streams, runtime.instance_id)
         generation = self._generation = Generation(self.settings, self.tokenizer, self.view, self.scheduler, flow)
         app = runtime.http_app
         app.middlewares.append(openai_errors)

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from crescent.common.bus import Bus, Stream
+from crescent.common.bus import Bus, Stream, StreamGroup
 from crescent.common.errors import (
     CrescentError,
     NoRespondersError,
@@ -149,9 +149,13 @@ class _Gone:
 
 class RequestFlow:
     def __init__(self, bus: Bus, subjects: Subjects, scheduler: Scheduler, timeouts: FlowTimeouts,
-                 eos_token_id: int) -> None:
+                 eos_token_id: int, streams: StreamGroup, owner: str) -> None:
+        """`streams` is subscribed to `subjects.tokens_of(owner)`: every decode this flow starts
+        streams its tokens there, on tokens.<owner>.<attempt id>."""
         self._bus = bus
         self._subjects = subjects
+        self._streams = streams
+        self._owner = owner
         self._scheduler = scheduler
         self._view = scheduler.view
         self._clock = scheduler.clock
@@ -289,8 +293,7 @@ class RequestFlow:
         lost = _Gone(self._view, "decode")
         num_moves = 0
         while True:
-            # Unconfirmed: the start that makes decode send goes after it on this connection.
-            stream = await self._bus.stream(self._subjects.tokens(decode.attempt_id), TokenChunk, confirm=False)
+            stream = self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
             incarnation = self._view.started_at("decode", decode.instance_id)
             try:
                 async for event in self._stream_from(decode, progress, stream):
@@ -311,7 +314,7 @@ class RequestFlow:
         decode_id = decode.instance_id
         try:
             await self._while_present("decode", decode_id, self._bus.request(
-                self._subjects.decode_start(decode_id), progress.decode_start(decode.attempt_id), Ack,
+                self._subjects.decode_start(decode_id), progress.decode_start(decode.attempt_id, self._owner), Ack,
                 self._timeouts.start_s))
         except RequestTimeoutError as exc:  # nothing was generated on it: as good as gone
             raise StreamBrokenError(f"decode {decode_id} did not acknowledge the start: {exc}") from exc

@@ -181,7 +181,7 @@ class DecodeWorker:
         return Ack(request_id=start.request_id)
 
     async def _generate(self, start: DecodeStart) -> None:
-        subject = self._runtime.subjects.tokens(start.request_id)
+        subject = self._runtime.subjects.tokens(start.request_id, start.stream_owner)
         bus = self._runtime.bus
 
         async def publish(chunk: TokenChunk) -> None:
