@@ -230,14 +230,11 @@ class Bus:
         await self._client.subscribe(subject, cb=on_message)
         await self._flush()
 
-    async def stream(self, subject: str, message_type: Any, *, confirm: bool = True) -> Stream:
-        """A subscription to `subject`, read in order. `confirm=False` skips the round trip that
-        waits for the server to have it: right when the peers are told to send by a message on
-        this same connection, since the server handles a connection's messages in order."""
+    async def stream(self, subject: str, message_type: Any) -> Stream:
+        """A subscription to `subject`, read in order, confirmed by the server."""
         stream = Stream(subject, message_type)
         stream.subscription = await self._client.subscribe(subject, cb=stream.deliver)
-        if confirm:
-            await self._flush()
+        await self._flush()
         return stream
 
     async def stream_group(self, wildcard_subject: str, message_type: Any) -> StreamGroup:
