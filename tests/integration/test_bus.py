@@ -94,6 +94,29 @@ async def test_stream_keeps_order_and_times_out(infra):
         await bus.drain()
 
 
+async def test_a_stream_group_routes_each_subject_to_its_stream(infra):
+    bus = await Bus.connect(infra.nats_url, "group")
+    try:
+        group = await bus.stream_group("x.tokens.c1.*", TokenChunk)
+        first, second = group.open("x.tokens.c1.a"), group.open("x.tokens.c1.b")
+        for seq in range(20):
+            await bus.publish("x.tokens.c1.a", TokenChunk(request_id="a", seq=seq, token_ids=[seq]))
+            await bus.publish("x.tokens.c1.b", TokenChunk(request_id="b", seq=seq, token_ids=[seq]))
+            await bus.publish("x.tokens.c1.nobody", TokenChunk(request_id="n", seq=seq, token_ids=[seq]))
+        assert [(await first.next(2)).seq for _ in range(20)] == list(range(20))
+        assert {(await second.next(2)).request_id for _ in range(20)} == {"b"}
+        await first.close()
+        with pytest.raises(ValueError):
+            group.open("x.tokens.c1.b")  # still open
+        again = group.open("x.tokens.c1.a")  # a closed stream's subject can be opened anew
+        await bus.publish("x.tokens.c1.a", TokenChunk(request_id="a", seq=0, token_ids=[]))
+        assert (await again.next(2)).seq == 0
+        with pytest.raises(RequestTimeoutError):
+            await second.next(0.2)
+    finally:
+        await bus.drain()
+
+
 async def test_trace_context_crosses_the_bus(infra, monkeypatch):
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

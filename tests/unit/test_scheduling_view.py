@@ -160,3 +160,23 @@ def test_a_conductor_that_heard_nobody_for_a_moment_does_not_call_everyone_stale
     view.apply_load(load("decode", "d0"))  # the backlog is read: d0 spoke, p0 did not
     assert [s.is_stale for s in view.snapshot("prefill", "m", clock.now)] == [True]
     assert [s.is_stale for s in view.snapshot("decode", "m", clock.now)] == [False]
+
+
+def test_snapshots_are_reused_until_the_instance_changes():
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "decode", "d0")
+    view.apply_load(load("decode", "d0", num_running=2, kv_used_tokens=10, kv_capacity_tokens=100))
+    [first] = view.snapshot("decode", "m", clock.now)
+    assert view.snapshot("decode", "m", clock.now)[0] is first
+    view.note_assignment("decode", "d0", 30)
+    [assigned] = view.snapshot("decode", "m", clock.now)
+    assert assigned.kv_used_tokens == 40 and assigned is not first
+    view.apply_load(load("decode", "d0", num_running=3, kv_used_tokens=50, kv_capacity_tokens=100))
+    [loaded] = view.snapshot("decode", "m", clock.now)
+    assert (loaded.num_running, loaded.kv_used_tokens, loaded.is_stale) == (3, 50, False)
+    clock.now += 10  # silent for many periods
+    [silent] = view.snapshot("decode", "m", clock.now)
+    assert silent.is_stale and silent.num_running == 3
+    register(view, "decode", "d0", kv_capacity_tokens=7)
+    assert view.snapshot("decode", "m", clock.now)[0] is not silent

@@ -1,7 +1,7 @@
 """The peers' scorers pick what their published formulas say, worked out by hand."""
 
+from crescent.common.block_index import BlockIndex
 from crescent.conductor.policy import Decision, InstanceSnapshot, make_policy
-from crescent.conductor.policy.block_index import BlockIndex
 from crescent.conductor.policy.peer_scores import (
     DynamoWeights,
     dynamo_decode_pick,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from crescent.conductor.policy import BandwidthTable, PrefillChoice, ReplicationReason
+from crescent.conductor.policy import BandwidthTable, BlockHeat, PrefillChoice, ReplicationReason
 from crescent.conductor.policy.imbalance import imbalance_factor, slo_load, trimmed_mean
 from crescent.conductor.policy.replication import (
     HotSpotConfig,
@@ -26,12 +26,13 @@ def test_on_demand_order_only_when_the_choice_pulls():
 
 def hot_index():
     index = index_with({"n0": SYS, "n1": SYS[:1]})
+    heat = BlockHeat(index)
     cold = chain("cold", 1)
     index.add_many(cold, "n2")
     for t in range(10):
-        index.record_hits(SYS, now=float(t))
-    index.record_hits(cold, now=9.0)
-    return index
+        heat.record_hits(SYS, now=float(t))
+    heat.record_hits(cold, now=9.0)
+    return heat
 
 
 def test_hot_pass_replicates_hot_prefixes_whole_onto_the_least_loaded_nodes():

@@ -5,11 +5,15 @@ scheduling, NATS hops, the decode batch loop and SSE/JSON relaying. Side by side
   http-direct  an aiohttp server answering the same JSON without a cluster (the baseline);
   1P1D, 4P4D   a real local cluster (all services as processes).
 Latency is measured one request at a time (no queueing); requests/s with `concurrency` in flight.
+`cpu_ms_per_request` is the CPU time the serving processes (for a cluster: every one of them,
+NATS and etcd included) spent during the loaded run, per request: unlike latency and requests/s,
+it barely moves when other work shares the machine's cores.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import tempfile
@@ -24,16 +28,28 @@ MODEL = "crescent-emulated"
 WARMUP_REQUESTS = 20
 
 
-def _measure(url: str, num_requests: int, concurrency: int, max_tokens: int) -> dict:
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of the processes `pids` so far (Linux /proc)."""
+    ticks = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _measure(url: str, num_requests: int, concurrency: int, max_tokens: int, pids: list[int]) -> dict:
     body = {"model": MODEL, "prompt": "Benchmark the control path of Crescent. " * 4, "max_tokens": max_tokens}
     asyncio.run(run_load(url, body, WARMUP_REQUESTS, 1))
     serial = asyncio.run(run_load(url, body, max(num_requests // 4, 50), 1))
+    cpu_before = _cpu_seconds(pids)
     loaded = asyncio.run(run_load(url, body, num_requests, concurrency))
+    cpu_s = _cpu_seconds(pids) - cpu_before
     if serial.num_errors or loaded.num_errors:
         raise RuntimeError(f"{url}: {serial.num_errors + loaded.num_errors} requests failed")
     return {"rps": round(loaded.requests_per_s, 1), "p50_ms": round(serial.percentile_ms(50), 3),
             "p99_ms": round(serial.percentile_ms(99), 3),
-            "loaded_p50_ms": round(loaded.percentile_ms(50), 3), "loaded_p99_ms": round(loaded.percentile_ms(99), 3)}
+            "loaded_p50_ms": round(loaded.percentile_ms(50), 3), "loaded_p99_ms": round(loaded.percentile_ms(99), 3),
+            "cpu_ms_per_request": round(cpu_s * 1000 / num_requests, 3)}
 
 
 def _baseline(num_requests: int, concurrency: int, max_tokens: int) -> dict:
@@ -45,7 +61,8 @@ def _baseline(num_requests: int, concurrency: int, max_tokens: int) -> dict:
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError("the baseline server did not start")
             time.sleep(0.05)
-        return _measure(f"http://127.0.0.1:{port}/v1/completions", num_requests, concurrency, max_tokens)
+        return _measure(f"http://127.0.0.1:{port}/v1/completions", num_requests, concurrency, max_tokens,
+                        [server.pid])
     finally:
         server.terminate()
         server.wait(10)
@@ -59,7 +76,8 @@ def _cluster(num_instances: int, num_requests: int, concurrency: int, max_tokens
         cluster = LocalCluster(spec)
         cluster.start(timeout_s=120)
         try:
-            return _measure(f"{cluster.api_url}/v1/completions", num_requests, concurrency, max_tokens)
+            return _measure(f"{cluster.api_url}/v1/completions", num_requests, concurrency, max_tokens,
+                            cluster.pids())
         finally:
             cluster.stop()
 

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import nats
 import nats.errors
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
-from opentelemetry import context as otel_context
-
 from crescent.common import tracing
 from crescent.common.codec import Message, decode, encode
 from crescent.common.errors import (
@@ -30,6 +26,10 @@ from crescent.common.errors import (
     UnreachableError,
 )
 from crescent.common.messages import ErrorReply
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from opentelemetry import context as otel_context
 
 log = logging.getLogger(__name__)
 
@@ -40,24 +40,73 @@ Handler = Callable[[Any], Awaitable[Message | None]]
 
 
 class Stream:
-    """An ordered subscription read with a deadline per message."""
+    """An ordered subscription read with a deadline per message.
 
-    def __init__(self, subscription: Subscription, message_type: Any) -> None:
-        self._subscription = subscription
+    Messages are kept as they arrive (nats.py calls `deliver` in order) and `next` takes
+    one that is there without waiting; only an empty stream waits, on a future with a timer.
+    (nats.py's own next_msg starts two tasks and draws a UUID per message.)
+    """
+
+    def __init__(self, subject: str, message_type: Any, on_close: Callable[[], None] | None = None) -> None:
+        self.subject = subject
         self._message_type = message_type
+        self._arrived: deque[bytes] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._on_close = on_close  # a stream of a StreamGroup leaves it; others unsubscribe
+        self.subscription: Subscription | None = None  # set once subscribed
+
+    async def deliver(self, msg: Msg) -> None:
+        self.push(msg.data)
+
+    def push(self, data: bytes) -> None:
+        self._arrived.append(data)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     async def next(self, timeout_s: float) -> Any:
-        try:
-            msg = await self._subscription.next_msg(timeout=timeout_s)
-        except nats.errors.TimeoutError as exc:
-            raise RequestTimeoutError(self._subscription.subject, timeout_s) from exc
-        return decode(msg.data, self._message_type)
+        if not self._arrived:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._waiter
+            except TimeoutError as exc:
+                raise RequestTimeoutError(self.subject, timeout_s) from exc
+            finally:
+                self._waiter = None
+        return decode(self._arrived.popleft(), self._message_type)
 
     async def close(self) -> None:
+        if self._on_close is not None:
+            self._on_close()
+        if self.subscription is None:
+            return
         try:
-            await self._subscription.unsubscribe()
+            await self.subscription.unsubscribe()
         except nats.errors.ConnectionClosedError:
             pass
+
+
+class StreamGroup:
+    """Many streams through one wildcard subscription, each a subject it matches: a stream
+    costs no SUB and UNSUB of its own (two NATS writes and a server round of work per request
+    on the conductor). Messages for a subject no stream is open on are dropped."""
+
+    def __init__(self, message_type: Any) -> None:
+        self._message_type = message_type
+        self._streams: dict[str, Stream] = {}
+
+    async def deliver(self, msg: Msg) -> None:
+        stream = self._streams.get(msg.subject)
+        if stream is not None:
+            stream.push(msg.data)
+
+    def open(self, subject: str) -> Stream:
+        """A stream of `subject`, which must match the group's subscription."""
+        if subject in self._streams:
+            raise ValueError(f"a stream of {subject} is already open")
+        stream = Stream(subject, self._message_type, on_close=lambda: self._streams.pop(subject, None))
+        self._streams[subject] = stream
+        return stream
 
 
 class Bus:
@@ -103,7 +152,7 @@ class Bus:
                 disconnected_cb=on_disconnected,
                 reconnected_cb=on_reconnected,
             ), timeout_s)
-        except (asyncio.TimeoutError, OSError, nats.errors.Error) as exc:
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise UnreachableError("NATS", url, max(attempts, 1), repr(exc)) from exc
         bus = cls(client)
         return bus
@@ -126,8 +175,11 @@ class Bus:
             raise RemoteError(subject, reply.code, reply.message)
         return reply
 
-    async def publish(self, subject: str, message: Message) -> None:
-        await self._client.publish(subject, encode(message), headers=tracing.inject_headers())
+    async def publish(self, subject: str, message: Message, *, with_trace: bool = True) -> None:
+        """`with_trace=False` leaves the trace context out, for streams whose reader starts no
+        span from them (token chunks): headers cost a build here and a parse at every reader."""
+        headers = tracing.inject_headers() if with_trace else None
+        await self._client.publish(subject, encode(message), headers=headers)
 
     async def serve(self, subject: str, request_type: Any, handler: Handler, queue: str = "") -> None:
         """Run `handler` for every message on `subject`, each in its own task.
@@ -179,9 +231,18 @@ class Bus:
         await self._flush()
 
     async def stream(self, subject: str, message_type: Any) -> Stream:
-        subscription = await self._client.subscribe(subject)
+        """A subscription to `subject`, read in order, confirmed by the server."""
+        stream = Stream(subject, message_type)
+        stream.subscription = await self._client.subscribe(subject, cb=stream.deliver)
         await self._flush()
-        return Stream(subscription, message_type)
+        return stream
+
+    async def stream_group(self, wildcard_subject: str, message_type: Any) -> StreamGroup:
+        """A StreamGroup subscribed to `wildcard_subject`, confirmed by the server."""
+        group = StreamGroup(message_type)
+        await self._client.subscribe(wildcard_subject, cb=group.deliver)
+        await self._flush()
+        return group
 
     async def _flush(self) -> None:
         """Wait until the server has our subscriptions: only then may peers be told to send."""
@@ -198,7 +259,7 @@ class Bus:
         if not self._client.is_closed:
             try:
                 await asyncio.wait_for(self._client.drain(), timeout_s)
-            except (asyncio.TimeoutError, nats.errors.Error) as exc:
+            except (TimeoutError, nats.errors.Error) as exc:
                 log.warning("NATS drain incomplete", extra={"error": repr(exc)})
         pending = list(self._handler_tasks)
         if pending:

@@ -9,8 +9,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-from msgspec import Meta
-
 from crescent.common.bounds import (
     MAX_SEQUENCE_TOKENS,
     Bandwidth,
@@ -18,8 +16,8 @@ from crescent.common.bounds import (
     Count,
     Id,
     Imbalance,
-    Logprob,
     LogitBias,
+    Logprob,
     Logprobs,
     Name,
     NumBytes,
@@ -43,6 +41,7 @@ from crescent.common.bounds import (
     Url,
 )
 from crescent.common.codec import Message
+from msgspec import Meta
 
 
 class ErrorReply(Message):
@@ -212,6 +211,8 @@ class DecodeStart(Message):
     first_token: TokenId | None
     max_tokens: TokenCount
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    # The conductor that reads the tokens, on tokens.<owner>.<request_id>; "" for tokens.<request_id>.
+    stream_owner: OptionalId = ""
 
 
 class DecodeCancel(Message):

@@ -42,8 +42,13 @@ class Subjects:
     def decode_cancel(self, instance_id: str) -> str:
         return f"{self.prefix}decode.{instance_id}.cancel"
 
-    def tokens(self, request_id: str) -> str:
-        return f"{self.prefix}tokens.{request_id}"
+    def tokens(self, request_id: str, owner: str = "") -> str:
+        """The token stream of `request_id`; with an `owner` (the conductor reading it), one of
+        the streams that conductor reads through a single subscription (`tokens_of`)."""
+        return f"{self.prefix}tokens.{owner}.{request_id}" if owner else f"{self.prefix}tokens.{request_id}"
+
+    def tokens_of(self, owner: str) -> str:
+        return f"{self.prefix}tokens.{owner}.*"
 
     def store_ctl(self, node: str) -> str:
         return f"{self.prefix}store.{node}.ctl"

@@ -7,6 +7,7 @@ through every hop, but nothing is exported.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from opentelemetry import context as otel_context
@@ -30,7 +31,11 @@ def setup_tracing(service: str, instance_id: str) -> TracerProvider:
     return provider
 
 
+@functools.cache
 def tracer() -> trace.Tracer:
+    """One tracer per process: get_tracer builds a new one on every call, and the request path
+    asks for it several times per request. Before setup_tracing it is OpenTelemetry's proxy,
+    which follows the provider once one is set."""
     return trace.get_tracer(TRACER_NAME)
 
 

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aetcd
-
+from crescent.common.block_index import BlockIndex, apply_block_change
 from crescent.common.bus import Bus
 from crescent.common.errors import RecoverableError
-from crescent.common.etcd import PrefixMirror
+from crescent.common.etcd import MirrorEvent, PrefixMirror
 from crescent.common.naming import Keys, Subjects
 from crescent.common.store_messages import (
     AbortBlocks,
@@ -37,7 +37,7 @@ from crescent.common.store_messages import (
     UnpinBlocks,
 )
 from crescent.storeclient import metrics
-from crescent.storeclient.directory import BlockIndex, SegmentDirectory
+from crescent.storeclient.directory import SegmentDirectory
 from crescent.transfer import (
     Op,
     ShmEndpoint,
@@ -238,7 +238,12 @@ class StoreClient:
         """Start following blocks/<model>/ in etcd (the cluster-wide shadow index)."""
         if model not in self._indexes:
             index = BlockIndex()
-            mirror = PrefixMirror(self._etcd, self._keys.blocks(model), index.apply)
+
+            def apply(event: MirrorEvent) -> None:
+                if apply_block_change(index, event.key, event.value is not None) is None:
+                    log.warning("ignoring malformed block key", extra={"key": event.key})
+
+            mirror = PrefixMirror(self._etcd, self._keys.blocks(model), apply)
             await mirror.load()
             self._tasks.append(asyncio.create_task(mirror.run(), name=f"store-client blocks {model}"))
             self._indexes[model] = index
@@ -246,7 +251,7 @@ class StoreClient:
 
     async def lookup_prefix(self, model: str, hashes: Sequence[bytes]) -> dict[str, int]:
         """Per node, how many leading blocks of `hashes` it holds (from the shadow index)."""
-        return (await self.watch_model(model)).prefix_by_node(list(hashes))
+        return dict((await self.watch_model(model)).match(hashes).lengths)
 
     async def replicate(self, model: str, hashes: Sequence[bytes], source_node: str, target_node: str) -> ReplicateReply:
         request = ReplicateBlocks(model=model, hashes=list(hashes), source_node=source_node)

@@ -11,12 +11,11 @@ import logging
 import time
 
 from aiohttp import web
-
 from crescent.common.cluster_config import ConfigConflict, conflicts, publish_config
 from crescent.common.errors import RecoverableError
 from crescent.common.etcd import PrefixMirror
 from crescent.common.hf_tokenizer import HfTokenizer
-from crescent.common.messages import ClusterConfig, InstanceInfo, InstanceLoad
+from crescent.common.messages import ClusterConfig, InstanceInfo, InstanceLoad, TokenChunk
 from crescent.common.service import Runtime, ServiceStatus
 from crescent.common.store_messages import ReplicateBlocks, ReplicateReply
 from crescent.common.tokenizer import ByteTokenizer
@@ -26,8 +25,8 @@ from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.flow import FlowTimeouts, RequestFlow
 from crescent.conductor.generation import Generation
 from crescent.conductor.http_errors import openai_errors
-from crescent.conductor.policy import ReplicationOrder
 from crescent.conductor.openapi import OPENAPI
+from crescent.conductor.policy import ReplicationOrder
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.settings import ConductorSettings
 
@@ -63,7 +62,9 @@ class Conductor:
         timeouts = FlowTimeouts(reserve_s=self.settings.reserve_timeout_s, prefill_s=self.settings.prefill_timeout_s,
                                 start_s=self.settings.start_timeout_s, token_gap_s=self.settings.token_timeout_s,
                                 placement_wait_s=self.settings.placement_wait_s)
-        flow = RequestFlow(runtime.bus, runtime.subjects, self.scheduler, timeouts, self.tokenizer.eos_token_id)
+        streams = await runtime.bus.stream_group(runtime.subjects.tokens_of(runtime.instance_id), TokenChunk)
+        flow = RequestFlow(runtime.bus, runtime.subjects, self.scheduler, timeouts, self.tokenizer.eos_token_id,
+                           streams, runtime.instance_id)
         generation = self._generation = Generation(self.settings, self.tokenizer, self.view, self.scheduler, flow,
                                                        self.ratio)
         app = runtime.http_app
@@ -138,7 +139,7 @@ class Conductor:
                                   "recent_ttft_s": load.recent_ttft_s, "recent_tbt_s": load.recent_tbt_s,
                                   "bandwidth": load.bandwidth}})
         hottest = [{"hash": block.hash.hex(), "replicas": block.num_replicas, "hits": round(block.hits, 2)}
-                   for block in self.scheduler.index.hottest(10, now)]
+                   for block in self.scheduler.heat.hottest(10, now)]
         models = {model: {"pd_imbalance_factor": self.scheduler.imbalance(model),
                           "desired_instances": self.ratio.desired(model) if self.ratio is not None else None}
                   for model in self.view.models()}

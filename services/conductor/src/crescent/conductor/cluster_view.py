@@ -45,6 +45,9 @@ class InstanceState:
     queue_s_assigned_since_load: float = 0.0
     was_live: bool = True  # at the last look: each change is logged once
     is_contradiction_logged: bool = False  # contradictory telemetry is logged once per instance
+    # The last snapshot built, until registry, telemetry or an assignment changes the state:
+    # a decision at 512 + 512 instances spent ~2 ms building snapshots anew.
+    snapshot: InstanceSnapshot | None = None
 
 
 @dataclass
@@ -76,6 +79,7 @@ class ClusterView:
             self.instances[(role, instance_id)] = InstanceState(info=info, registered_at=self.clock())
         else:
             known.info = info
+            known.snapshot = None
 
     def apply_load(self, load: InstanceLoad) -> None:
         state = self.instances.get((load.role, load.instance_id))
@@ -94,6 +98,7 @@ class ClusterView:
         state.num_assigned_since_load = 0
         state.kv_assigned_since_load = 0
         state.queue_s_assigned_since_load = 0.0
+        state.snapshot = None
 
     def is_live(self, state: InstanceState, now: float) -> bool:
         period = state.load.period_s if state.load else self.default_period_s
@@ -128,21 +133,29 @@ class ClusterView:
         for (r, instance_id), state in self.instances.items():
             if r != role or state.info.model != model:
                 continue
-            load = state.load
-            capacity = load.kv_capacity_tokens if load else state.info.kv_capacity_tokens
-            snapshots.append(InstanceSnapshot(
-                instance_id=instance_id,
-                node=state.info.node,
-                num_queued=(load.num_queued if load else 0) + state.num_assigned_since_load,
-                num_running=load.num_running if load else 0,
-                queue_time_s=(load.queue_time_s if load else 0.0) + state.queue_s_assigned_since_load,
-                kv_used_tokens=(load.kv_used_tokens if load else 0) + state.kv_assigned_since_load,
-                kv_capacity_tokens=capacity,
-                is_stale=not self.is_live(state, now),
-                is_accepting=load.is_accepting if load else True,
-                context_tokens=load.num_context_tokens if load and role == "decode" else None,
-            ))
+            is_stale = not self.is_live(state, now)
+            snapshot = state.snapshot
+            if snapshot is None or snapshot.is_stale != is_stale:
+                snapshot = state.snapshot = self._build_snapshot(role, instance_id, state, is_stale)
+            snapshots.append(snapshot)
         return snapshots
+
+    @staticmethod
+    def _build_snapshot(role: str, instance_id: str, state: InstanceState, is_stale: bool) -> InstanceSnapshot:
+        load = state.load
+        capacity = load.kv_capacity_tokens if load else state.info.kv_capacity_tokens
+        return InstanceSnapshot(
+            instance_id=instance_id,
+            node=state.info.node,
+            num_queued=(load.num_queued if load else 0) + state.num_assigned_since_load,
+            num_running=load.num_running if load else 0,
+            queue_time_s=(load.queue_time_s if load else 0.0) + state.queue_s_assigned_since_load,
+            kv_used_tokens=(load.kv_used_tokens if load else 0) + state.kv_assigned_since_load,
+            kv_capacity_tokens=capacity,
+            is_stale=is_stale,
+            is_accepting=load.is_accepting if load else True,
+            context_tokens=load.num_context_tokens if load and role == "decode" else None,
+        )
 
     def note_assignment(self, role: str, instance_id: str, num_tokens: int, queue_s: float = 0.0,
                         num_requests: int = 1) -> None:
@@ -153,6 +166,7 @@ class ClusterView:
             state.num_assigned_since_load += num_requests
             state.kv_assigned_since_load += num_tokens
             state.queue_s_assigned_since_load += queue_s
+            state.snapshot = None
 
     def models(self) -> dict[str, int]:
         """Models a registered prefill instance serves → their smallest max_model_len. Registered,

@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from crescent.common.bus import Bus, Stream
+from crescent.common.bus import Bus, Stream, StreamGroup
 from crescent.common.errors import (
     CrescentError,
     NoRespondersError,
@@ -149,9 +149,13 @@ class _Gone:
 
 class RequestFlow:
     def __init__(self, bus: Bus, subjects: Subjects, scheduler: Scheduler, timeouts: FlowTimeouts,
-                 eos_token_id: int) -> None:
+                 eos_token_id: int, streams: StreamGroup, owner: str) -> None:
+        """`streams` is subscribed to `subjects.tokens_of(owner)`: every decode this flow starts
+        streams its tokens there, on tokens.<owner>.<attempt id>."""
         self._bus = bus
         self._subjects = subjects
+        self._streams = streams
+        self._owner = owner
         self._scheduler = scheduler
         self._view = scheduler.view
         self._clock = scheduler.clock
@@ -303,7 +307,7 @@ class RequestFlow:
         lost = _Gone(self._view, "decode")
         num_moves = 0
         while True:
-            stream = await self._bus.stream(self._subjects.tokens(decode.attempt_id), TokenChunk)
+            stream = self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
             incarnation = self._view.started_at("decode", decode.instance_id)
             try:
                 async for event in self._stream_from(decode, progress, stream):
@@ -324,7 +328,7 @@ class RequestFlow:
         decode_id = decode.instance_id
         try:
             await self._while_present("decode", decode_id, self._bus.request(
-                self._subjects.decode_start(decode_id), progress.decode_start(decode.attempt_id), Ack,
+                self._subjects.decode_start(decode_id), progress.decode_start(decode.attempt_id, self._owner), Ack,
                 self._timeouts.start_s))
         except RequestTimeoutError as exc:  # nothing was generated on it: as good as gone
             raise StreamBrokenError(f"decode {decode_id} did not acknowledge the start: {exc}") from exc
@@ -334,7 +338,7 @@ class RequestFlow:
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
         while True:
-            chunk = await self._while_present("decode", decode_id, stream.next(self._timeouts.token_gap_s))
+            chunk = await self._next_chunk(decode_id, stream)
             if chunk.seq != expected_seq:
                 raise StreamBrokenError(f"token stream of {decode.attempt_id} skipped from {expected_seq} "
                                         f"to {chunk.seq}")
@@ -356,6 +360,26 @@ class RequestFlow:
                 yield TokenEvent(token_ids, chunk.finish_reason if chunk.is_final else None, logprobs)
             if chunk.is_final:
                 return
+
+    async def _next_chunk(self, decode_id: str, stream: Stream) -> TokenChunk:
+        """The next chunk within token_gap_s. Like _while_present, it gives up as soon as the
+        decode instance leaves (or is replaced) or NATS reconnects, but it checks between short
+        waits on the stream instead of running the wait as a task: chunks are frequent."""
+        epoch = self._bus.epoch
+        started_at = self._view.started_at("decode", decode_id)
+        waited_s = 0.0
+        while True:
+            wait_s = min(PRESENCE_CHECK_S, self._timeouts.token_gap_s - waited_s)
+            try:
+                return await stream.next(wait_s)
+            except RequestTimeoutError:
+                waited_s += wait_s
+                if waited_s >= self._timeouts.token_gap_s:
+                    raise
+                if self._view.started_at("decode", decode_id) != started_at:
+                    raise InstanceLostError(f"decode instance {decode_id} left the cluster mid-request") from None
+                if self._bus.epoch != epoch:
+                    raise ConnectionLostError(f"NATS reconnected while waiting on decode {decode_id}") from None
 
     async def _move_decode(self, request: ScheduleRequest, model: str, progress: Progress,
                            decode: _DecodeSide, lost: _Gone) -> None:

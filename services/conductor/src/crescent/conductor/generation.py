@@ -18,9 +18,6 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
-from jinja2.exceptions import TemplateError
-from opentelemetry.trace import SpanKind
-
 from crescent.common.errors import RecoverableError, RequestTimeoutError
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
@@ -31,13 +28,21 @@ from crescent.conductor.flow import RejectedError, RequestFlow, RequestRefusedEr
 from crescent.conductor.http_body import read_json
 from crescent.conductor.http_errors import REQUEST_ID
 from crescent.conductor.model_checks import check_for_model
-from crescent.conductor.openai_api import ApiError, GenerationRequest, bad_request, parse_chat, parse_completion
+from crescent.conductor.openai_api import (
+    ApiError,
+    GenerationRequest,
+    bad_request,
+    parse_chat,
+    parse_completion,
+)
 from crescent.conductor.openai_responses import ResponsesRenderer, parse_responses
 from crescent.conductor.openai_shapes import OpenAIRenderer
 from crescent.conductor.policy import RejectReason
 from crescent.conductor.relay import Relay
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.settings import ConductorSettings
+from jinja2.exceptions import TemplateError
+from opentelemetry.trace import SpanKind
 
 _ID_PREFIX = {"completions": "cmpl-", "chat": "chatcmpl-", "responses": "resp_"}
 
@@ -67,9 +72,10 @@ class Generation:
     def _prompt(self, gen: GenerationRequest) -> list[int]:
         if gen.prompt_token_ids is not None:
             token_ids = gen.prompt_token_ids
-            if max(token_ids) >= self.tokenizer.vocab_size:
-                raise bad_request(f"token id {max(token_ids)} is outside the vocabulary "
-                                  f"(size {self.tokenizer.vocab_size})", param="prompt")
+            largest, vocab_size = max(token_ids), self.tokenizer.vocab_size
+            if largest >= vocab_size:
+                raise bad_request(f"token id {largest} is outside the vocabulary (size {vocab_size})",
+                                  param="prompt")
             return token_ids
         if not gen.is_chat:
             return self.tokenizer.encode(gen.prompt_text)

@@ -12,10 +12,9 @@ checked once the model is known (model_checks).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
-
 from crescent.common.messages import SamplingParams
 from crescent.conductor.openai_fields import (
     INT64_MAX,
@@ -35,6 +34,7 @@ __all__ = ["INT64_MAX", "INT64_MIN", "ApiError", "GenerationRequest", "bad_reque
            "parse_common", "parse_completion"]
 
 MAX_N = 128  # choices per request, as OpenAI allows
+_TOKEN_IDS = list[Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]]
 
 # Fields known and not implemented, with the values that ask for nothing; any other value is a 400.
 _UNSUPPORTED = {
@@ -114,15 +114,25 @@ def parse_completion(body: Any) -> GenerationRequest:
         if not prompt:
             raise bad_request("'prompt' must not be empty", param="prompt")
         request.prompt_text = prompt
-    elif prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        if not all(0 <= t <= INT64_MAX for t in prompt):
-            raise bad_request("token ids in 'prompt' must be non-negative 64-bit integers", param="prompt")
-        request.prompt_token_ids = list(prompt)
-    elif prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise bad_request("batched prompts are not supported: send one prompt per request", param="prompt")
     else:
-        raise bad_request("'prompt' must be a non-empty string or array of token ids", param="prompt")
+        request.prompt_token_ids = _token_ids(prompt)
     return request
+
+
+def _token_ids(prompt: list[Any]) -> list[int]:
+    """A prompt given as token ids. msgspec checks every id in one pass in C (a Python loop
+    over an 8,000-id prompt cost milliseconds); only a prompt it refuses is looked at again,
+    to say what is wrong with it."""
+    if prompt:
+        try:
+            return msgspec.convert(prompt, _TOKEN_IDS)
+        except msgspec.ValidationError:
+            pass
+    if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        raise bad_request("token ids in 'prompt' must be non-negative 64-bit integers", param="prompt")
+    if prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise bad_request("batched prompts are not supported: send one prompt per request", param="prompt")
+    raise bad_request("'prompt' must be a non-empty string or array of token ids", param="prompt")
 
 
 def parse_chat(body: Any) -> GenerationRequest:

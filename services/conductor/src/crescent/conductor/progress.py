@@ -16,7 +16,6 @@ import secrets
 from dataclasses import dataclass, field
 
 import msgspec
-
 from crescent.common.errors import RecoverableError
 from crescent.common.messages import DecodeStart, SamplingParams, TokenLogprobs
 
@@ -37,23 +36,27 @@ class Progress:
     def is_replayed(self) -> bool:
         return self.sampling.depends_on_output
 
-    def decode_start(self, attempt_id: str) -> DecodeStart:
+    def decode_start(self, attempt_id: str, stream_owner: str = "") -> DecodeStart:
         """Go on from the last generated token: the prompt and all earlier output are context.
         A replayed request starts from the prompt, its last token standing in as the first; a
-        request with no output yet (prefilled on decode) starts from the prompt alone."""
+        request with no output yet (prefilled on decode) starts from the prompt alone.
+        `stream_owner`: the conductor that reads the tokens (DecodeStart.stream_owner)."""
         if not self.generated and not self.is_replayed:
             return DecodeStart(request_id=attempt_id, token_ids=self.prompt, first_token=None,
                                max_tokens=self.max_tokens,
-                               sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None))
+                               sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None),
+                               stream_owner=stream_owner)
         if self.is_replayed:
             return DecodeStart(request_id=attempt_id, token_ids=self.prompt[:-1], first_token=self.prompt[-1],
                                max_tokens=self.max_tokens + 1,
-                               sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None))
+                               sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None),
+                               stream_owner=stream_owner)
         sampling = msgspec.structs.replace(self.sampling, prompt_logprobs=None,
                                            min_tokens=max(0, self.sampling.min_tokens - len(self.generated)))
         return DecodeStart(request_id=attempt_id, token_ids=self.prompt + self.generated[:-1],
                            first_token=self.generated[-1],
-                           max_tokens=self.max_tokens - len(self.generated) + 1, sampling=sampling)
+                           max_tokens=self.max_tokens - len(self.generated) + 1, sampling=sampling,
+                           stream_owner=stream_owner)
 
 
 def replayable(sampling: SamplingParams) -> SamplingParams:

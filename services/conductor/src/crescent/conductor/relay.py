@@ -9,14 +9,13 @@ and awaits. A choice that ends early (a stop string) is cancelled at once, so it
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
+import msgspec
 from aiohttp import web
-
 from crescent.common.errors import RecoverableError
 from crescent.conductor import metrics
 from crescent.conductor.choice import Choice, ChoiceDelta
@@ -153,7 +152,8 @@ class Relay:
         async for _ in self._deltas(streams):
             pass
         body = self.renderer.body(self._collected, self.num_prompt_tokens, self.num_generated)
-        return web.json_response(body, headers={"X-Request-Id": self.request_id})
+        return web.Response(body=msgspec.json.encode(body), content_type="application/json",
+                            headers={"X-Request-Id": self.request_id})
 
     async def stream(self, http_request: web.Request, streams: Sequence[AsyncIterator[TokenEvent]],
                      ) -> web.StreamResponse:
@@ -186,7 +186,11 @@ class Relay:
 
 
 async def _send(response: web.StreamResponse, events: list[Event]) -> None:
+    """The events as SSE, in one write (msgspec encodes the JSON several times faster)."""
+    parts = []
     for name, body in events:
-        data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"))
-        prefix = f"event: {name}\n" if name else ""
-        await response.write(f"{prefix}data: {data}\n\n".encode())
+        if name:
+            parts.append(b"event: " + name.encode() + b"\n")
+        data = body.encode() if isinstance(body, str) else msgspec.json.encode(body)
+        parts.append(b"data: " + data + b"\n\n")
+    await response.write(b"".join(parts))

@@ -15,6 +15,7 @@ import random
 from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
+from crescent.common.block_index import BlockIndex, apply_block_change
 from crescent.common.errors import ConfigError
 from crescent.common.etcd import MirrorEvent
 from crescent.common.hashing import block_hashes
@@ -22,7 +23,6 @@ from crescent.conductor import metrics
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.policy import (
     BandwidthTable,
-    BlockIndex,
     ClusterSnapshot,
     CostPredictors,
     Decision,
@@ -36,6 +36,7 @@ from crescent.conductor.policy import (
     Slo,
     make_policy,
 )
+from crescent.conductor.policy.block_heat import BlockHeat
 from crescent.conductor.policy.eligibility import is_usable
 from crescent.conductor.policy.imbalance import imbalance_factor, slo_load
 from crescent.conductor.policy.replication import HotSpotConfig, hot_spot_orders, rank_target_nodes
@@ -62,6 +63,7 @@ class Scheduler:
         self.view = view
         self.clock = clock
         self.index = BlockIndex()
+        self.heat = BlockHeat(self.index)
         self.bandwidth = BandwidthTable()
         self.decode_time = DecodeTimeEstimator()
         self.policy = make_policy(
@@ -76,19 +78,14 @@ class Scheduler:
 
     def apply_block_event(self, event: MirrorEvent) -> None:
         """A change under blocks/<model>/<hash>/<node> in etcd."""
-        parts = event.key.split("/")
-        try:
-            model, block_hash, node = parts[-3], bytes.fromhex(parts[-2]), parts[-1]
-        except (IndexError, ValueError):
+        key = apply_block_change(self.index, event.key, event.value is not None)
+        if key is None:
             log.warning("ignoring malformed block key", extra={"key": event.key})
-            return
-        if event.value is None:
-            self.index.remove(block_hash, node)
-            if not self.index.num_replicas(block_hash):
-                self.model_of_block.pop(block_hash, None)
-        else:
-            self.index.add(block_hash, node)
-            self.model_of_block[block_hash] = model
+        elif event.value is not None:
+            self.model_of_block[key.block_hash] = key.model
+        elif not self.index.is_held(key.block_hash):
+            self.model_of_block.pop(key.block_hash, None)
+            self.heat.forget(key.block_hash)
 
     def max_decode_capacity(self, model: str) -> int:
         return max((s.kv_capacity_tokens for s in self.view.snapshot("decode", model, self.clock())), default=0)
@@ -120,7 +117,7 @@ class Scheduler:
         """Account for a placed request at once, before any await, so concurrent requests see
         the queue it adds; `forget` undoes it if its decode reservation is refused."""
         now = self.clock()
-        self.index.record_hits(request.block_hashes, now)
+        self.heat.record_hits(request.block_hashes, now)
         self._assign(request, decision, sign=1)
         self.inflight[request.request_id] = InflightRequest(
             decision.decode.instance_id, request.num_kv_tokens, now + decision.prefill.predicted_ttft_s, False)
@@ -177,7 +174,7 @@ class Scheduler:
     def hot_spot_orders(self, model: str) -> list[ReplicationOrder]:
         now = self.clock()
         targets = rank_target_nodes(self.view.snapshot("prefill", model, now))
-        orders = hot_spot_orders(self.index, targets, self.bandwidth, now, HotSpotConfig())
+        orders = hot_spot_orders(self.heat, targets, self.bandwidth, now, HotSpotConfig())
         return [o for o in orders if all(self.model_of_block.get(h) == model for h in o.hashes)]
 
     def slo_loads(self, model: str) -> tuple[list[float], list[float]]:

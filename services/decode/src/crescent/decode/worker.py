@@ -28,6 +28,7 @@ from crescent.common.service import Runtime
 from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
 from crescent.decode.admission import KvLedger, TbtCheck
+from crescent.decode.chunking import ChunkLimits, TokenChunker
 from crescent.engine.base import FINISH_ABORT
 from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
@@ -46,11 +47,18 @@ class DecodeSettings(EngineSettings):
 
     kv_capacity_tokens: int = setting(0, "KV room in tokens (prompt + output) this instance admits; "
                                          "0: all of the engine's paged KV (emulated: 262144)")
+    token_chunk_max_tokens: int = setting(16, "most tokens per NATS token message when steps come fast")
+    token_chunk_max_delay_ms: float = setting(5.0, "longest a token waits for company in one NATS message; "
+                                                   "steps further apart go one per message; 0: never wait")
 
     def validate(self) -> None:
         super().validate()
         if self.kv_capacity_tokens < 0:
             raise ConfigError(f"kv_capacity_tokens must be >= 0, got {self.kv_capacity_tokens}")
+        self.chunk_limits()
+
+    def chunk_limits(self) -> ChunkLimits:
+        return ChunkLimits(self.token_chunk_max_tokens, self.token_chunk_max_delay_ms / 1000)
 
 
 class StartRejected(RecoverableError):
@@ -65,6 +73,7 @@ class DecodeWorker:
         self.engine = build_engine(settings, self.role)
         self.ledger = KvLedger(settings.kv_capacity_tokens or EMULATED_KV_CAPACITY_TOKENS)
         self.tbt = TbtCheck(settings.cost_model().decode_step_s)
+        self.chunk_limits = settings.chunk_limits()
         self.cluster_config: ConfigFollower | None = None  # its TBT SLO gates admission
         self._generations: dict[str, asyncio.Task] = {}
         self._cancelled: dict[str, float] = {}  # request id → until when a late start is refused
@@ -179,8 +188,14 @@ class DecodeWorker:
         return Ack(request_id=start.request_id)
 
     async def _generate(self, start: DecodeStart) -> None:
-        subject = self._runtime.subjects.tokens(start.request_id)
-        seq = 0
+        subject = self._runtime.subjects.tokens(start.request_id, start.stream_owner)
+        bus = self._runtime.bus
+
+        async def publish(chunk: TokenChunk) -> None:
+            # No trace context per chunk: the conductor reads none, and headers cost both sides.
+            await bus.publish(subject, chunk, with_trace=False)
+
+        chunker = TokenChunker(start.request_id, publish, self.chunk_limits)
         try:
             with tracer().start_as_current_span("decode.generate") as span:
                 prefill_here = start.first_token is None  # conditional disaggregation
@@ -199,23 +214,18 @@ class DecodeWorker:
                     if step.num_cached_tokens is not None:
                         span.set_attribute("crescent.num_cached_tokens", step.num_cached_tokens)
                     num_tokens += len(step.token_ids)
-                    await self._runtime.bus.publish(subject, TokenChunk(
-                        request_id=start.request_id, seq=seq, token_ids=step.token_ids, logprobs=step.logprobs,
-                        is_final=step.finish_reason is not None, finish_reason=step.finish_reason))
-                    seq += 1
+                    await chunker.add(step.token_ids, step.logprobs, step.finish_reason)
                 span.set_attribute("crescent.num_generated_tokens", num_tokens)
+                span.set_attribute("crescent.num_token_messages", chunker.num_chunks)
         except asyncio.CancelledError:
             if start.request_id in self._handed_back:  # drain deadline: its conductor moves it on
-                await self._runtime.bus.publish(subject, TokenChunk(
-                    request_id=start.request_id, seq=seq, token_ids=[], is_final=True,
-                    finish_reason=FINISH_ABORT, error="decode instance draining: continue elsewhere"))
+                await chunker.fail("decode instance draining: continue elsewhere", FINISH_ABORT)
             raise
         except Exception as exc:
             log.exception("generation failed", extra={"request_id": start.request_id})
-            await self._runtime.bus.publish(subject, TokenChunk(
-                request_id=start.request_id, seq=seq, token_ids=[], is_final=True,
-                finish_reason=FINISH_ABORT, error=repr(exc)))
+            await chunker.fail(repr(exc), FINISH_ABORT)
         finally:
+            await chunker.close()
             self.ledger.release(start.request_id)
 
     async def cancel(self, cancel: DecodeCancel) -> Ack:

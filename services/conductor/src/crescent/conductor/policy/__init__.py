@@ -1,9 +1,10 @@
 """Scheduling policy: plain functions over snapshots, no I/O, time passed in (STYLE 2), so the
 cluster simulator runs exactly the code the conductor runs."""
 
+from crescent.common.block_index import BlockIndex, PrefixMatch
 from crescent.conductor.policy.admission import Admission, Slo, make_admission
 from crescent.conductor.policy.bandwidth import BandwidthTable
-from crescent.conductor.policy.block_index import BlockIndex, HotBlock, PrefixMatch
+from crescent.conductor.policy.block_heat import BlockHeat, HotBlock
 from crescent.conductor.policy.decision import (
     CostPredictors,
     Decision,
@@ -25,6 +26,7 @@ __all__ = [
     "POLICIES",
     "Admission",
     "BandwidthTable",
+    "BlockHeat",
     "BlockIndex",
     "ClusterSnapshot",
     "CostPredictors",

@@ -6,7 +6,7 @@ default applies, so a fresh conductor still prices transfers sensibly.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 DEFAULT_BYTES_PER_S = 12.5e9  # one 100 Gb/s NIC
 
@@ -19,6 +19,8 @@ class BandwidthTable:
         _check_rate(default_bytes_per_s)
         self.default_bytes_per_s = default_bytes_per_s
         self._measured: dict[tuple[str, str], float] = {}
+        self._measured_into: dict[str, dict[str, float]] = {}  # destination → {source: rate}
+        self._max_rate: float | None = None  # cached fastest link; None after a change
         for (src, dst), rate in (measured or {}).items():
             self.set(src, dst, rate)
 
@@ -28,6 +30,29 @@ class BandwidthTable:
     def set(self, src: str, dst: str, bytes_per_s: float) -> None:
         _check_rate(bytes_per_s)
         self._measured[(src, dst)] = bytes_per_s
+        self._measured_into.setdefault(dst, {})[src] = bytes_per_s
+        self._max_rate = None
+
+    def max_rate(self) -> float:
+        """The fastest link anywhere (the default included): a floor for any transfer's time."""
+        if self._max_rate is None:
+            self._max_rate = max(self.default_bytes_per_s, max(self._measured.values(), default=0.0))
+        return self._max_rate
+
+    def fastest_source(self, sources: Iterable[str], dst: str) -> tuple[str, float]:
+        """The source with the most bandwidth to `dst`, and that rate; equal links go to the
+        smaller name. The one rule for where a copy of a block is read from. `sources` must not
+        be empty."""
+        default = self.default_bytes_per_s
+        measured = self._measured_into.get(dst)
+        if measured is None:  # every link into dst runs at the default
+            return min(sources), default
+        best_source, best_rate = "", 0.0
+        for source in sources:
+            rate = measured.get(source, default)
+            if rate > best_rate or (rate == best_rate and source < best_source):
+                best_source, best_rate = source, rate
+        return best_source, best_rate
 
     def transfer_s(self, src: str, dst: str, num_bytes: float) -> float:
         return num_bytes / self.get(src, dst)

@@ -11,7 +11,8 @@ PrefillTimeFn = Callable[[int, int], float]
 """(num_tokens, num_cached_tokens) → seconds of prefill compute."""
 
 DecodeStepFn = Callable[[int, int], float]
-"""(batch_size, total_context_tokens) → seconds of one decode step, i.e. the TBT."""
+"""(batch_size, total_context_tokens) → seconds of one decode step, i.e. the TBT. Never less
+with a larger batch or more context: the decode choice skips instances on that assumption."""
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,18 @@ Without transfers (`allow_transfer=False`) this is the paper's local cache-aware
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import add, attrgetter, le
 from typing import NamedTuple
 
+from crescent.common.block_index import PrefixMatch
 from crescent.conductor.policy.bandwidth import BandwidthTable
-from crescent.conductor.policy.block_index import PrefixMatch
 from crescent.conductor.policy.decision import CostPredictors, PrefillChoice, ScheduleRequest
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 
 DEFAULT_BALANCING_THRESHOLD = 1.5
+_queue_time = attrgetter("queue_time_s")
+_node = attrgetter("node")
 
 
 class _NodePlan(NamedTuple):
@@ -51,6 +55,7 @@ class _Planner:
         self._prefill: dict[int, float] = {}
         self._local: dict[int, _NodePlan] = {}
         self._pull: dict[tuple[int, str, float], _NodePlan] = {}
+        self._floor: dict[int, float] = {}
 
     def prefill_s(self, prefix_blocks: int) -> float:
         seconds = self._prefill.get(prefix_blocks)
@@ -67,6 +72,19 @@ class _Planner:
             plan = self._local[local] = _NodePlan(local, local, None, 0.0, self.prefill_s(local))
         return plan
 
+    def least_ttft_s(self, local: int) -> float:
+        """A floor under T_transfer + T_prefill of any plan for a node holding `local` blocks:
+        its local plan, or a pull over the fastest link in the cluster."""
+        floor = self._floor.get(local)
+        if floor is None:  # a few distinct lengths per request: computed once each
+            floor = self.prefill_s(local)
+            best = self.match.best_len
+            if self.bandwidth is not None and self.allow_transfer and exceeds_threshold(best, local, self.threshold):
+                bytes_missing = (best - local) * self.request.block_size * self.predictors.kv_bytes_per_token
+                floor = min(floor, bytes_missing / self.bandwidth.max_rate() + self.prefill_s(best))
+            self._floor[local] = floor
+        return floor
+
     def plan(self, node: str) -> _NodePlan:
         match = self.match
         local = match.lengths.get(node, 0)
@@ -74,7 +92,7 @@ class _Planner:
         bandwidth = self.bandwidth
         if bandwidth is None or not self.allow_transfer or not exceeds_threshold(best, local, self.threshold):
             return self.local_plan(local)
-        source, rate = _fastest_source(match.best_nodes, node, bandwidth)
+        source, rate = bandwidth.fastest_source(match.best_nodes, node)
         key = (local, source, rate)
         plan = self._pull.get(key)
         if plan is None:
@@ -86,16 +104,6 @@ class _Planner:
                 plan = _NodePlan(best, local, source, transfer_s, prefill_s)
             self._pull[key] = plan
         return plan
-
-
-def _fastest_source(sources: frozenset[str], node: str, bandwidth: BandwidthTable) -> tuple[str, float]:
-    """The holder with the most bandwidth to `node`; equal links go to the smaller name."""
-    best_source, best_rate = "", 0.0
-    for source in sources:
-        rate = bandwidth.get(source, node)
-        if rate > best_rate or (rate == best_rate and source < best_source):
-            best_source, best_rate = source, rate
-    return best_source, best_rate
 
 
 def exceeds_threshold(best_len: int, local_len: int, threshold: float) -> bool:
@@ -112,22 +120,44 @@ def choose_prefill(request: ScheduleRequest, candidates: Sequence[InstanceSnapsh
     """The candidate with the least predicted TTFT; None when there is no candidate."""
     if not threshold > 0:
         raise ValueError(f"kvcache_balancing_threshold must be > 0, got {threshold}")
+    if not candidates:
+        return None
     planner = _Planner(request, predictors, match, bandwidth, threshold, allow_transfer,
                        transfer_only_if_cheaper)
-    plans: dict[str, _NodePlan] = {}
-    winner: InstanceSnapshot | None = None
-    winner_ttft = 0.0
-    for instance in candidates:
-        plan = plans.get(instance.node)
-        if plan is None:
-            plan = plans[instance.node] = planner.plan(instance.node)
-        # Summed in PrefillChoice.predicted_ttft_s's order, so reported and compared TTFTs agree.
-        ttft = plan.transfer_s + instance.queue_time_s + plan.prefill_s
-        if winner is None or ttft < winner_ttft or (ttft == winner_ttft and instance.instance_id < winner.instance_id):
-            winner, winner_ttft = instance, ttft
-    if winner is None:
-        return None
-    return _choice(request, winner, plans[winner.node])
+    # Branch and bound: queue time plus the floor of its node's plans bounds an instance's TTFT
+    # from below, and an instance whose bound exceeds a TTFT already found cannot win or tie,
+    # so it is never planned. The bounds are computed in C (map, min, compress); Python runs
+    # once per distinct prefix length and per instance left in the running: at 512 instances,
+    # a handful.
+    local_lengths = list(map(match.lengths.get, map(_node, candidates), repeat(0)))
+    floor_of = {length: planner.least_ttft_s(length) for length in set(local_lengths)}
+    bounds = list(map(add, map(_queue_time, candidates), map(floor_of.__getitem__, local_lengths)))
+    first = min(range(len(candidates)), key=bounds.__getitem__)
+    winner, winner_plan, winner_ttft = _priced(candidates[first], planner)
+    limit = winner_ttft + _rounding_slack(winner_ttft)
+    in_running = compress(range(len(candidates)), map(le, bounds, repeat(limit)))
+    for position in sorted(in_running, key=bounds.__getitem__):
+        if bounds[position] > limit:
+            break
+        if position == first:
+            continue
+        instance, plan, ttft = _priced(candidates[position], planner)
+        if ttft < winner_ttft or (ttft == winner_ttft and instance.instance_id < winner.instance_id):
+            winner, winner_plan, winner_ttft = instance, plan, ttft
+            limit = ttft + _rounding_slack(ttft)
+    return _choice(request, winner, winner_plan)
+
+
+def _priced(instance: InstanceSnapshot, planner: _Planner) -> tuple[InstanceSnapshot, _NodePlan, float]:
+    """An instance, its node's plan and its TTFT, summed in PrefillChoice.predicted_ttft_s's
+    order so that reported and compared TTFTs agree."""
+    plan = planner.plan(instance.node)
+    return instance, plan, plan.transfer_s + instance.queue_time_s + plan.prefill_s
+
+
+def _rounding_slack(seconds: float) -> float:
+    """Room for float rounding when comparing a bound with a TTFT summed in another order."""
+    return abs(seconds) * 1e-9 + 1e-12
 
 
 def price_local(request: ScheduleRequest, instance: InstanceSnapshot, match: PrefixMatch,

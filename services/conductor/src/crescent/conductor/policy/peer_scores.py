@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from crescent.conductor.policy.block_index import PrefixMatch
+from crescent.common.block_index import PrefixMatch
 from crescent.conductor.policy.decision import ScheduleRequest
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 

@@ -15,6 +15,7 @@ import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 
+from crescent.common.block_index import PrefixMatch
 from crescent.conductor.policy import baselines, kv_centric, least_loaded, peer_scores
 from crescent.conductor.policy.admission import (
     DEFAULT_RETRY_AFTER_S,
@@ -22,7 +23,6 @@ from crescent.conductor.policy.admission import (
     Slo,
     make_admission,
 )
-from crescent.conductor.policy.block_index import PrefixMatch
 from crescent.conductor.policy.decision import (
     CostPredictors,
     Decision,
@@ -33,7 +33,12 @@ from crescent.conductor.policy.decision import (
     ReplicationOrder,
     ScheduleRequest,
 )
-from crescent.conductor.policy.decode_load import DecodeLoad, choice_for, choose_by_tbt, current_loads
+from crescent.conductor.policy.decode_load import (
+    DecodeLoad,
+    choice_for,
+    choose_by_tbt,
+    current_loads,
+)
 from crescent.conductor.policy.decode_time import DecodeTimeEstimator
 from crescent.conductor.policy.eligibility import eligible_decode, eligible_prefill
 from crescent.conductor.policy.local_prefill import prefill_on_decode

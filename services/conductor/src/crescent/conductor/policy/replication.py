@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crescent.conductor.policy.bandwidth import BandwidthTable
-from crescent.conductor.policy.block_index import BlockIndex
+from crescent.conductor.policy.block_heat import BlockHeat
 from crescent.conductor.policy.decision import PrefillChoice, ReplicationOrder, ReplicationReason
 from crescent.conductor.policy.eligibility import is_usable
 from crescent.conductor.policy.snapshot import InstanceSnapshot
@@ -53,7 +53,7 @@ def rank_target_nodes(prefill: Sequence[InstanceSnapshot]) -> list[str]:
     return sorted(queue, key=lambda node: (queue[node], node))
 
 
-def hot_spot_orders(index: BlockIndex, target_nodes: Sequence[str], bandwidth: BandwidthTable,
+def hot_spot_orders(heat: BlockHeat, target_nodes: Sequence[str], bandwidth: BandwidthTable,
                     now: float, config: HotSpotConfig = HotSpotConfig()) -> list[ReplicationOrder]:
     """Orders giving each hot block up to `max_new_per_block` more replicas, below the cap.
 
@@ -61,8 +61,9 @@ def hot_spot_orders(index: BlockIndex, target_nodes: Sequence[str], bandwidth: B
     node: a replica is only useful with its whole prefix, since matching stops at a gap.
     Within an order, blocks are listed parents first.
     """
+    index = heat.index
     planned: dict[tuple[str, str], list[tuple[int, bytes]]] = {}
-    for block in index.hottest(config.num_hottest, now):
+    for block in heat.hottest(config.num_hottest, now):
         if block.hits < config.min_hits:
             break
         holders = index.holders(block.hash)
@@ -72,8 +73,8 @@ def hot_spot_orders(index: BlockIndex, target_nodes: Sequence[str], bandwidth: B
                 break
             if target in holders:
                 continue
-            source = min(holders, key=lambda src: (-bandwidth.get(src, target), src))
-            depth = index.depth(block.hash)
+            source, _ = bandwidth.fastest_source(holders, target)
+            depth = heat.depth(block.hash)
             planned.setdefault((source, target), []).append((0 if depth is None else depth, block.hash))
             wanted -= 1
     return [ReplicationOrder(src, dst, tuple(h for _, h in sorted(blocks)), ReplicationReason.HOT_SPOT)

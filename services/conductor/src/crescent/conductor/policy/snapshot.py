@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from crescent.common.block_index import BlockIndex
 from crescent.conductor.policy.bandwidth import BandwidthTable
-from crescent.conductor.policy.block_index import BlockIndex
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,20 @@
-"""BlockIndex: holder bookkeeping, prefix matching against brute force, decaying hotness."""
+"""The shared block index: holder bookkeeping, node bit slots, etcd keys, and prefix matching
+against a brute-force scan per node."""
 
 from __future__ import annotations
 
-from crescent.conductor.policy import BlockIndex
+import hashlib
+
+from crescent.common.block_index import BlockIndex, BlockKey, apply_block_change, parse_block_key
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from policy_helpers import chain
+
+
+def chain(name: str, num_blocks: int) -> list[bytes]:
+    return [
+        hashlib.blake2b(f"{name}/{i}".encode(), digest_size=16).digest() for i in range(num_blocks)
+    ]
+
 
 A = chain("a", 6)
 
@@ -43,34 +52,48 @@ def test_remove_and_remove_node_forget_holdings():
     index.remove(A[1], "n1")
     index.remove(A[1], "n1")  # twice is harmless
     index.remove(b"x" * 16, "n1")
+    index.remove(A[0], "nowhere")
     assert dict(index.match(A).lengths) == {"n1": 1, "n2": 3}
     index.remove_node("n2")
-    assert index.holders(A[1]) == frozenset() and index.holders(A[2]) == {"n1"} and index.nodes() == ["n1"]
+    assert (
+        index.holders(A[1]) == frozenset()
+        and index.holders(A[2]) == {"n1"}
+        and index.nodes() == ["n1"]
+    )
     assert index.num_blocks == 2 and index.blocks_of("n1") == {A[0], A[2]}
+    assert (
+        index.num_replicas(A[0]) == 1 and not index.is_held(A[1]) and index.num_blocks_of("n2") == 0
+    )
 
 
-def test_hits_decay_by_half_life_and_rank_parents_first_on_ties():
-    index = BlockIndex(hit_half_life_s=10.0)
-    index.add_many(A[:3], "n1")
-    index.add(A[0], "n2")
-    for t in range(4):
-        index.record_hits(A[:3], now=float(t))
-    assert index.hits(A[0], 3.0) == index.hits(A[2], 3.0)
-    hot = index.hottest(2, now=3.0)
-    assert [h.hash for h in hot] == [A[0], A[1]]
-    assert hot[0].num_replicas == 2 and hot[1].num_replicas == 1
-    assert abs(index.hits(A[0], 13.0) - hot[0].hits / 2) < 1e-9
-    index.record_hits([b"?" * 16], now=3.0)  # unheld blocks are not counted
-    assert len(index.hottest(10, 3.0)) == 3
-
-
-def test_hits_are_dropped_with_the_last_replica():
+def test_a_node_that_empties_gives_its_slot_to_the_next_node():
     index = BlockIndex()
-    index.add(A[0], "n1")
-    index.record_hits(A[:1], now=0.0)
-    index.remove(A[0], "n1")
-    index.add(A[0], "n1")
-    assert index.hits(A[0], 0.0) == 0.0
+    index.add_many(A[:2], "n1")
+    index.add(A[0], "n2")
+    index.remove_node("n1")
+    index.add_many(A[:3], "n3")  # takes n1's old bit: n1 must not come back through it
+    match = index.match(A)
+    assert dict(match.lengths) == {"n2": 1, "n3": 3} and index.holders(A[0]) == {"n2", "n3"}
+
+
+def test_block_keys_parse_and_apply():
+    hash_hex = A[0].hex()
+    assert parse_block_key(f"/crescent/c/blocks/m/{hash_hex}/n1") == BlockKey("m", A[0], "n1")
+    for key in (
+        "/crescent/c/blocks/m/zz/n1",
+        f"{hash_hex}/n1",
+        f"/crescent/c/blocks/m/{hash_hex}/",
+        "",
+    ):
+        assert parse_block_key(key) is None, key
+    index = BlockIndex()
+    assert apply_block_change(
+        index, f"/crescent/c/blocks/m/{hash_hex}/n1", is_put=True
+    ) == BlockKey("m", A[0], "n1")
+    assert index.holders(A[0]) == {"n1"}
+    apply_block_change(index, f"/crescent/c/blocks/m/{hash_hex}/n1", is_put=False)
+    assert index.num_blocks == 0 and index.nodes() == []
+    assert apply_block_change(index, "/crescent/c/blocks/m/nothex/n1", is_put=True) is None
 
 
 def brute_force_lengths(holdings: dict[str, set[bytes]], hashes: list[bytes]) -> dict[str, int]:
@@ -85,14 +108,16 @@ def brute_force_lengths(holdings: dict[str, set[bytes]], hashes: list[bytes]) ->
 
 
 POOL = chain("pool", 12)
+NODES = [f"n{i}" for i in range(70)]  # more than one 64-bit word of node bits
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    holdings=st.dictionaries(st.sampled_from([f"n{i}" for i in range(8)]),
-                             st.sets(st.sampled_from(POOL), max_size=12), max_size=8),
+    holdings=st.dictionaries(
+        st.sampled_from(NODES), st.sets(st.sampled_from(POOL), max_size=12), max_size=70
+    ),
     hashes=st.lists(st.sampled_from(POOL), max_size=12, unique=True),
-    removed=st.lists(st.tuples(st.sampled_from([f"n{i}" for i in range(8)]), st.sampled_from(POOL)), max_size=6),
+    removed=st.lists(st.tuples(st.sampled_from(NODES), st.sampled_from(POOL)), max_size=12),
 )
 def test_prefix_lengths_equal_a_brute_force_per_node_scan(holdings, hashes, removed):
     index = BlockIndex()
@@ -108,20 +133,5 @@ def test_prefix_lengths_equal_a_brute_force_per_node_scan(holdings, hashes, remo
     best = max(expected.values(), default=0)
     assert match.best_len == best
     assert match.best_nodes == {n for n, length in expected.items() if length == best}
-
-
-@settings(max_examples=80, deadline=None)
-@given(hits=st.lists(st.tuples(st.integers(0, 40), st.floats(0, 300), st.integers(1, 5)), min_size=1, max_size=120),
-       k=st.integers(0, 12), now=st.floats(0, 400))
-def test_hottest_is_the_brute_force_ranking(hits, k, now):
-    """Skipping blocks whose undecayed count is below the k-th best decayed one changes nothing."""
-    index = BlockIndex(hit_half_life_s=30.0)
-    blocks = [bytes([i]) * 4 for i in range(41)]
-    for b in blocks:
-        index.add(b, "n0")
-    for block, at, repeat in sorted(hits, key=lambda hit: hit[1]):
-        for _ in range(repeat):
-            index.record_hits([blocks[block]], at)
-    expected = sorted((b for b in blocks if index.hits(b, now) > 0 or index.depth(b) is not None),
-                      key=lambda b: (-index.hits(b, now), index.depth(b), b))[:k]
-    assert [hot.hash for hot in index.hottest(k, now)] == expected
+    for block in POOL:
+        assert index.holders(block) == {n for n, held in holdings.items() if block in held}

@@ -1,0 +1,220 @@
+"""The fast decision path against a straightforward reference, on random clusters.
+
+The policy matches a request once through the block index's node bitmasks, skips prefill
+instances whose TTFT floor exceeds the best found, and visits decode instances by context
+until the TBT floor exceeds the best. The reference below does none of that: per instance it
+scans the node's blocks, finds the fastest source by brute force, prices Algorithm 1, and
+evaluates the TBT model on every decode instance. Both must pick the same instances, with the
+same predictions, ties included (queue times and loads are drawn from small sets so that
+ties are common).
+"""
+
+from __future__ import annotations
+
+import random
+
+from crescent.conductor.policy import (
+    BandwidthTable,
+    ClusterSnapshot,
+    CostPredictors,
+    Decision,
+    InstanceSnapshot,
+    ScheduleRequest,
+    make_policy,
+)
+from crescent.conductor.policy.kv_centric import exceeds_threshold
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from policy_helpers import chain, index_with
+
+BLOCK = 16
+KV_BYTES_PER_TOKEN = 1000.0
+THRESHOLD = 1.5
+
+
+def prefill_s(n: int, p: int) -> float:
+    return 1e-3 * (n - p) + 2e-8 * (n * n - p * p)
+
+
+def decode_step_s(batch: int, context: int) -> float:
+    return max(0.004 + 0.002 * batch, 1e-6 * context)  # non-decreasing in both, flat in places
+
+
+PREDICTORS = CostPredictors(prefill_s, decode_step_s, KV_BYTES_PER_TOKEN)
+
+
+def reference_prefill(
+    request: ScheduleRequest, snapshot: ClusterSnapshot, holdings: dict[str, set[bytes]]
+) -> tuple[str, str | None, int, float]:
+    """(instance, pull source, prefix tokens, TTFT) by Algorithm 1, one instance at a time."""
+
+    def held_run(node: str) -> int:
+        n = 0
+        while n < len(request.block_hashes) and request.block_hashes[n] in holdings.get(node, ()):
+            n += 1
+        return n
+
+    def prefill_of(blocks: int) -> float:
+        n = request.num_prompt_tokens
+        return max(0.0, prefill_s(n, min(blocks * BLOCK, n - 1)))
+
+    runs = {node: held_run(node) for node in holdings}
+    best = max(runs.values(), default=0)
+    best_nodes = sorted(node for node, run in runs.items() if run == best and best)
+    priced = []
+    for instance in snapshot.prefill:
+        local = held_run(instance.node)
+        source, transfer, blocks = None, 0.0, local
+        if exceeds_threshold(best, local, THRESHOLD):
+            source = min(best_nodes, key=lambda s: (-snapshot.bandwidth.get(s, instance.node), s))
+            rate = snapshot.bandwidth.get(source, instance.node)
+            transfer = (best - local) * BLOCK * KV_BYTES_PER_TOKEN / rate
+            if transfer < prefill_of(local) - prefill_of(best):
+                blocks = best
+            else:
+                source, transfer = None, 0.0
+        ttft = transfer + instance.queue_time_s + prefill_of(blocks)
+        priced.append((ttft, instance.instance_id, source, blocks * BLOCK))
+    ttft, instance_id, source, prefix_tokens = min(priced)
+    return instance_id, source, prefix_tokens, ttft
+
+
+def reference_decode(request: ScheduleRequest, snapshot: ClusterSnapshot) -> tuple[str, float]:
+    priced = [
+        (
+            decode_step_s(d.num_running + 1, d.num_context_tokens + request.num_prompt_tokens),
+            d.instance_id,
+        )
+        for d in snapshot.decode
+        if d.kv_free_tokens >= request.num_kv_tokens
+    ]
+    tbt, instance_id = min(priced)
+    return instance_id, tbt
+
+
+@st.composite
+def clusters(draw):
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    num_nodes = draw(st.integers(1, 80))
+    nodes = [f"n{i:02d}" for i in range(num_nodes)]
+    families = [chain(f"f{f}", 24) for f in range(3)]
+    holdings: dict[str, set[bytes]] = {}
+    for node in nodes:
+        for family in rng.sample(families, rng.randint(0, 2)):
+            start = (
+                0 if rng.random() < 0.8 else rng.randint(1, 5)
+            )  # some hold a run without its start
+            holdings.setdefault(node, set()).update(family[start : rng.randint(start, 24)])
+    bandwidth = BandwidthTable(1e6)
+    for _ in range(rng.randint(0, 3 * num_nodes)):
+        bandwidth.set(rng.choice(nodes), rng.choice(nodes), rng.choice([5e5, 1e6, 2e6]))
+    prefills = [
+        InstanceSnapshot(
+            f"p{i:02d}", rng.choice(nodes), 0, 0, rng.choice([0.0, 0.05, 0.1, 0.5]), 0, 0
+        )
+        for i in range(rng.randint(1, 2 * num_nodes))
+    ]
+    decodes = [
+        InstanceSnapshot(
+            f"d{i:02d}",
+            f"dn{i}",
+            0,
+            rng.choice([0, 1, 4, 16]),
+            0.0,
+            used,
+            60_000,
+            context_tokens=rng.choice([None, 0, 2000, 9000, 30000]),
+        )
+        for i in range(rng.randint(1, 80))
+        for used in [rng.choice([0, 1000, 30_000])]
+    ]
+    family = rng.choice(families)
+    num_blocks = rng.randint(0, 24)
+    hashes = family[:num_blocks]
+    request = ScheduleRequest(
+        "r", tuple(hashes), num_blocks * BLOCK + rng.randint(1, BLOCK), BLOCK, 64
+    )
+    return (
+        holdings,
+        ClusterSnapshot(
+            prefills, decodes, index_with({n: sorted(h) for n, h in holdings.items()}), bandwidth
+        ),
+        request,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=clusters())
+def test_kv_centric_decisions_equal_the_per_instance_reference(case):
+    holdings, snapshot, request = case
+    outcome = make_policy(
+        "kv-centric", predictors=PREDICTORS, kvcache_balancing_threshold=THRESHOLD
+    ).choose(request, snapshot, 0.0)
+    assert isinstance(outcome, Decision)
+    instance_id, source, prefix_tokens, ttft = reference_prefill(request, snapshot, holdings)
+    chosen = outcome.prefill
+    assert (chosen.instance_id, chosen.transfer_source, chosen.prefix_tokens) == (
+        instance_id,
+        source,
+        prefix_tokens,
+    )
+    assert chosen.predicted_ttft_s == ttft
+    assert (outcome.decode.instance_id, outcome.decode.predicted_tbt_s) == reference_decode(
+        request, snapshot
+    )
+
+
+class CountingDecodeStep:
+    def __init__(self) -> None:
+        self.num_calls = 0
+
+    def __call__(self, batch: int, context: int) -> float:
+        self.num_calls += 1
+        return decode_step_s(batch, context)
+
+
+class CountingBandwidth(BandwidthTable):
+    def __init__(self) -> None:
+        super().__init__(1e6)
+        self.num_plans = 0
+
+    def fastest_source(self, sources, dst):
+        self.num_plans += 1
+        return super().fastest_source(sources, dst)
+
+
+def test_at_512_instances_few_are_priced_in_full():
+    """The bounds are what keeps a decision under a millisecond at 512 instances: without them
+    every prefill instance's node is planned and the TBT model runs for every decode instance."""
+    rng = random.Random(7)
+    nodes = [f"n{i:03d}" for i in range(512)]
+    family = chain("sys", 64)
+    holdings = {node: set(family[: rng.randint(1, 8)]) for node in nodes}
+    holdings["n100"] = set(family)
+    bandwidth = CountingBandwidth()
+    prefills = [
+        InstanceSnapshot(f"p{i:03d}", node, 0, 0, rng.uniform(0, 0.5), 0, 0)
+        for i, node in enumerate(nodes)
+    ]
+    decodes = [
+        InstanceSnapshot(
+            f"d{i:03d}",
+            f"dn{i}",
+            0,
+            rng.randint(0, 32),
+            0.0,
+            0,
+            10**7,
+            context_tokens=rng.randint(0, 10**6),
+        )
+        for i in range(512)
+    ]
+    step = CountingDecodeStep()
+    predictors = CostPredictors(prefill_s, step, KV_BYTES_PER_TOKEN)
+    snapshot = ClusterSnapshot(
+        prefills, decodes, index_with({n: sorted(h) for n, h in holdings.items()}), bandwidth
+    )
+    request = ScheduleRequest("r", tuple(family), 64 * BLOCK + 1, BLOCK, 16)
+    outcome = make_policy("kv-centric", predictors=predictors).choose(request, snapshot, 0.0)
+    assert isinstance(outcome, Decision)
+    assert bandwidth.num_plans < 64 and step.num_calls < 64

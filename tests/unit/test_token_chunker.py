@@ -1,0 +1,62 @@
+"""TokenChunker's rules with a recording publisher: fast steps share a chunk up to max_tokens,
+a held token leaves after max_delay, slow steps and the final one leave at once, seq has no gap."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from crescent.common.errors import ConfigError
+from crescent.common.messages import TokenChunk
+from crescent.decode.chunking import ChunkLimits, TokenChunker
+
+
+def recorder() -> tuple[list[TokenChunk], TokenChunker]:
+    sent: list[TokenChunk] = []
+
+    async def publish(chunk: TokenChunk) -> None:
+        sent.append(chunk)
+
+    return sent, TokenChunker("r", publish, ChunkLimits(max_tokens=4, max_delay_s=0.05))
+
+
+async def test_fast_steps_share_chunks_of_at_most_max_tokens_and_the_final_goes_at_once():
+    sent, chunker = recorder()
+    for token in range(9):
+        await chunker.add([token], [], None)
+    await chunker.add([9], [], "length")
+    await chunker.close()
+    assert [c.token_ids for c in sent] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert (
+        [c.seq for c in sent] == [0, 1, 2]
+        and sent[-1].is_final
+        and sent[-1].finish_reason == "length"
+    )
+
+
+async def test_a_held_token_leaves_after_the_delay():
+    sent, chunker = recorder()
+    await chunker.add([1], [], None)
+    assert sent == []
+    await asyncio.sleep(0.2)
+    assert [c.token_ids for c in sent] == [[1]] and not sent[0].is_final
+    await chunker.add([2], [], "stop")  # more than the delay after the last step: at once
+    await chunker.close()
+    assert [c.token_ids for c in sent] == [[1], [2]] and [c.seq for c in sent] == [0, 1]
+
+
+async def test_a_failure_sends_what_is_held_then_a_final_error_chunk():
+    sent, chunker = recorder()
+    await chunker.add([1], [], None)
+    await chunker.fail("boom", "abort")
+    await chunker.close()
+    assert [(c.token_ids, c.is_final, c.error) for c in sent] == [
+        ([1], False, None),
+        ([], True, "boom"),
+    ]
+
+
+def test_limits_are_checked():
+    for max_tokens, max_delay_s in ((0, 0.005), (16, -1.0)):
+        with pytest.raises(ConfigError):
+            ChunkLimits(max_tokens, max_delay_s)
