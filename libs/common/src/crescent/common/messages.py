@@ -166,8 +166,9 @@ class PrefillResult(Message):
     first_token: TokenId
     num_computed_tokens: TokenCount
     num_cached_tokens: TokenCount = 0
-    queue_s: Seconds = 0.0
+    queue_s: Seconds = 0.0  # from arrival to its compute turn: the planned pull is inside it
     compute_s: Seconds = 0.0
+    transfer_s: Seconds = 0.0  # the planned prefix pull (0: none planned)
     first_logprobs: TokenLogprobs | None = None  # when the job's sampling asks for logprobs
     prompt_logprobs: TokenLogprobsList = []  # when it asks for prompt_logprobs: prompt tokens 1..n-1
 

@@ -22,6 +22,7 @@ from crescent.common.errors import MessageError
 from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.conductor.policy.snapshot import InstanceSnapshot
+from crescent.conductor.pricing import Pricing
 
 log = logging.getLogger(__name__)
 
@@ -111,26 +112,29 @@ class ClusterView:
         state = self.instances.get((role, instance_id))
         return state.info.node if state is not None else ""
 
-    def snapshot(self, role: str, model: str, now: float) -> list[InstanceSnapshot]:
+    def snapshot(self, role: str, model: str, now: float, pricing: Pricing | None = None) -> list[InstanceSnapshot]:
         """Registered instances of `role` serving `model`, with this conductor's recent assignments
-        added; stale or not accepting ones are flagged, for the policies to leave out."""
+        added; stale or not accepting ones are flagged, for the policies to leave out. With
+        `pricing`, each carries its own cost model and its reported queue is corrected with it."""
         snapshots = []
         for (r, instance_id), state in self.instances.items():
             if r != role or state.info.model != model:
                 continue
             load = state.load
             capacity = load.kv_capacity_tokens if load else state.info.kv_capacity_tokens
+            queue_ratio = pricing.queue_ratio(instance_id) if pricing is not None else 1.0
             snapshots.append(InstanceSnapshot(
                 instance_id=instance_id,
                 node=state.info.node,
                 num_queued=(load.num_queued if load else 0) + state.num_assigned_since_load,
                 num_running=load.num_running if load else 0,
-                queue_time_s=(load.queue_time_s if load else 0.0) + state.queue_s_assigned_since_load,
+                queue_time_s=(load.queue_time_s * queue_ratio if load else 0.0) + state.queue_s_assigned_since_load,
                 kv_used_tokens=(load.kv_used_tokens if load else 0) + state.kv_assigned_since_load,
                 kv_capacity_tokens=capacity,
                 is_stale=not self.is_live(state, now),
                 is_accepting=load.is_accepting if load else True,
                 context_tokens=load.num_context_tokens if load and role == "decode" else None,
+                costs=pricing.predictors(role, instance_id, model) if pricing is not None else None,
             ))
         return snapshots
 

@@ -121,7 +121,6 @@ class _DecodeSide:
     instance_id: str = ""
     attempt: int = 0
     is_finished: bool = False  # decode released the room itself
-    predicted_tbt_s: float = 0.0  # at placement, on the instance placed on
     is_moved: bool = False  # decoding went on elsewhere: the prediction no longer applies
 
     @property
@@ -205,9 +204,8 @@ class RequestFlow:
                     span.set_attribute("crescent.rejected", outcome.reason.value)
                     raise RejectedError(outcome)
                 decode_id = outcome.decode.instance_id
-                self._scheduler.record(request, outcome)
+                self._scheduler.record(request, outcome, model)
                 decode.instance_id = decode_id
-                decode.predicted_tbt_s = outcome.decode.predicted_tbt_s
                 if await self._reserve(decode_id, decode.attempt_id, request.num_prompt_tokens, request.max_tokens):
                     break
                 self._scheduler.forget(request, outcome)
@@ -260,8 +258,7 @@ class RequestFlow:
             try:
                 result = await self._while_present("prefill", prefill.instance_id, self._bus.request(
                     self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))
-                self._scheduler.on_prefilled(request, decision, result.num_cached_tokens,
-                                             self._clock() - sent_at)
+                self._scheduler.on_prefilled(request, decision, result, self._clock() - sent_at)
                 return result
             except MOVABLE_ERRORS as exc:
                 if isinstance(exc, RemoteError) and exc.code == INVALID_REQUEST:
@@ -336,7 +333,7 @@ class RequestFlow:
             if chunk.is_final:
                 decode.is_finished = True
                 if num_later_tokens and not decode.is_moved:
-                    self._scheduler.on_decoded(decode.predicted_tbt_s,
+                    self._scheduler.on_decoded(decode.request_id,
                                                (self._clock() - first_chunk_at) / num_later_tokens)
             if token_ids or chunk.is_final:
                 yield TokenEvent(token_ids, chunk.finish_reason if chunk.is_final else None, logprobs)

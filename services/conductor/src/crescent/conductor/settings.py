@@ -32,7 +32,10 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     block_size: int = setting(512, "tokens per KV block (the unit of prefix caching)")
     kv_bytes_per_block: int = setting(1 << 20, "bytes of one stored KV block (the store's --block-bytes)")
     kvcache_balancing_threshold: float = setting(1.5, "pull a better prefix only if best/local exceeds this")
-    prefill_model: str = setting("", "JSON of a fitted prefill-time model (crescent profile); empty: the emulated cost model")
+    prefill_model: str = setting("", "override: price every instance's prefill with this fitted model (JSON of "
+                                     "crescent profile) instead of the cost profile each publishes in etcd")
+    cost_correction: bool = setting(True, "correct each instance's published cost model online from the measured "
+                                          "times of its requests (off: price with the published models as they are)")
     hot_spot_period_s: float = setting(2.0, "interval of the hot-block replication pass (0: off)")
     seed: int = setting(0, "seed of the random baseline policy")
     tokenizer: str = setting("", "checkpoint directory whose tokenizer.json the served model uses "

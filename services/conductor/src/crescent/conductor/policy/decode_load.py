@@ -22,8 +22,15 @@ class DecodeLoad(NamedTuple):
     num_context_tokens: int
 
     def tbt_with(self, request: ScheduleRequest, decode_step_s: DecodeStepFn) -> float:
-        """Predicted TBT once `request` has joined this batch."""
-        return decode_step_s(self.num_running + 1, self.num_context_tokens + request.num_prompt_tokens)
+        """Predicted TBT once `request` has joined this batch, by the instance's own cost model
+        when it has one (`decode_step_s` otherwise)."""
+        step_s = step_fn(self.instance, decode_step_s)
+        return step_s(self.num_running + 1, self.num_context_tokens + request.num_prompt_tokens)
+
+
+def step_fn(instance: InstanceSnapshot, default: DecodeStepFn) -> DecodeStepFn:
+    """The decode step model that prices `instance`."""
+    return instance.costs.decode_step_s if instance.costs is not None else default
 
 
 def current_loads(instances: Sequence[InstanceSnapshot]) -> list[DecodeLoad]:
@@ -60,7 +67,7 @@ def choose_by_tbt(request: ScheduleRequest, loads: Sequence[DecodeLoad],
     best: DecodeChoice | None = None
     prompt = request.num_prompt_tokens
     for instance, num_running, num_context_tokens in loads:
-        tbt = decode_step_s(num_running + 1, num_context_tokens + prompt)
+        tbt = step_fn(instance, decode_step_s)(num_running + 1, num_context_tokens + prompt)
         if best is None or tbt < best.predicted_tbt_s or (
                 tbt == best.predicted_tbt_s and instance.instance_id < best.instance_id):
             best = DecodeChoice(instance.instance_id, tbt)
