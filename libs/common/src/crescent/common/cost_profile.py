@@ -44,8 +44,12 @@ class PrefillCost(msgspec.Struct, kw_only=True, omit_defaults=True):
     def seconds(self, num_tokens: int, num_cached_tokens: int = 0) -> float:
         n = num_tokens
         p = min(num_cached_tokens, n)
-        return (self.base_s + self.per_token_s * (n - p) + self.per_token_pair_s * (n * n - p * p)
-                + self.per_cached_token_s * p)
+        return (
+            self.base_s
+            + self.per_token_s * (n - p)
+            + self.per_token_pair_s * (n * n - p * p)
+            + self.per_cached_token_s * p
+        )
 
 
 class DecodePlane(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -54,7 +58,9 @@ class DecodePlane(msgspec.Struct, kw_only=True, omit_defaults=True):
     per_context_token_s: float = 0.0
 
     def seconds(self, batch_size: int, total_context: int) -> float:
-        return self.base_s + self.per_request_s * batch_size + self.per_context_token_s * total_context
+        return (
+            self.base_s + self.per_request_s * batch_size + self.per_context_token_s * total_context
+        )
 
 
 class CostProfile(Message):
@@ -85,7 +91,9 @@ def check_profile(profile: CostProfile, model: str) -> CostProfile:
         problems.append(f"source {profile.source!r} is not one of {', '.join(SOURCES)}")
     if not profile.decode:
         problems.append("it has no decode plane")
-    terms = [("prefill", profile.prefill)] + [(f"decode[{i}]", p) for i, p in enumerate(profile.decode)]
+    terms = [("prefill", profile.prefill)] + [
+        (f"decode[{i}]", p) for i, p in enumerate(profile.decode)
+    ]
     for where, term in terms:
         for name in term.__struct_fields__:
             value = getattr(term, name)
@@ -128,9 +136,12 @@ def fit_prefill(samples: Sequence[tuple[int, int, float]]) -> PrefillCost:
     """(num_tokens, num_cached_tokens, seconds) samples → the non-negative PrefillCost that
     fits them best."""
     rows = [[1.0, n - p, float(n * n - p * p), p] for n, p, _ in samples]
-    base, per_token, per_pair, per_cached = nonnegative_least_squares(rows, [s for _, _, s in samples])
-    return PrefillCost(base_s=base, per_token_s=per_token, per_token_pair_s=per_pair,
-                       per_cached_token_s=per_cached)
+    base, per_token, per_pair, per_cached = nonnegative_least_squares(
+        rows, [s for _, _, s in samples]
+    )
+    return PrefillCost(
+        base_s=base, per_token_s=per_token, per_token_pair_s=per_pair, per_cached_token_s=per_cached
+    )
 
 
 def fit_decode(samples: Sequence[tuple[int, int, float]]) -> DecodePlane:
@@ -140,7 +151,9 @@ def fit_decode(samples: Sequence[tuple[int, int, float]]) -> DecodePlane:
     return DecodePlane(base_s=base, per_request_s=per_request, per_context_token_s=per_token)
 
 
-def nonnegative_least_squares(rows: Sequence[Sequence[float]], targets: Sequence[float]) -> list[float]:
+def nonnegative_least_squares(
+    rows: Sequence[Sequence[float]], targets: Sequence[float]
+) -> list[float]:
     """argmin ‖Ax − y‖ over x ≥ 0, for the few columns a cost model has: the optimum is the
     unconstrained fit on some subset of columns, so try every subset (2^k − 1 of them) and keep
     the best fit that has no negative coefficient. Columns are scaled to unit size first."""
@@ -157,7 +170,9 @@ def nonnegative_least_squares(rows: Sequence[Sequence[float]], targets: Sequence
             full = [0.0] * k
             for j, value in zip(columns, solution):
                 full[j] = value
-            residual = sum((sum(a * x for a, x in zip(r, full)) - y) ** 2 for r, y in zip(scaled, targets))
+            residual = sum(
+                (sum(a * x for a, x in zip(r, full)) - y) ** 2 for r, y in zip(scaled, targets)
+            )
             if residual < best_residual:
                 best, best_residual = full, residual
     if best is None:
@@ -168,8 +183,11 @@ def nonnegative_least_squares(rows: Sequence[Sequence[float]], targets: Sequence
 def _least_squares(rows: list[list[float]], targets: Sequence[float]) -> list[float] | None:
     """Normal equations solved by Gaussian elimination; None when the columns are dependent."""
     k = len(rows[0])
-    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] + [sum(r[i] * y for r, y in zip(rows, targets))]
-         for i in range(k)]
+    a = [
+        [sum(r[i] * r[j] for r in rows) for j in range(k)]
+        + [sum(r[i] * y for r, y in zip(rows, targets))]
+        for i in range(k)
+    ]
     largest = max(abs(a[i][j]) for i in range(k) for j in range(k)) or 1.0
     for col in range(k):
         pivot = max(range(col, k), key=lambda r: abs(a[r][col]))

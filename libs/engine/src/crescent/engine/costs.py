@@ -34,12 +34,19 @@ def emulated_profile(cost: CostModel, model: str) -> CostProfile:
     per_token_s = scale * layers * dims.b * d * d / cost.flops_per_s
     per_pair_s = scale * layers * dims.a * d / cost.flops_per_s
     compute = DecodePlane(per_request_s=per_token_s, per_context_token_s=per_pair_s)
-    memory = DecodePlane(base_s=scale * dims.weight_bytes / cost.memory_bytes_per_s,
-                         per_context_token_s=scale * dims.kv_bytes_per_token / cost.memory_bytes_per_s)
+    memory = DecodePlane(
+        base_s=scale * dims.weight_bytes / cost.memory_bytes_per_s,
+        per_context_token_s=scale * dims.kv_bytes_per_token / cost.memory_bytes_per_s,
+    )
     hardware = f"emulated-{cost.flops_per_s / 1e12:g}TFLOPs-{cost.memory_bytes_per_s / 1e9:g}GBps-x{scale:g}"
-    return CostProfile(model=model, prefill=PrefillCost(per_token_s=per_token_s, per_token_pair_s=per_pair_s),
-                       decode=[compute, memory], dtype=f"{dims.dtype_bytes * 8}bit", hardware=hardware,
-                       source="emulated")
+    return CostProfile(
+        model=model,
+        prefill=PrefillCost(per_token_s=per_token_s, per_token_pair_s=per_pair_s),
+        decode=[compute, memory],
+        dtype=f"{dims.dtype_bytes * 8}bit",
+        hardware=hardware,
+        source="emulated",
+    )
 
 
 async def resolve_profile(settings: EngineSettings, engine) -> CostProfile:
@@ -55,8 +62,11 @@ async def resolve_profile(settings: EngineSettings, engine) -> CostProfile:
     from crescent.engine.vllm.self_profile import hardware_name, measure_profile
 
     dtype, hardware = engine.checkpoint.dtype, hardware_name()
-    path = Path(settings.cost_profile_dir) / profile_file_name(model, dtype, hardware) \
-        if settings.cost_profile_dir else None
+    path = (
+        Path(settings.cost_profile_dir) / profile_file_name(model, dtype, hardware)
+        if settings.cost_profile_dir
+        else None
+    )
     if path is not None and path.exists():
         profile = load_profile(path, model)
         log.info("cost profile from the store of measured profiles", extra={"path": str(path)})

@@ -52,12 +52,21 @@ class Feedback:
         correction = self.pricing.correction
         prefill_ratio = correction.ratio(prefill.instance_id, "prefill")
         overhead_s = correction.of(prefill.instance_id).overhead_s
-        published_ttft_s = (prefill.transfer_s / correction.ratio(prefill.instance_id, "transfer")
-                            + (prefill.queue_s + max(0.0, prefill.prefill_s - overhead_s)) / prefill_ratio)
+        published_ttft_s = (
+            prefill.transfer_s / correction.ratio(prefill.instance_id, "transfer")
+            + (prefill.queue_s + max(0.0, prefill.prefill_s - overhead_s)) / prefill_ratio
+        )
         self.placed[request.request_id] = Placed(
-            model, prefill.instance_id, decode.instance_id, request.num_prompt_tokens, prefill.predicted_ttft_s,
-            published_ttft_s, decode.predicted_tbt_s,
-            decode.predicted_tbt_s / correction.ratio(decode.instance_id, "decode"), prefill.transfer_s)
+            model,
+            prefill.instance_id,
+            decode.instance_id,
+            request.num_prompt_tokens,
+            prefill.predicted_ttft_s,
+            published_ttft_s,
+            decode.predicted_tbt_s,
+            decode.predicted_tbt_s / correction.ratio(decode.instance_id, "decode"),
+            prefill.transfer_s,
+        )
 
     def forget(self, request_id: str) -> None:
         self.placed.pop(request_id, None)
@@ -74,17 +83,23 @@ class Feedback:
         if contradiction:
             if instance_id not in self._contradicting:
                 self._contradicting.add(instance_id)
-                log.warning("ignoring contradictory timings from a prefill instance",
-                            extra={"instance_id": instance_id, "contradiction": contradiction})
+                log.warning(
+                    "ignoring contradictory timings from a prefill instance",
+                    extra={"instance_id": instance_id, "contradiction": contradiction},
+                )
             return
         correction = self.pricing.correction
         predictors = self.pricing.predictors("prefill", instance_id, placed.model)
         overhead_s = correction.of(instance_id).overhead_s
-        predicted_compute_s = predictors.prefill_s(placed.num_prompt_tokens, result.num_cached_tokens) - overhead_s
+        predicted_compute_s = (
+            predictors.prefill_s(placed.num_prompt_tokens, result.num_cached_tokens) - overhead_s
+        )
         correction.observe(instance_id, "prefill", predicted_compute_s, result.compute_s)
         if placed.transfer_s > 0 and result.transfer_s > 0:
             correction.observe(instance_id, "transfer", placed.transfer_s, result.transfer_s)
-        correction.observe_overhead(instance_id, measured_ttft_s - result.queue_s - result.compute_s)
+        correction.observe_overhead(
+            instance_id, measured_ttft_s - result.queue_s - result.compute_s
+        )
 
     def on_decoded(self, request_id: str, measured_tbt_s: float) -> None:
         """The stream ended on the decode instance it was placed on, `measured_tbt_s` apart."""
@@ -99,10 +114,14 @@ class Feedback:
 def _contradiction(result: PrefillResult, placed: Placed, measured_ttft_s: float) -> str:
     """What makes the worker's timings impossible; "" if nothing."""
     if result.num_cached_tokens > placed.num_prompt_tokens:
-        return f"{result.num_cached_tokens} cached tokens of a {placed.num_prompt_tokens}-token prompt"
+        return (
+            f"{result.num_cached_tokens} cached tokens of a {placed.num_prompt_tokens}-token prompt"
+        )
     if result.queue_s + result.compute_s > measured_ttft_s + CLOCK_SLACK_S:
-        return (f"queue {result.queue_s:.4f} s + compute {result.compute_s:.4f} s exceed the "
-                f"{measured_ttft_s:.4f} s the conductor waited")
+        return (
+            f"queue {result.queue_s:.4f} s + compute {result.compute_s:.4f} s exceed the "
+            f"{measured_ttft_s:.4f} s the conductor waited"
+        )
     if result.transfer_s > result.queue_s + CLOCK_SLACK_S:
         return f"transfer {result.transfer_s:.4f} s exceeds queue {result.queue_s:.4f} s, which includes it"
     return ""
@@ -111,4 +130,6 @@ def _contradiction(result: PrefillResult, placed: Placed, measured_ttft_s: float
 def observe_error(kind: str, prediction: str, predicted_s: float, measured_s: float) -> None:
     """Record |predicted − measured| / measured (nothing for an instant measurement)."""
     if measured_s > 0:
-        metrics.PREDICTION_ERROR.labels(kind, prediction).observe(abs(predicted_s - measured_s) / measured_s)
+        metrics.PREDICTION_ERROR.labels(kind, prediction).observe(
+            abs(predicted_s - measured_s) / measured_s
+        )

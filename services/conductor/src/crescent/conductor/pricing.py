@@ -52,16 +52,27 @@ class Pricing:
             return
         self.profiles[key] = profile
         if key[1] in self.correction.instances:
-            self.correction.forget(key[1])  # a new model: the old corrections were against the old one
-        log.info("instance cost profile", extra={"role": key[0], "instance_id": key[1], "source": profile.source,
-                                                 "hardware": profile.hardware})
+            self.correction.forget(
+                key[1]
+            )  # a new model: the old corrections were against the old one
+        log.info(
+            "instance cost profile",
+            extra={
+                "role": key[0],
+                "instance_id": key[1],
+                "source": profile.source,
+                "hardware": profile.hardware,
+            },
+        )
 
     def _refuse(self, key: tuple[str, str], reason: str) -> None:
         self.profiles.pop(key, None)
         if key not in self._refused:
             self._refused.add(key)
-            log.warning("ignoring an instance's cost profile; pricing it with the default model",
-                        extra={"role": key[0], "instance_id": key[1], "reason": reason})
+            log.warning(
+                "ignoring an instance's cost profile; pricing it with the default model",
+                extra={"role": key[0], "instance_id": key[1], "reason": reason},
+            )
 
     def profile_of(self, role: str, instance_id: str, model: str) -> CostProfile | None:
         """The instance's usable published profile, if any (one that does not fit `model` is
@@ -88,7 +99,9 @@ class Pricing:
         return predictors
 
     def _build(self, profile: CostProfile | None, correction: InstanceCorrection) -> CostPredictors:
-        prefill_s = self.prefill_override or (profile.prefill_s if profile else self.default.prefill_s)
+        prefill_s = self.prefill_override or (
+            profile.prefill_s if profile else self.default.prefill_s
+        )
         decode_step_s = profile.decode_step_s if profile else self.default.decode_step_s
         prefill_ratio, decode_ratio = correction.ratios["prefill"], correction.ratios["decode"]
         overhead_s = correction.overhead_s
@@ -100,8 +113,11 @@ class Pricing:
             return decode_ratio * decode_step_s(batch_size, total_context)
 
         # T_transfer = bytes / bandwidth: a slower pull than measured shows as more bytes per token.
-        return CostPredictors(prefill_s=corrected_prefill_s, decode_step_s=corrected_decode_step_s,
-                              kv_bytes_per_token=self.default.kv_bytes_per_token * correction.ratios["transfer"])
+        return CostPredictors(
+            prefill_s=corrected_prefill_s,
+            decode_step_s=corrected_decode_step_s,
+            kv_bytes_per_token=self.default.kv_bytes_per_token * correction.ratios["transfer"],
+        )
 
     def queue_ratio(self, instance_id: str) -> float:
         """A prefill worker predicts its queue with its own profile: the same ratio corrects it."""
@@ -111,7 +127,10 @@ class Pricing:
         """For /v1/cluster: where the instance's model comes from and how it is corrected."""
         profile = self.profile_of(role, instance_id, model)
         correction = self.correction.of(instance_id)
-        return {"source": profile.source if profile else "default",
-                "hardware": profile.hardware if profile else "",
-                "ratios": {k: round(v, 4) for k, v in correction.ratios.items()},
-                "overhead_s": round(correction.overhead_s, 6), "num_samples": correction.num_samples}
+        return {
+            "source": profile.source if profile else "default",
+            "hardware": profile.hardware if profile else "",
+            "ratios": {k: round(v, 4) for k, v in correction.ratios.items()},
+            "overhead_s": round(correction.overhead_s, 6),
+            "num_samples": correction.num_samples,
+        }

@@ -43,7 +43,10 @@ def hardware_name() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+            cpu = next(
+                (line.split(":", 1)[1].strip() for line in info if line.startswith("model name")),
+                cpu,
+            )
     except OSError:
         pass
     return f"cpu-{cpu}"
@@ -62,7 +65,9 @@ class _Prompts:
         return f"profile-{kind}-{self._count}-{self._rng.getrandbits(32):08x}"
 
 
-async def _prefill_sample(engine, prompts: _Prompts, n: int, p: int, save_to: list[str]) -> tuple[int, int, float]:
+async def _prefill_sample(
+    engine, prompts: _Prompts, n: int, p: int, save_to: list[str]
+) -> tuple[int, int, float]:
     best: tuple[int, int, float] | None = None
     for _ in range(REPEATS):
         prompt = prompts.fresh(n)
@@ -76,13 +81,16 @@ async def _prefill_sample(engine, prompts: _Prompts, n: int, p: int, save_to: li
     return best
 
 
-async def _decode_sample(engine, prompts: _Prompts, batch: int, context: int) -> tuple[int, int, float]:
+async def _decode_sample(
+    engine, prompts: _Prompts, batch: int, context: int
+) -> tuple[int, int, float]:
     arrivals: list[list[float]] = [[] for _ in range(batch)]
     sampling = SamplingParams(ignore_eos=True)
 
     async def one(i: int) -> None:
-        async for _ in engine.generate(prompts.request_id("decode"), prompts.fresh(context), 5, DECODE_STEPS,
-                                       sampling=sampling):
+        async for _ in engine.generate(
+            prompts.request_id("decode"), prompts.fresh(context), 5, DECODE_STEPS, sampling=sampling
+        ):
             arrivals[i].append(time.perf_counter())
 
     await asyncio.gather(*(one(i) for i in range(batch)))
@@ -91,11 +99,15 @@ async def _decode_sample(engine, prompts: _Prompts, batch: int, context: int) ->
     return batch, batch * context, statistics.median(gaps)
 
 
-async def measure_profile(engine, settings: EngineSettings, dtype: str, hardware: str) -> CostProfile:
+async def measure_profile(
+    engine, settings: EngineSettings, dtype: str, hardware: str
+) -> CostProfile:
     started = time.monotonic()
     prompts = _Prompts()
     # Without vLLM's own prefix cache the prefix can only come from the store: put it there.
-    save_to = [settings.node] if settings.vllm_connector and not settings.vllm_prefix_caching else []
+    save_to = (
+        [settings.node] if settings.vllm_connector and not settings.vllm_prefix_caching else []
+    )
     limit = engine.max_model_len - DECODE_STEPS - 1
     await engine.prefill(prompts.fresh(64), request_id=prompts.request_id("warm-up"))
     prefill = []
@@ -103,11 +115,27 @@ async def measure_profile(engine, settings: EngineSettings, dtype: str, hardware
         for share in CACHED_SHARES:
             p = int(n * share) // settings.vllm_block_size * settings.vllm_block_size
             prefill.append(await _prefill_sample(engine, prompts, n, p, save_to))
-    decode = [await _decode_sample(engine, prompts, b, c) for b in DECODE_BATCHES for c in DECODE_CONTEXTS
-              if c <= limit]
-    profile = CostProfile(model=settings.model_name, prefill=fit_prefill(prefill), decode=[fit_decode(decode)],
-                          dtype=dtype, hardware=hardware, source="measured")
-    log.info("engine profiled", extra={"seconds": round(time.monotonic() - started, 2),
-                                       "prefill": str(profile.prefill), "decode": str(profile.decode[0]),
-                                       "num_samples": len(prefill) + len(decode)})
+    decode = [
+        await _decode_sample(engine, prompts, b, c)
+        for b in DECODE_BATCHES
+        for c in DECODE_CONTEXTS
+        if c <= limit
+    ]
+    profile = CostProfile(
+        model=settings.model_name,
+        prefill=fit_prefill(prefill),
+        decode=[fit_decode(decode)],
+        dtype=dtype,
+        hardware=hardware,
+        source="measured",
+    )
+    log.info(
+        "engine profiled",
+        extra={
+            "seconds": round(time.monotonic() - started, 2),
+            "prefill": str(profile.prefill),
+            "decode": str(profile.decode[0]),
+            "num_samples": len(prefill) + len(decode),
+        },
+    )
     return profile

@@ -42,7 +42,9 @@ class CostCorrection:
 
     def __post_init__(self) -> None:
         if not (0 < self.weight <= 1 and self.max_ratio >= 1):
-            raise ValueError(f"bad cost correction: weight {self.weight}, max_ratio {self.max_ratio}")
+            raise ValueError(
+                f"bad cost correction: weight {self.weight}, max_ratio {self.max_ratio}"
+            )
 
     def of(self, instance_id: str) -> InstanceCorrection:
         """The instance's correction now (the identity for one never observed, or when off)."""
