@@ -38,7 +38,7 @@ class Placed:
     ttft_published_s: float
     tbt_s: float
     tbt_published_s: float
-    transfer_s: float
+    transfer_published_s: float
 
 
 class Feedback:
@@ -65,7 +65,7 @@ class Feedback:
             published_ttft_s,
             decode.predicted_tbt_s,
             decode.predicted_tbt_s / correction.ratio(decode.instance_id, "decode"),
-            prefill.transfer_s,
+            prefill.transfer_s / correction.ratio(prefill.instance_id, "transfer"),
         )
 
     def forget(self, request_id: str) -> None:
@@ -79,6 +79,21 @@ class Feedback:
         observe_error("ttft", "corrected", placed.ttft_s, measured_ttft_s)
         observe_error("ttft", "published", placed.ttft_published_s, measured_ttft_s)
         instance_id = placed.prefill_id
+        log.debug(
+            "ttft prediction checked",
+            extra={
+                "request_id": request_id,
+                "instance_id": instance_id,
+                "num_prompt_tokens": placed.num_prompt_tokens,
+                "num_cached_tokens": result.num_cached_tokens,
+                "predicted_s": round(placed.ttft_s, 6),
+                "published_s": round(placed.ttft_published_s, 6),
+                "measured_s": round(measured_ttft_s, 6),
+                "queue_s": round(result.queue_s, 6),
+                "compute_s": round(result.compute_s, 6),
+                "transfer_s": round(result.transfer_s, 6),
+            },
+        )
         contradiction = _contradiction(result, placed, measured_ttft_s)
         if contradiction:
             if instance_id not in self._contradicting:
@@ -89,14 +104,14 @@ class Feedback:
                 )
             return
         correction = self.pricing.correction
-        predictors = self.pricing.predictors("prefill", instance_id, placed.model)
-        overhead_s = correction.of(instance_id).overhead_s
-        predicted_compute_s = (
-            predictors.prefill_s(placed.num_prompt_tokens, result.num_cached_tokens) - overhead_s
+        published_compute_s = self.pricing.published_prefill_s(
+            "prefill", instance_id, placed.model, placed.num_prompt_tokens, result.num_cached_tokens
         )
-        correction.observe(instance_id, "prefill", predicted_compute_s, result.compute_s)
-        if placed.transfer_s > 0 and result.transfer_s > 0:
-            correction.observe(instance_id, "transfer", placed.transfer_s, result.transfer_s)
+        correction.observe(instance_id, "prefill", published_compute_s, result.compute_s)
+        if placed.transfer_published_s > 0 and result.transfer_s > 0:
+            correction.observe(
+                instance_id, "transfer", placed.transfer_published_s, result.transfer_s
+            )
         correction.observe_overhead(
             instance_id, measured_ttft_s - result.queue_s - result.compute_s
         )
@@ -108,7 +123,19 @@ class Feedback:
             return
         observe_error("tbt", "corrected", placed.tbt_s, measured_tbt_s)
         observe_error("tbt", "published", placed.tbt_published_s, measured_tbt_s)
-        self.pricing.correction.observe(placed.decode_id, "decode", placed.tbt_s, measured_tbt_s)
+        log.debug(
+            "tbt prediction checked",
+            extra={
+                "request_id": request_id,
+                "instance_id": placed.decode_id,
+                "predicted_s": round(placed.tbt_s, 6),
+                "published_s": round(placed.tbt_published_s, 6),
+                "measured_s": round(measured_tbt_s, 6),
+            },
+        )
+        self.pricing.correction.observe(
+            placed.decode_id, "decode", placed.tbt_published_s, measured_tbt_s
+        )
 
 
 def _contradiction(result: PrefillResult, placed: Placed, measured_ttft_s: float) -> str:

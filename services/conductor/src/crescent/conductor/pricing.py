@@ -119,6 +119,16 @@ class Pricing:
             kv_bytes_per_token=self.default.kv_bytes_per_token * correction.ratios["transfer"],
         )
 
+    def published_prefill_s(
+        self, role: str, instance_id: str, model: str, num_tokens: int, num_cached_tokens: int
+    ) -> float:
+        """T_prefill by the instance's published model alone (no correction)."""
+        profile = self.profile_of(role, instance_id, model)
+        prefill_s = self.prefill_override or (
+            profile.prefill_s if profile else self.default.prefill_s
+        )
+        return prefill_s(num_tokens, num_cached_tokens)
+
     def queue_ratio(self, instance_id: str) -> float:
         """A prefill worker predicts its queue with its own profile: the same ratio corrects it."""
         return self.correction.ratio(instance_id, "prefill")
@@ -132,5 +142,5 @@ class Pricing:
             "hardware": profile.hardware if profile else "",
             "ratios": {k: round(v, 4) for k, v in correction.ratios.items()},
             "overhead_s": round(correction.overhead_s, 6),
-            "num_samples": correction.num_samples,
+            "num_samples": dict(correction.num_samples),
         }
