@@ -59,24 +59,24 @@ def test_a_profile_of_another_model_or_malformed_is_ignored_and_logged_once(capl
     assert len(warnings) == 2
 
 
-def test_correction_scales_towards_measured_times_within_bounds():
-    correction = CostCorrection(weight=0.2, max_ratio=4.0)
+def test_correction_is_the_median_of_recent_samples_within_bounds():
+    correction = CostCorrection(window=5, max_ratio=4.0)
     correction.observe("p0", "prefill", published_s=0.1, measured_s=0.3)
     assert correction.ratio("p0", "prefill") == pytest.approx(
         3.0
     )  # the first sample counts in full
-    correction.observe("p0", "prefill", published_s=0.1, measured_s=0.1)
-    assert correction.ratio("p0", "prefill") == pytest.approx(
-        3.0**0.5
-    )  # then an even average of logs
-    for _ in range(60):  # many requests in flight, all placed before any correction: no overshoot
-        correction.observe("p0", "prefill", published_s=0.1, measured_s=0.3)
-    assert correction.ratio("p0", "prefill") == pytest.approx(3.0, rel=1e-3)
-    for _ in range(60):
+    correction.observe(
+        "p0", "prefill", published_s=0.1, measured_s=2.0
+    )  # an engine's slow first request
+    for _ in range(3):  # many requests in flight, all placed before any correction: no overshoot
+        correction.observe("p0", "prefill", published_s=0.1, measured_s=0.2)
+    assert correction.ratio("p0", "prefill") == pytest.approx(2.0)  # the outlier does not count
+    for _ in range(5):
         correction.observe("p0", "prefill", published_s=1.0, measured_s=1000.0)
-    assert correction.ratio("p0", "prefill") == pytest.approx(4.0, rel=1e-3)  # clipped
+    assert correction.ratio("p0", "prefill") == pytest.approx(4.0)  # clipped
     correction.observe("p0", "decode", published_s=0.0, measured_s=1.0)  # nothing to learn from
     assert correction.ratio("p0", "decode") == 1.0
+    assert correction.of("p0").num_samples == {"prefill": 5}
     off = CostCorrection(is_enabled=False)
     off.observe("p0", "prefill", 0.1, 0.3)
     assert off.ratio("p0", "prefill") == 1.0
