@@ -80,6 +80,7 @@ class InstanceLoad(Message):
     num_queued: Count = 0
     num_running: Count = 0
     queue_time_s: Seconds = 0.0
+    running_s: Seconds = 0.0  # prefill: how long the job computing now has run (queue_time_s counts it whole)
     kv_used_tokens: Count = 0
     kv_capacity_tokens: Count = 0
     num_context_tokens: Count = 0  # decode: context of the running batch (what a step's time depends on)

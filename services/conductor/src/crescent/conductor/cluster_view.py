@@ -122,13 +122,13 @@ class ClusterView:
                 continue
             load = state.load
             capacity = load.kv_capacity_tokens if load else state.info.kv_capacity_tokens
-            queue_ratio = pricing.queue_ratio(instance_id) if pricing is not None else 1.0
+            queue_s = self._queue_s(state, now, pricing.queue_ratio(instance_id) if pricing is not None else 1.0)
             snapshots.append(InstanceSnapshot(
                 instance_id=instance_id,
                 node=state.info.node,
                 num_queued=(load.num_queued if load else 0) + state.num_assigned_since_load,
                 num_running=load.num_running if load else 0,
-                queue_time_s=(load.queue_time_s * queue_ratio if load else 0.0) + state.queue_s_assigned_since_load,
+                queue_time_s=queue_s + state.queue_s_assigned_since_load,
                 kv_used_tokens=(load.kv_used_tokens if load else 0) + state.kv_assigned_since_load,
                 kv_capacity_tokens=capacity,
                 is_stale=not self.is_live(state, now),
@@ -137,6 +137,15 @@ class ClusterView:
                 costs=pricing.predictors(role, instance_id, model) if pricing is not None else None,
             ))
         return snapshots
+
+    @staticmethod
+    def _queue_s(state: InstanceState, now: float, ratio: float) -> float:
+        """What is left now of the queue the latest telemetry reported: its predictions scaled by
+        the instance's correction, less what ran since (the running job, the telemetry's age)."""
+        load = state.load
+        if load is None:
+            return 0.0
+        return max(0.0, load.queue_time_s * ratio - load.running_s - max(0.0, now - state.load_received_at))
 
     def note_assignment(self, role: str, instance_id: str, num_tokens: int, queue_s: float = 0.0,
                         num_requests: int = 1) -> None:

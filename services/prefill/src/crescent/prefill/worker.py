@@ -1,8 +1,9 @@
 """Prefill worker: a FIFO of jobs in front of one engine.
 
 The queue's predicted drain time is what the conductor needs to estimate T_queue, so the
-worker keeps each queued job's predicted prefill time and publishes their sum (the running job
-counts what is left of it). Predictions use the cost profile this worker publishes in etcd
+worker keeps each queued job's predicted prefill time and publishes their sum, with how long
+the running job has been computing (the conductor, which knows how much slower or faster than
+its profile this engine runs, works out what is left). Predictions use the cost profile this worker publishes in etcd
 (costs/prefill/<id>, measured at start or loaded: crescent.engine.costs), the same one the
 conductor prices this instance with, and count the prefix its node's store holds once the
 planned pull is done (until then, the whole prompt).
@@ -86,7 +87,7 @@ class PrefillWorker:
         # Replaced at start by the profile this worker publishes; until then its emulated model.
         self.profile: CostProfile = emulated_profile(settings.cost_model(), settings.model_name)
         self._predicted_s: dict[str, float] = {}  # queued or running job → predicted prefill time
-        self._running: tuple[str, float] | None = None  # the job computing now, since when (monotonic)
+        self._running_since = 0.0  # monotonic start of the job computing now; 0: none
         self._jobs: dict[str, asyncio.Task] = {}  # queued or running job → the task running it
         self._turn = asyncio.Lock()  # FIFO: asyncio.Lock wakes waiters in arrival order
         self.recent_ttft = Ewma()  # measured queue + compute time of finished jobs
@@ -139,16 +140,9 @@ class PrefillWorker:
     def load(self) -> InstanceLoad:
         return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
-                            num_queued=len(self._predicted_s), queue_time_s=self.queue_time_s(),
+                            num_queued=len(self._predicted_s), queue_time_s=sum(self._predicted_s.values()),
+                            running_s=time.monotonic() - self._running_since if self._running_since else 0.0,
                             recent_ttft_s=self.recent_ttft.value)
-
-    def queue_time_s(self) -> float:
-        """Predicted seconds until every accepted job has computed: the running one's remainder
-        plus each waiting one's prediction."""
-        total = sum(self._predicted_s.values())
-        if self._running is not None and self._running[0] in self._predicted_s:
-            total -= min(self._predicted_s[self._running[0]], time.monotonic() - self._running[1])
-        return max(0.0, total)
 
     async def _decode_node(self, job: PrefillJob, timeout_s: float) -> str:
         """The node of the job's decode instance: from the job, else its registry entry."""
@@ -201,7 +195,7 @@ class PrefillWorker:
                 await self._turn.acquire()
             try:
                 started = time.monotonic()
-                self._running = (job.request_id, started)
+                self._running_since = started
                 with tracer().start_as_current_span("prefill.compute") as span:
                     span.set_attribute("crescent.num_prompt_tokens", len(job.token_ids))
                     span.set_attribute("crescent.kv_targets", ",".join(save_to))
@@ -213,7 +207,7 @@ class PrefillWorker:
                     span.set_attribute("crescent.num_computed_tokens", output.num_computed_tokens)
                     span.set_attribute("crescent.num_cached_tokens", output.num_cached_tokens)
             finally:
-                self._running = None
+                self._running_since = 0.0
                 self._turn.release()
             if plan is not None:
                 await self.engine.save(plan, save_to)
