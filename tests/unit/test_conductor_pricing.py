@@ -5,11 +5,16 @@ import pytest
 from crescent.common.codec import encode
 from crescent.common.cost_profile import CostProfile, DecodePlane, PrefillCost
 from crescent.common.etcd import MirrorEvent
+from crescent.common.messages import PrefillResult
+from crescent.conductor.feedback import Feedback
 from crescent.conductor.policy import (
     BlockIndex,
     ClusterSnapshot,
     CostPredictors,
+    Decision,
+    DecodeChoice,
     InstanceSnapshot,
+    PrefillChoice,
     ScheduleRequest,
     make_policy,
 )
@@ -124,3 +129,41 @@ def test_policy_compares_instances_priced_by_different_models():
     assert decision.decode.instance_id == "d0" and decision.decode.predicted_tbt_s == 0.01
     least = make_policy("least-loaded", predictors=DEFAULT).choose(request, snapshot, now=0.0)
     assert least.prefill.instance_id == "p0" and least.prefill.prefill_s == pytest.approx(1.0)
+
+
+def test_contradictory_timings_are_not_learned_from_and_logged_once(caplog):
+
+    pricing = Pricing(DEFAULT)
+    feedback = Feedback(pricing)
+    prefill = PrefillChoice(
+        instance_id="p0",
+        node="n0",
+        prefix_tokens=0,
+        local_prefix_tokens=0,
+        transfer_source=None,
+        transfer_hashes=(),
+        transfer_s=0.0,
+        queue_s=0.0,
+        prefill_s=1.0,
+    )
+    decision = Decision(prefill, DecodeChoice("d0", 0.5))
+    for request_id in ("r1", "r2"):
+        request = ScheduleRequest(request_id, [], num_prompt_tokens=100, block_size=16)
+        feedback.on_placed(request, decision, "m")
+        impossible = PrefillResult(
+            request_id=request_id,
+            first_token=1,
+            num_computed_tokens=100,
+            queue_s=0.5,
+            compute_s=3.0,
+        )  # more than the 2 s the conductor waited
+        feedback.on_prefilled(request_id, impossible, measured_ttft_s=2.0)
+    assert pricing.correction.ratio("p0", "prefill") == 1.0
+    assert len([r for r in caplog.records if "contradictory timings" in r.getMessage()]) == 1
+    request = ScheduleRequest("r3", [], num_prompt_tokens=100, block_size=16)
+    feedback.on_placed(request, decision, "m")
+    fine = PrefillResult(
+        request_id="r3", first_token=1, num_computed_tokens=100, queue_s=0.1, compute_s=2.0
+    )
+    feedback.on_prefilled("r3", fine, measured_ttft_s=2.2)
+    assert pricing.correction.ratio("p0", "prefill") == pytest.approx(2.0)
