@@ -122,6 +122,7 @@ class _DecodeSide:
     attempt: int = 0
     is_finished: bool = False  # decode released the room itself
     is_moved: bool = False  # decoding went on elsewhere: the prediction no longer applies
+    first_token_at: float = 0.0  # when prefill's first token came (0: a replayed request has none)
 
     @property
     def attempt_id(self) -> str:
@@ -171,6 +172,7 @@ class RequestFlow:
                     yield TokenEvent([], prompt_logprobs=prompt_logprobs)
             else:
                 first_token = result.first_token
+                decode.first_token_at = self._clock()
                 progress.generated.append(first_token)
                 finish = self._finish_on_first(first_token, max_tokens, sampling)
                 logprobs = [result.first_logprobs] if result.first_logprobs is not None else []
@@ -313,7 +315,7 @@ class RequestFlow:
             raise StreamBrokenError(f"decode {decode_id} did not acknowledge the start: {exc}") from exc
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
-        first_chunk_at, num_later_tokens = 0.0, 0
+        num_decoded_tokens = 0
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
         while True:
@@ -324,17 +326,16 @@ class RequestFlow:
             if chunk.error:
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
             expected_seq += 1
-            if expected_seq == 1:
-                first_chunk_at = self._clock()
-            else:
-                num_later_tokens += len(chunk.token_ids)
+            num_decoded_tokens += len(chunk.token_ids)
             token_ids, logprobs = replay.new_part(chunk.token_ids, chunk.logprobs, chunk.is_final)
             progress.generated.extend(token_ids)
             if chunk.is_final:
                 decode.is_finished = True
-                if num_later_tokens and not decode.is_moved:
+                if num_decoded_tokens and decode.first_token_at and not decode.is_moved:
+                    # The mean gap the client saw after the first token, stalls included (a
+                    # stream that stalls, then delivers tokens in a bunch, has a long TBT).
                     self._scheduler.on_decoded(decode.request_id,
-                                               (self._clock() - first_chunk_at) / num_later_tokens)
+                                               (self._clock() - decode.first_token_at) / num_decoded_tokens)
             if token_ids or chunk.is_final:
                 yield TokenEvent(token_ids, chunk.finish_reason if chunk.is_final else None, logprobs)
             if chunk.is_final:

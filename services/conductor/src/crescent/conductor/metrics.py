@@ -35,7 +35,8 @@ MIGRATIONS = Counter("crescent_request_migrations", "Requests moved to another i
                      ["stage", "cause"])
 PREDICTION_ERROR = Histogram("crescent_prediction_abs_error_ratio",
                              "|predicted − measured| / measured, per request: ttft (placement to first "
-                             "token against T_transfer + T_queue + T_prefill) and tbt (mean time between "
-                             "tokens against the TBT predicted at placement); prediction: published (the "
-                             "instance's published cost model alone) or corrected (as placed: that model "
-                             "corrected online)", ["kind", "prediction"], buckets=PREDICTION_ERROR_BUCKETS)
+                             "token against T_transfer + T_queue + T_prefill) and tbt (the mean gap between "
+                             "the tokens after the first, as streamed, against the TBT predicted at "
+                             "placement); prediction: published (the instance's published cost model alone) "
+                             "or corrected (as placed: that model corrected online)", ["kind", "prediction"],
+                             buckets=PREDICTION_ERROR_BUCKETS)
