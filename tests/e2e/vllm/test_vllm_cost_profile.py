@@ -21,17 +21,44 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(600)]
 
 
 def prefill_worker(infra, cluster: str, tmp_path, model_dir, profile_dir) -> ManagedProcess:
-    argv = [sys.executable, "-m", "crescent.prefill", "--cluster", cluster, "--nats-url", infra.nats_url,
-            "--etcd-url", infra.etcd_url, "--instance-id", "prefill-p", "--engine", "vllm", "--model",
-            str(model_dir), "--served-model-name", MODEL, "--block-size", "64", "--vllm-kv-cache-gib", "1",
-            "--no-vllm-connector", "--cost-profile-dir", str(profile_dir), "--log-format", "text"]
-    process = ManagedProcess(ProcessSpec(name="prefill-p", argv=argv, env=ENV, stop_timeout_s=30),
-                             tmp_path / "logs")
+    argv = [
+        sys.executable,
+        "-m",
+        "crescent.prefill",
+        "--cluster",
+        cluster,
+        "--nats-url",
+        infra.nats_url,
+        "--etcd-url",
+        infra.etcd_url,
+        "--instance-id",
+        "prefill-p",
+        "--engine",
+        "vllm",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        MODEL,
+        "--block-size",
+        "64",
+        "--vllm-kv-cache-gib",
+        "1",
+        "--no-vllm-connector",
+        "--cost-profile-dir",
+        str(profile_dir),
+        "--log-format",
+        "text",
+    ]
+    process = ManagedProcess(
+        ProcessSpec(name="prefill-p", argv=argv, env=ENV, stop_timeout_s=30), tmp_path / "logs"
+    )
     process.start()
     return process
 
 
-async def published_profile(infra, cluster: str, process: ManagedProcess, timeout_s: float) -> CostProfile:
+async def published_profile(
+    infra, cluster: str, process: ManagedProcess, timeout_s: float
+) -> CostProfile:
     etcd = await connect_etcd(infra.etcd_url)
     key = Keys(cluster).cost("prefill", "prefill-p").encode()
     try:
@@ -45,7 +72,9 @@ async def published_profile(infra, cluster: str, process: ManagedProcess, timeou
         await etcd.close()
 
 
-async def test_worker_publishes_a_fitted_profile_and_keeps_it(infra, cluster_name, tmp_path, tiny_model_dir):
+async def test_worker_publishes_a_fitted_profile_and_keeps_it(
+    infra, cluster_name, tmp_path, tiny_model_dir
+):
     profile_dir = tmp_path / "profiles"
     worker = prefill_worker(infra, cluster_name, tmp_path, tiny_model_dir, profile_dir)
     try:
