@@ -29,8 +29,8 @@ def test_predict_bench_is_registered_and_writes_its_cases(tmp_path, monkeypatch)
 
     calls = []
 
-    def fake_run(trace, limit, speed, max_input_tokens, max_output_tokens, workdir=None):
-        calls.append((trace, limit, speed, max_input_tokens, max_output_tokens, workdir))
+    def fake_run(trace, limit, speed, max_input_tokens, max_output_tokens, warmup, workdir=None):
+        calls.append((trace, limit, speed, max_input_tokens, max_output_tokens, warmup, workdir))
         return {
             "bench": "predict",
             "cases": [
@@ -45,6 +45,6 @@ def test_predict_bench_is_registered_and_writes_its_cases(tmp_path, monkeypatch)
     out = tmp_path / "predict.json"
     args = parser.parse_args(["predict", "--trace", "t.jsonl", "--json", str(out), "--limit", "5"])
     assert cli.run(args) == 0
-    assert calls[0][1:5] == (5, 0.25, 2048, 16)
+    assert calls[0][1:6] == (5, 0.25, 2048, 16, 16)
     cases = [case["case"] for case in json.loads(out.read_text())["cases"]]
     assert cases == ["ttft-before", "ttft-after", "tbt-before", "tbt-after"]

@@ -45,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     predict = benches.add_parser("predict", help="TTFT and TBT prediction error before and after the online "
                                                  "correction: trace replay on a 2P1D tiny-model vLLM cluster")
     predict.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (JSONL)")
-    predict.add_argument("--limit", type=int, default=80, help="requests replayed (default 80)")
+    predict.add_argument("--limit", type=int, default=80, help="requests replayed and counted (default 80)")
+    predict.add_argument("--warmup", type=int, default=16,
+                         help="the trace's first requests, replayed first and not counted (default 16)")
     predict.add_argument("--speed", type=float, default=0.25,
                          help="arrivals at the trace's times × 1/speed (default 0.25: a quarter of its rate)")
     predict.add_argument("--max-input-tokens", type=int, default=2048, help="prompts cut to this (default 2048)")
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             result = run_predict_bench(args.trace, args.limit, args.speed, args.max_input_tokens,
-                                       args.max_output_tokens, workdir=args.workdir)
+                                       args.max_output_tokens, args.warmup, workdir=args.workdir)
         except (TraceError, ValueError) as exc:
             print(f"crescent bench predict: error: {exc}", file=sys.stderr)
             return 2

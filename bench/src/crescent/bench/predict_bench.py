@@ -7,7 +7,10 @@ directory, so a second run of the same model on the same machine reuses them). A
 Mooncake trace is replayed through it. For every request the conductor holds two predictions,
 both checked against what happened: the instance's published model alone (`-before`) and that
 model corrected online by the requests before it (`-after`, what it places requests by). So the
-cases compare the correction off and on over the same requests.
+cases compare the correction off and on over the same requests. The trace's first `warmup`
+requests run first and are not counted: the engines' first requests are slow, and the requests
+of the first burst are all placed before any has finished, when there is nothing to correct
+with yet.
 
 Each case reports the median and p90 of |predicted − measured| / measured, as fractions: TTFT
 from sending the prefill job to its first token against T_transfer + T_queue + T_prefill, TBT
@@ -18,6 +21,7 @@ come from the conductor's histogram (bucket-interpolated: prediction_errors.py).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -51,6 +55,7 @@ def run_predict_bench(
     speed: float = 0.25,
     max_input_tokens: int = 2048,
     max_output_tokens: int = 16,
+    warmup: int = 16,
     model_dir: Path | None = None,
     workdir: Path | None = None,
 ) -> dict:
@@ -60,7 +65,13 @@ def run_predict_bench(
             from crescent.engine.tiny_model import build_tiny_model
 
             model_dir = build_tiny_model(workdir / "tiny-llama")
-        requests = load_trace(trace, limit)
+        loaded = load_trace(trace, warmup + limit)
+        if len(loaded) <= warmup:
+            raise ValueError(
+                f"the trace has {len(loaded)} requests: none left after {warmup} of warm-up"
+            )
+        start_s = loaded[warmup].arrival_s
+        counted = [dataclasses.replace(r, arrival_s=r.arrival_s - start_s) for r in loaded[warmup:]]
         # Trace blocks are 512 tokens; one cluster block each keeps the trace's prefix sharing
         # at the tiny model's scale.
         shape = PromptShape(
@@ -87,8 +98,10 @@ def run_predict_bench(
         cluster.start(timeout_s=420)
         try:
             options = ReplayOptions(cluster.api_url, model_dir.name, speed, shape)
+            if warmup:
+                asyncio.run(replay(loaded[:warmup], options))
             before = asyncio.run(scrape_once(cluster.api_url))
-            records, wall_s, _ = asyncio.run(replay(requests, options))
+            records, wall_s, _ = asyncio.run(replay(counted, options))
             errors = prediction_error_report(before, asyncio.run(scrape_once(cluster.api_url)))
         finally:
             cluster.stop()
@@ -109,6 +122,7 @@ def run_predict_bench(
         "config": {
             "trace": str(trace),
             "limit": limit,
+            "warmup": warmup,
             "speed": speed,
             "max_input_tokens": max_input_tokens,
             "max_output_tokens": max_output_tokens,
