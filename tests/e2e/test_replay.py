@@ -46,3 +46,9 @@ def test_replay_of_a_trace_slice_reports_every_request(cluster, tmp_path):
     assert all(len(r["intervals_s"]) == r["num_output_tokens"] - 1 or r["num_output_tokens"] == 0 for r in records)
     assert (plots / "ttft_cdf.png").stat().st_size > 0 and (plots / "tbt_cdf.png").stat().st_size > 0
     assert "effective request capacity" in done.stdout
+    # the conductor's own prediction errors over these 50 requests, before and after correction
+    errors = report["prediction_error"]
+    assert {p: row["count"] for p, row in errors["ttft"].items()} == {"published": 50, "corrected": 50}
+    assert errors["tbt"]["corrected"]["count"] > 0
+    assert 0 <= errors["ttft"]["corrected"]["median_abs_err"] <= errors["ttft"]["corrected"]["p90_abs_err"]
+    assert "TTFT prediction error: corrected median" in done.stdout

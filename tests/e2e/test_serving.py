@@ -142,7 +142,8 @@ async def test_every_served_request_checks_its_ttft_and_tbt_predictions(dev_clus
         async with session.get(f"{dev_cluster.api_url}/metrics") as response:
             text = await response.text()
         return {sample.labels["kind"]: sample.value for family in text_string_to_metric_families(text)
-                for sample in family.samples if sample.name == "crescent_prediction_abs_error_ratio_count"}
+                for sample in family.samples if sample.name == "crescent_prediction_abs_error_ratio_count"
+                and sample.labels["prediction"] == "corrected"}
 
     async with aiohttp.ClientSession() as session:
         before = await error_counts(session)

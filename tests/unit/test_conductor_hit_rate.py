@@ -4,6 +4,7 @@ pull that failed, is a miss."""
 
 import dataclasses
 
+from crescent.common.messages import PrefillResult
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.policy import Decision, DecodeChoice, PrefillChoice, ScheduleRequest
 from crescent.conductor.scheduler import Scheduler
@@ -17,6 +18,11 @@ def decision(prefix_tokens: int) -> Decision:
     return Decision(prefill, DecodeChoice("d0", 0.01))
 
 
+def result(request_id: str, num_cached_tokens: int) -> PrefillResult:
+    return PrefillResult(request_id=request_id, first_token=1, num_computed_tokens=1100 - num_cached_tokens,
+                         num_cached_tokens=num_cached_tokens)
+
+
 def test_hit_rate_is_what_the_prefills_loaded_not_what_was_planned():
     scheduler = Scheduler(ConductorSettings(block_size=512), ClusterView(clock=lambda: 0.0), lambda: 0.0)
     request = ScheduleRequest("r1", [b"\x01" * 16, b"\x02" * 16], num_prompt_tokens=1100, block_size=512)
@@ -24,8 +30,8 @@ def test_hit_rate_is_what_the_prefills_loaded_not_what_was_planned():
     scheduler.record(request, planned)
     assert scheduler.cache_hit_rate == 0.0  # nothing has been prefilled yet
 
-    scheduler.on_prefilled(request, planned, num_cached_tokens=0, measured_s=0.1)  # the prefix was gone
+    scheduler.on_prefilled(request, planned, result("r1", 0), measured_s=0.1)  # the prefix was gone
     assert scheduler.cache_hit_rate == 0.0
     second = dataclasses.replace(request, request_id="r2")
-    scheduler.on_prefilled(second, planned, num_cached_tokens=1024, measured_s=0.1)
+    scheduler.on_prefilled(second, planned, result("r2", 1024), measured_s=0.1)
     assert scheduler.cache_hit_rate == 1024 / 2200

@@ -46,7 +46,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     lag.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (sped up to 50 req/s)")
     lag.add_argument("--limit", type=int, default=1000, help="requests to replay (default 1000)")
     lag.add_argument("--max-output-tokens", type=int, default=64, help="tokens streamed per request (default 64)")
-    for sub in (control, transfer, store, prefix, schedule, chaos, aiperf, lag):
+    predict = benches.add_parser("predict", help="TTFT and TBT prediction error before and after the online "
+                                                 "correction: trace replay on a 2P1D tiny-model vLLM cluster")
+    predict.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (JSONL)")
+    predict.add_argument("--limit", type=int, default=80, help="requests replayed and counted (default 80)")
+    predict.add_argument("--warmup", type=int, default=16,
+                         help="the trace's first requests, replayed first and not counted (default 16)")
+    predict.add_argument("--speed", type=float, default=0.25,
+                         help="arrivals at the trace's times × 1/speed (default 0.25: a quarter of its rate)")
+    predict.add_argument("--max-input-tokens", type=int, default=2048, help="prompts cut to this (default 2048)")
+    predict.add_argument("--max-output-tokens", type=int, default=16, help="answers cut to this (default 16)")
+    predict.add_argument("--workdir", type=Path, default=None,
+                         help="keep the cluster's logs and measured profiles here (default: a temporary directory)")
+    for sub in (control, transfer, store, prefix, schedule, chaos, aiperf, lag, predict):
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
 
@@ -80,6 +92,16 @@ def run(args: argparse.Namespace) -> int:
                                       workdir=args.workdir, cases=tuple(args.cases.split(",")))
         except AiperfError as exc:
             print(f"crescent bench aiperf: error: {exc}", file=sys.stderr)
+            return 2
+    elif args.bench == "predict":
+        from crescent.bench.predict_bench import run_predict_bench
+        from crescent.bench.trace import TraceError
+
+        try:
+            result = run_predict_bench(args.trace, args.limit, args.speed, args.max_input_tokens,
+                                       args.max_output_tokens, args.warmup, workdir=args.workdir)
+        except (TraceError, ValueError) as exc:
+            print(f"crescent bench predict: error: {exc}", file=sys.stderr)
             return 2
     elif args.bench == "chaos":
         from crescent.bench.chaos import run_chaos_bench

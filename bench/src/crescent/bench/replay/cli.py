@@ -60,6 +60,7 @@ class ProgressBar:
 def run(args: argparse.Namespace) -> int:
     # Imported here: aiohttp and numpy are not needed by the other `crescent` commands.
     from crescent.bench.replay.client import ReplayError, ReplayOptions, replay
+    from crescent.bench.replay.prediction_errors import prediction_error_report, scrape_once
     from crescent.bench.replay.prompts import PromptShape
 
     try:
@@ -70,8 +71,11 @@ def run(args: argparse.Namespace) -> int:
     except (TraceError, ReplayError, ValueError) as exc:
         print(f"crescent replay: {exc}", file=sys.stderr)
         return 2
+    errors_before = asyncio.run(scrape_once(options.base_url))
     records, wall_s, hit_rate = asyncio.run(replay(trace, options, ProgressBar(len(trace))))
     report = summarize(records, slo, wall_s, hit_rate)
+    # A Crescent conductor's own TTFT/TBT prediction errors over these requests (None elsewhere).
+    report["prediction_error"] = prediction_error_report(errors_before, asyncio.run(scrape_once(options.base_url)))
     result = {"bench": "replay", "url": args.url, "trace": str(args.trace), "speed": args.speed,
               "ttft_slo_s": slo.ttft_s, "tbt_slo_s": slo.tbt_s, "cases": [report]}
     if args.json:
@@ -90,6 +94,8 @@ def _quantiles(report: dict, metric: str, digits: int) -> str:
 
 
 def format_report(report: dict) -> str:
+    from crescent.bench.replay.prediction_errors import format_prediction_errors
+
     hit = "n/a" if report["cache_hit_rate"] is None else f"{report['cache_hit_rate']:.3f}"
     lines = [
         f"requests {report['requests']}: {report['completed']} ok, {report['failed']} failed "
@@ -99,5 +105,6 @@ def format_report(report: dict) -> str:
         "TBT s   " + _quantiles(report, "tbt_s", 4),
         (f"cache hit rate {hit}; scheduling lag p50 {report['p50_lag_ms']:.2f} ms, "
          f"p99 {report['p99_lag_ms']:.2f} ms; wall {report['wall_s']:.1f} s"),
+        *format_prediction_errors(report.get("prediction_error")),
     ]
     return "\n".join(lines)

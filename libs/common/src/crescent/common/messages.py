@@ -80,6 +80,7 @@ class InstanceLoad(Message):
     num_queued: Count = 0
     num_running: Count = 0
     queue_time_s: Seconds = 0.0
+    running_s: Seconds = 0.0  # prefill: how long the job computing now has run (queue_time_s counts it whole)
     kv_used_tokens: Count = 0
     kv_capacity_tokens: Count = 0
     num_context_tokens: Count = 0  # decode: context of the running batch (what a step's time depends on)
@@ -180,8 +181,9 @@ class PrefillResult(Message):
     first_token: TokenId
     num_computed_tokens: TokenCount
     num_cached_tokens: TokenCount = 0
-    queue_s: Seconds = 0.0
+    queue_s: Seconds = 0.0  # from arrival to its compute turn: the planned pull is inside it
     compute_s: Seconds = 0.0
+    transfer_s: Seconds = 0.0  # the planned prefix pull (0: none planned)
     first_logprobs: TokenLogprobs | None = None  # when the job's sampling asks for logprobs
     prompt_logprobs: TokenLogprobsList = []  # when it asks for prompt_logprobs: prompt tokens 1..n-1
 

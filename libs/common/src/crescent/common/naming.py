@@ -77,6 +77,13 @@ class Keys:
     def instance(self, role: str, instance_id: str) -> str:
         return f"{self.prefix}instances/{role}/{instance_id}"
 
+    def costs(self) -> str:
+        return f"{self.prefix}costs/"
+
+    def cost(self, role: str, instance_id: str) -> str:
+        """The instance's CostProfile, under its lease, beside instances/<role>/<id>."""
+        return f"{self.prefix}costs/{role}/{instance_id}"
+
     def segments(self, node: str) -> str:
         return f"{self.prefix}segments/{node}"
 

@@ -37,6 +37,10 @@ class EngineSettings(EmulatedDevice, CommonSettings):
     vllm_seed: int = setting(0, "vllm: sampling seed")
     kv_timeout_s: float = setting(10.0, "vllm: deadline of one store operation of the connector; a load that "
                                         "misses it is recomputed")
+    cost_profile: str = setting("", "a CostProfile JSON file to publish and price this worker's work with, "
+                                    "instead of measuring the engine (refused unless it fits the model)")
+    cost_profile_dir: str = setting("", "vllm: where measured cost profiles are kept, one per model, dtype and "
+                                        "hardware; a stored one is used instead of measuring at start")
     drain_timeout_s: float = setting(30.0, "on SIGTERM, how long running requests may finish before they are aborted")
     kv_use_mapping: bool = setting(True, "vllm: map stores on this host and copy KV in place; off: every "
                                          "store is reached over the data plane, as a remote one (a same-host "

@@ -48,9 +48,12 @@ class Conductor:
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
         await self._agree_on_config(runtime)
-        mirror = PrefixMirror(runtime.etcd, runtime.keys.instances(), self.view.apply_registry)
+        mirror = PrefixMirror(runtime.etcd, runtime.keys.instances(), self.scheduler.apply_registry_event)
         await mirror.load()
         runtime.tasks.spawn("registry-watch", mirror.run())
+        costs = PrefixMirror(runtime.etcd, runtime.keys.costs(), self.scheduler.pricing.apply_cost_event)
+        await costs.load()
+        runtime.tasks.spawn("costs-watch", costs.run())
         blocks = PrefixMirror(runtime.etcd, runtime.keys.prefix + "blocks/", self.scheduler.apply_block_event)
         await blocks.load()
         runtime.tasks.spawn("blocks-watch", blocks.run())
@@ -131,6 +134,7 @@ class Conductor:
             load = state.load
             instances.append({"role": role, "instance_id": instance_id, "node": state.info.node,
                               "model": state.info.model, "is_live": self.view.is_live(state, now),
+                              "pricing": self.scheduler.pricing.describe(role, instance_id, state.info.model),
                               "is_accepting": load is None or load.is_accepting,
                               "load": None if load is None else {
                                   "num_queued": load.num_queued, "num_running": load.num_running,

@@ -18,6 +18,7 @@ all land on the instance that looked idlest a moment ago.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +27,9 @@ from crescent.common.codec import decode
 from crescent.common.errors import MessageError
 from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceInfo, InstanceLoad
+from crescent.conductor.policy.decision import CostPredictors
 from crescent.conductor.policy.snapshot import InstanceSnapshot
+from crescent.conductor.pricing import Pricing
 
 log = logging.getLogger(__name__)
 
@@ -126,22 +129,30 @@ class ClusterView:
         state = self.instances.get((role, instance_id))
         return state.info.node if state is not None else ""
 
-    def snapshot(self, role: str, model: str, now: float) -> list[InstanceSnapshot]:
+    def snapshot(self, role: str, model: str, now: float, pricing: Pricing | None = None) -> list[InstanceSnapshot]:
         """Registered instances of `role` serving `model`, with this conductor's recent assignments
-        added; stale or not accepting ones are flagged, for the policies to leave out."""
+        added; stale or not accepting ones are flagged, for the policies to leave out. With
+        `pricing`, each carries its own cost model and its reported queue is corrected with it."""
         snapshots = []
         for (r, instance_id), state in self.instances.items():
             if r != role or state.info.model != model:
                 continue
             is_stale = not self.is_live(state, now)
+            costs = pricing.predictors(role, instance_id, model) if pricing is not None else None
             snapshot = state.snapshot
-            if snapshot is None or snapshot.is_stale != is_stale:
-                snapshot = state.snapshot = self._build_snapshot(role, instance_id, state, is_stale)
+            if snapshot is None or snapshot.is_stale != is_stale or snapshot.costs is not costs:
+                snapshot = state.snapshot = self._build_snapshot(role, instance_id, state, is_stale, costs)
+            queue_s = self._queue_s(state, now, pricing.queue_ratio(instance_id) if pricing is not None else 1.0)
+            queue_s += state.queue_s_assigned_since_load
+            if queue_s != snapshot.queue_time_s:  # the queue drains with time: only busy instances differ
+                snapshot = dataclasses.replace(snapshot, queue_time_s=queue_s)
             snapshots.append(snapshot)
         return snapshots
 
     @staticmethod
-    def _build_snapshot(role: str, instance_id: str, state: InstanceState, is_stale: bool) -> InstanceSnapshot:
+    def _build_snapshot(role: str, instance_id: str, state: InstanceState, is_stale: bool,
+                        costs: CostPredictors | None) -> InstanceSnapshot:
+        """The snapshot without its queue time, which changes with the clock (ClusterView._queue_s)."""
         load = state.load
         capacity = load.kv_capacity_tokens if load else state.info.kv_capacity_tokens
         return InstanceSnapshot(
@@ -149,13 +160,23 @@ class ClusterView:
             node=state.info.node,
             num_queued=(load.num_queued if load else 0) + state.num_assigned_since_load,
             num_running=load.num_running if load else 0,
-            queue_time_s=(load.queue_time_s if load else 0.0) + state.queue_s_assigned_since_load,
+            queue_time_s=0.0,
             kv_used_tokens=(load.kv_used_tokens if load else 0) + state.kv_assigned_since_load,
             kv_capacity_tokens=capacity,
             is_stale=is_stale,
             is_accepting=load.is_accepting if load else True,
             context_tokens=load.num_context_tokens if load and role == "decode" else None,
+            costs=costs,
         )
+
+    @staticmethod
+    def _queue_s(state: InstanceState, now: float, ratio: float) -> float:
+        """What is left now of the queue the latest telemetry reported: its predictions scaled by
+        the instance's correction, less what ran since (the running job, the telemetry's age)."""
+        load = state.load
+        if load is None:
+            return 0.0
+        return max(0.0, load.queue_time_s * ratio - load.running_s - max(0.0, now - state.load_received_at))
 
     def note_assignment(self, role: str, instance_id: str, num_tokens: int, queue_s: float = 0.0,
                         num_requests: int = 1) -> None:

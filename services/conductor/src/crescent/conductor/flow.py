@@ -121,8 +121,8 @@ class _DecodeSide:
     instance_id: str = ""
     attempt: int = 0
     is_finished: bool = False  # decode released the room itself
-    predicted_tbt_s: float = 0.0  # at placement, on the instance placed on
     is_moved: bool = False  # decoding went on elsewhere: the prediction no longer applies
+    first_token_at: float = 0.0  # when prefill's first token came (0: a replayed request has none)
 
     @property
     def attempt_id(self) -> str:
@@ -175,6 +175,7 @@ class RequestFlow:
             if result is not None:  # None: the decode instance computes the prompt, streams its first token
                 first_event = self._first_event(result, progress, sampling)
                 if first_event is not None:
+                    decode.first_token_at = self._clock()
                     yield first_event
                     if first_event.finish_reason is not None:
                         return
@@ -218,9 +219,8 @@ class RequestFlow:
                     span.set_attribute("crescent.rejected", outcome.reason.value)
                     raise RejectedError(outcome)
                 decode_id = outcome.decode.instance_id
-                self._scheduler.record(request, outcome)
+                self._scheduler.record(request, outcome, model)
                 decode.instance_id = decode_id
-                decode.predicted_tbt_s = outcome.decode.predicted_tbt_s
                 if await self._reserve(decode_id, decode.attempt_id, request.num_prompt_tokens, request.max_tokens):
                     break
                 self._scheduler.forget(request, outcome)
@@ -278,8 +278,7 @@ class RequestFlow:
             try:
                 result = await self._while_present("prefill", prefill.instance_id, self._bus.request(
                     self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))
-                self._scheduler.on_prefilled(request, decision, result.num_cached_tokens,
-                                             self._clock() - sent_at)
+                self._scheduler.on_prefilled(request, decision, result, self._clock() - sent_at)
                 return result
             except MOVABLE_ERRORS as exc:
                 if isinstance(exc, RemoteError) and exc.code == INVALID_REQUEST:
@@ -334,7 +333,7 @@ class RequestFlow:
             raise StreamBrokenError(f"decode {decode_id} did not acknowledge the start: {exc}") from exc
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
-        first_chunk_at, num_later_tokens = 0.0, 0
+        num_decoded_tokens = 0
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
         while True:
@@ -345,17 +344,16 @@ class RequestFlow:
             if chunk.error:
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
             expected_seq += 1
-            if expected_seq == 1:
-                first_chunk_at = self._clock()
-            else:
-                num_later_tokens += len(chunk.token_ids)
+            num_decoded_tokens += len(chunk.token_ids)
             token_ids, logprobs = replay.new_part(chunk.token_ids, chunk.logprobs, chunk.is_final)
             progress.generated.extend(token_ids)
             if chunk.is_final:
                 decode.is_finished = True
-                if num_later_tokens and not decode.is_moved:
-                    self._scheduler.on_decoded(decode.predicted_tbt_s,
-                                               (self._clock() - first_chunk_at) / num_later_tokens)
+                if num_decoded_tokens and decode.first_token_at and not decode.is_moved:
+                    # The mean gap the client saw after the first token, stalls included (a
+                    # stream that stalls, then delivers tokens in a bunch, has a long TBT).
+                    self._scheduler.on_decoded(decode.request_id,
+                                               (self._clock() - decode.first_token_at) / num_decoded_tokens)
             if token_ids or chunk.is_final:
                 yield TokenEvent(token_ids, chunk.finish_reason if chunk.is_final else None, logprobs)
             if chunk.is_final:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+PREDICTION_ERROR_BUCKETS = (0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1,
+                            1.5, 2, 3, 5, 10)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 REQUESTS = Counter("crescent_requests", "Requests finished, by endpoint and outcome", ["endpoint", "outcome"])
@@ -35,9 +37,11 @@ PREFILL_ON_DECODE = Counter("crescent_prefill_on_decode", "Requests whose decode
                             "itself (conditional disaggregation)")
 PREDICTION_ERROR = Histogram("crescent_prediction_abs_error_ratio",
                              "|predicted − measured| / measured, per request: ttft (placement to first "
-                             "token against T_transfer + T_queue + T_prefill) and tbt (mean time between "
-                             "tokens against the TBT predicted at placement)", ["kind"],
-                             buckets=(0.05, 0.1, 0.15, 0.25, 0.4, 0.6, 1, 2, 5, 10))
+                             "token against T_transfer + T_queue + T_prefill) and tbt (the mean gap between "
+                             "the tokens after the first, as streamed, against the TBT predicted at "
+                             "placement); prediction: published (the instance's published cost model alone) "
+                             "or corrected (as placed: that model corrected online)", ["kind", "prediction"],
+                             buckets=PREDICTION_ERROR_BUCKETS)
 DESIRED_INSTANCES = Gauge("crescent_desired_instances",
                           "Instances of each role the P/D ratio controller wants for a model (scale by this)",
                           ["model", "role"])

@@ -1,9 +1,11 @@
 """The conductor's scheduling state around the pure policy: the block index fed from etcd, the
-requests in flight, the learned decode time, and the loop plan → policy(state) → record.
+requests in flight, the learned decode time, each instance's pricing (its published cost
+profile, corrected online), and the loop plan → policy(state) → record.
 
 The policy decides; this module only builds its inputs (a ClusterSnapshot at `now`) and
 records the consequences (block hits, assignments, in-flight requests, observed decode times,
-the prefix tokens each prefill really loaded).
+the prefix tokens each prefill really loaded, and every request's timings, fed back into the
+pricing: feedback.py).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from crescent.common.block_index import BlockIndex, apply_block_change
 from crescent.common.errors import ConfigError
 from crescent.common.etcd import MirrorEvent
 from crescent.common.hashing import block_hashes
+from crescent.common.messages import PrefillResult
 from crescent.conductor import metrics
 from crescent.conductor.cluster_view import ClusterView
+from crescent.conductor.feedback import Feedback
 from crescent.conductor.policy import (
     BandwidthTable,
     ClusterSnapshot,
@@ -37,23 +41,32 @@ from crescent.conductor.policy import (
     make_policy,
 )
 from crescent.conductor.policy.block_heat import BlockHeat
+from crescent.conductor.policy.correction import CostCorrection
+from crescent.conductor.policy.decode_load import step_fn
 from crescent.conductor.policy.eligibility import is_usable
 from crescent.conductor.policy.imbalance import imbalance_factor, slo_load
 from crescent.conductor.policy.replication import HotSpotConfig, hot_spot_orders, rank_target_nodes
+from crescent.conductor.pricing import Pricing
 from crescent.conductor.settings import ConductorSettings
 
 log = logging.getLogger(__name__)
 
 
+def prefill_override(settings: ConductorSettings) -> Callable[[int, int], float] | None:
+    """--prefill-model: one fitted prefill model for every instance, over what they publish."""
+    if not settings.prefill_model:
+        return None
+    try:
+        return PrefillTimeModel.from_dict(json.loads(Path(settings.prefill_model).read_text()))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ConfigError(f"cannot load prefill_model {settings.prefill_model}: {exc}") from exc
+
+
 def build_predictors(settings: ConductorSettings) -> CostPredictors:
+    """The default model: for an instance that has published no profile (the emulated cost
+    model of the settings, or --prefill-model)."""
     cost = settings.cost_model()
-    prefill_s: Callable[[int, int], float] = cost.prefill_s
-    if settings.prefill_model:
-        try:
-            prefill_s = PrefillTimeModel.from_dict(json.loads(Path(settings.prefill_model).read_text()))
-        except (OSError, ValueError, KeyError) as exc:
-            raise ConfigError(f"cannot load prefill_model {settings.prefill_model}: {exc}") from exc
-    return CostPredictors(prefill_s=prefill_s, decode_step_s=cost.decode_step_s,
+    return CostPredictors(prefill_s=prefill_override(settings) or cost.prefill_s, decode_step_s=cost.decode_step_s,
                           kv_bytes_per_token=settings.kv_bytes_per_block / settings.block_size)
 
 
@@ -66,8 +79,12 @@ class Scheduler:
         self.heat = BlockHeat(self.index)
         self.bandwidth = BandwidthTable()
         self.decode_time = DecodeTimeEstimator()
+        predictors = build_predictors(settings)
+        self.pricing = Pricing(predictors, CostCorrection(is_enabled=settings.cost_correction),
+                               prefill_override(settings))
+        self.feedback = Feedback(self.pricing)
         self.policy = make_policy(
-            settings.policy, predictors=build_predictors(settings), admission=settings.admission,
+            settings.policy, predictors=predictors, admission=settings.admission,
             slo=Slo(settings.ttft_slo_s, settings.tbt_slo_s), decode_time=self.decode_time,
             kvcache_balancing_threshold=settings.kvcache_balancing_threshold, rng=random.Random(settings.seed),
             local_prefill_max_tokens=settings.local_prefill_max_tokens)
@@ -90,6 +107,12 @@ class Scheduler:
     def max_decode_capacity(self, model: str) -> int:
         return max((s.kv_capacity_tokens for s in self.view.snapshot("decode", model, self.clock())), default=0)
 
+    def apply_registry_event(self, event: MirrorEvent) -> None:
+        """A change under instances/<role>/<id>: an instance gone takes its corrections along."""
+        self.view.apply_registry(event)
+        if event.value is None:
+            self.pricing.correction.forget(event.key.rstrip("/").rsplit("/", 1)[-1])
+
     def request_for(self, request_id: str, model: str, token_ids: Sequence[int], max_tokens: int,
                     may_prefill_on_decode: bool = True) -> ScheduleRequest:
         hashes = block_hashes(token_ids, self.settings.block_size, model)
@@ -108,15 +131,16 @@ class Scheduler:
         return self.policy.choose_new_decode(request, self._snapshot(model, self.clock(), exclude))
 
     def _snapshot(self, model: str, now: float, exclude: Collection[str]) -> ClusterSnapshot:
-        prefills = [s for s in self.view.snapshot("prefill", model, now) if s.instance_id not in exclude]
-        decodes = [s for s in self.view.snapshot("decode", model, now) if s.instance_id not in exclude]
+        prefills = [s for s in self.view.snapshot("prefill", model, now, self.pricing) if s.instance_id not in exclude]
+        decodes = [s for s in self.view.snapshot("decode", model, now, self.pricing) if s.instance_id not in exclude]
         return ClusterSnapshot(prefill=prefills, decode=decodes, index=self.index, bandwidth=self.bandwidth,
                                inflight=list(self.inflight.values()))
 
-    def record(self, request: ScheduleRequest, decision: Decision) -> None:
+    def record(self, request: ScheduleRequest, decision: Decision, model: str = "") -> None:
         """Account for a placed request at once, before any await, so concurrent requests see
         the queue it adds; `forget` undoes it if its decode reservation is refused."""
         now = self.clock()
+        self.feedback.on_placed(request, decision, model)
         self.heat.record_hits(request.block_hashes, now)
         self._assign(request, decision, sign=1)
         self.inflight[request.request_id] = InflightRequest(
@@ -125,19 +149,23 @@ class Scheduler:
     def forget(self, request: ScheduleRequest, decision: Decision) -> None:
         self._assign(request, decision, sign=-1)
         self.inflight.pop(request.request_id, None)
+        self.feedback.forget(request.request_id)
 
     def _assign(self, request: ScheduleRequest, decision: Decision, sign: int) -> None:
         if not decision.prefill_on_decode:
-            self.view.note_assignment("prefill", decision.prefill.instance_id, sign * request.num_prompt_tokens,
-                                      sign * decision.prefill.prefill_s, sign)
+            # Queue time is compute: the messaging overhead in the corrected T_prefill is not queued.
+            prefill_id = decision.prefill.instance_id
+            queue_s = max(0.0, decision.prefill.prefill_s - self.pricing.correction.of(prefill_id).overhead_s)
+            self.view.note_assignment("prefill", prefill_id, sign * request.num_prompt_tokens, sign * queue_s, sign)
         self.view.note_assignment("decode", decision.decode.instance_id, sign * request.num_kv_tokens, 0.0, sign)
 
-    def on_prefilled(self, request: ScheduleRequest, decision: Decision, num_cached_tokens: int,
+    def on_prefilled(self, request: ScheduleRequest, decision: Decision, result: PrefillResult,
                      measured_s: float) -> None:
-        """A prefill finished `measured_s` after it was placed, having reused `num_cached_tokens`
-        of the prompt: the cache hit rate counts what was really loaded, not what the plan
-        expected, and the TTFT prediction is checked against what happened."""
-        observe_error("ttft", decision.prefill.predicted_ttft_s, measured_s)
+        """A prefill finished `measured_s` after it was placed, as `result` says: the cache hit
+        rate counts what was really loaded, not what the plan expected, and the TTFT prediction
+        is checked against what happened and corrects the instance's pricing."""
+        num_cached_tokens = result.num_cached_tokens
+        self.feedback.on_prefilled(request.request_id, result, measured_s)
         self.num_prompt_tokens += request.num_prompt_tokens
         self.num_hit_tokens += num_cached_tokens
         metrics.PROMPT_TOKENS_PREFILLED.inc(request.num_prompt_tokens)
@@ -147,10 +175,10 @@ class Scheduler:
             metrics.REPLICATION_ORDERS.labels(order.reason.value, "planned").inc()
             metrics.REPLICATED_BLOCKS.labels(order.reason.value).inc(len(order.hashes))
 
-    def on_decoded(self, predicted_tbt_s: float, measured_tbt_s: float) -> None:
+    def on_decoded(self, request_id: str, measured_tbt_s: float) -> None:
         """A request's stream ended on the decode instance it was placed on: check the TBT
-        predicted at placement against its mean time between tokens."""
-        observe_error("tbt", predicted_tbt_s, measured_tbt_s)
+        predicted at placement against its mean time between tokens, and learn from it."""
+        self.feedback.on_decoded(request_id, measured_tbt_s)
 
     def move_decode(self, request: ScheduleRequest, old_decode_id: str, new_decode_id: str) -> None:
         """The request now decodes on `new_decode_id`."""
@@ -166,6 +194,7 @@ class Scheduler:
             self.inflight[request_id] = dataclasses.replace(request, decode_start_s=self.clock(), is_decoding=True)
 
     def on_finished(self, request_id: str, is_ok: bool) -> None:
+        self.feedback.forget(request_id)
         request = self.inflight.pop(request_id, None)
         if request is not None and request.is_decoding and is_ok:
             now = self.clock()
@@ -182,10 +211,10 @@ class Scheduler:
         SLO, predicted step time over the TBT SLO."""
         now = self.clock()
         prefill = [slo_load(s.queue_time_s, self.settings.ttft_slo_s)
-                   for s in self.view.snapshot("prefill", model, now) if is_usable(s)]
+                   for s in self.view.snapshot("prefill", model, now, self.pricing) if is_usable(s)]
         step_s = self.policy.predictors.decode_step_s
-        decode = [slo_load(step_s(s.num_running, s.num_context_tokens), self.settings.tbt_slo_s)
-                  for s in self.view.snapshot("decode", model, now) if is_usable(s)]
+        decode = [slo_load(step_fn(s, step_s)(s.num_running, s.num_context_tokens), self.settings.tbt_slo_s)
+                  for s in self.view.snapshot("decode", model, now, self.pricing) if is_usable(s)]
         return prefill, decode
 
     def imbalance(self, model: str) -> float | None:
@@ -198,8 +227,3 @@ class Scheduler:
         """Share of the prompt tokens of finished prefills that were loaded, not computed."""
         return self.num_hit_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
 
-
-def observe_error(kind: str, predicted_s: float, measured_s: float) -> None:
-    """Record |predicted − measured| / measured (nothing for an instant measurement)."""
-    if measured_s > 0:
-        metrics.PREDICTION_ERROR.labels(kind).observe(abs(predicted_s - measured_s) / measured_s)

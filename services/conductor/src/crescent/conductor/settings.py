@@ -36,7 +36,10 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     local_prefill_max_tokens: int = setting(
         0, "conditional disaggregation: the decode instance computes a prompt itself when at most this many "
            "of its tokens are not cached on the decode node (0: every prompt goes to a prefill instance)")
-    prefill_model: str = setting("", "JSON of a fitted prefill-time model (crescent profile); empty: the emulated cost model")
+    prefill_model: str = setting("", "override: price every instance's prefill with this fitted model (JSON of "
+                                     "crescent profile) instead of the cost profile each publishes in etcd")
+    cost_correction: bool = setting(True, "correct each instance's published cost model online from the measured "
+                                          "times of its requests (off: price with the published models as they are)")
     hot_spot_period_s: float = setting(2.0, "interval of the hot-block replication pass (0: off)")
     seed: int = setting(0, "seed of the random baseline policy")
     tokenizer: str = setting("", "checkpoint directory whose tokenizer.json the served model uses "

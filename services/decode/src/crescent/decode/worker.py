@@ -2,7 +2,9 @@
 
 A reservation is admitted locally when the KV room is there and, once a conductor has written
 the cluster config, when the predicted time between tokens with the request added stays within
-the cluster's TBT SLO (the prediction uses this engine's cost model)."""
+the cluster's TBT SLO. The prediction uses the cost profile this worker publishes in etcd
+(costs/decode/<id>: measured at start or loaded, crescent.engine.costs), which the conductor
+prices this instance with too."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from crescent.common.cluster_config import ConfigFollower
+from crescent.common.codec import encode
 from crescent.common.config import setting
 from crescent.common.errors import ConfigError, RecoverableError
 from crescent.common.messages import (
@@ -30,6 +33,7 @@ from crescent.common.tracing import tracer
 from crescent.decode.admission import KvLedger, TbtCheck
 from crescent.decode.chunking import ChunkLimits, TokenChunker
 from crescent.engine.base import FINISH_ABORT
+from crescent.engine.costs import emulated_profile, resolve_profile
 from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
 
@@ -72,7 +76,9 @@ class DecodeWorker:
         self.settings = settings
         self.engine = build_engine(settings, self.role)
         self.ledger = KvLedger(settings.kv_capacity_tokens or EMULATED_KV_CAPACITY_TOKENS)
-        self.tbt = TbtCheck(settings.cost_model().decode_step_s)
+        # Replaced at start by the profile this worker publishes; until then its emulated model.
+        self.profile = emulated_profile(settings.cost_model(), settings.model_name)
+        self.tbt = TbtCheck(self.profile.decode_step_s)
         self.chunk_limits = settings.chunk_limits()
         self.cluster_config: ConfigFollower | None = None  # its TBT SLO gates admission
         self._generations: dict[str, asyncio.Task] = {}
@@ -96,6 +102,11 @@ class DecodeWorker:
                                               self.engine.kv_capacity_tokens)
         else:
             runtime.tasks.spawn("decode-batch", self.engine.run())
+        self.profile = await resolve_profile(self.settings, self.engine)
+        self.tbt = TbtCheck(self.profile.decode_step_s)
+        await runtime.leased.put(runtime.keys.cost(self.role, instance_id), encode(self.profile))
+        log.info("cost profile published", extra={"source": self.profile.source,
+                                                   "decode": str(self.profile.decode)})
         await runtime.bus.serve(subjects.decode_reserve(instance_id), Reservation, self.reserve)
         await runtime.bus.serve(subjects.decode_start(instance_id), DecodeStart, self.start_request)
         await runtime.bus.serve(subjects.decode_cancel(instance_id), DecodeCancel, self.cancel)

@@ -1,9 +1,12 @@
 """Prefill worker: a FIFO of jobs in front of one engine (compute_gate.py).
 
 The queue's predicted drain time is what the conductor needs to estimate T_queue, so the
-worker keeps each queued job's predicted prefill time and publishes their sum. A job's
-prediction counts the prefix its node's store holds once the planned pull is done (until then,
-the whole prompt).
+worker keeps each queued job's predicted prefill time and publishes their sum, with how long
+the running job has been computing (the conductor, which knows how much slower or faster than
+its profile this engine runs, works out what is left). Predictions use the cost profile this worker publishes in etcd
+(costs/prefill/<id>, measured at start or loaded: crescent.engine.costs), the same one the
+conductor prices this instance with, and count the prefix its node's store holds once the
+planned pull is done (until then, the whole prompt).
 
 The FIFO covers compute only: the etcd lookup of the decode node, the planned prefix pull
 and (emulated engine) the store lookup happen while the job waits for its turn, and the saves
@@ -21,7 +24,8 @@ import logging
 import time
 
 from crescent.common.cluster_config import ConfigFollower
-from crescent.common.codec import decode
+from crescent.common.codec import decode, encode
+from crescent.common.cost_profile import CostProfile
 from crescent.common.errors import FatalError, MessageError, RecoverableError
 from crescent.common.hashing import block_hashes
 from crescent.common.messages import (
@@ -45,6 +49,7 @@ from crescent.common.store_messages import (
 from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
 from crescent.engine.base import InvalidRequestError
+from crescent.engine.costs import emulated_profile, resolve_profile
 from crescent.engine.emulated import unsupported
 from crescent.engine.emulated_kv import EmulatedKv
 from crescent.engine.factory import build_engine
@@ -82,8 +87,10 @@ class PrefillWorker:
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self.engine = build_engine(settings, self.role)
-        self.cost = settings.cost_model()
+        # Replaced at start by the profile this worker publishes; until then its emulated model.
+        self.profile: CostProfile = emulated_profile(settings.cost_model(), settings.model_name)
         self._predicted_s: dict[str, float] = {}  # queued or running job → predicted prefill time
+        self._computing_since: dict[str, float] = {}  # jobs inside the engine → monotonic start
         self._jobs: dict[str, asyncio.Task] = {}  # queued or running job → the task running it
         # vLLM batches prompts, so several jobs share it up to two steps' tokens; emulated: one job
         self._gate = ComputeGate(2 * settings.vllm_max_num_batched_tokens if self.is_vllm else 0)
@@ -112,13 +119,18 @@ class PrefillWorker:
                 await check_store_block_bytes(runtime, self.settings.node, self.settings.model_name,
                                               self.engine.store_block_bytes, self.settings.kv_timeout_s)
             await self.engine.start()
+            self.profile = await resolve_profile(self.settings, self.engine)
         else:
+            self.profile = await resolve_profile(self.settings, self.engine)
             self._store = StoreClient(runtime.bus, runtime.etcd, self.settings.cluster,
                                       ClientConfig(node=self.settings.node, timeout_s=self.settings.kv_timeout_s,
                                                    staging_bytes=16 << 20))
             await self._store.start()
             self.engine.kv = EmulatedKv(self._store, self.settings.model_name, self.settings.block_size,
                                         self.settings.node)
+        await runtime.leased.put(runtime.keys.cost(self.role, runtime.instance_id), encode(self.profile))
+        log.info("cost profile published", extra={"source": self.profile.source,
+                                                   "prefill": str(self.profile.prefill)})
         await runtime.bus.serve(runtime.subjects.prefill_job(runtime.instance_id), PrefillJob, self.run_job)
         await runtime.bus.serve(runtime.subjects.prefill_cancel(runtime.instance_id), PrefillCancel, self.cancel)
 
@@ -134,7 +146,12 @@ class PrefillWorker:
         return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
                             sent_at=time.time(), period_s=self.settings.telemetry_period_s,
                             num_queued=len(self._predicted_s), queue_time_s=sum(self._predicted_s.values()),
+                            running_s=self._running_s(),
                             recent_ttft_s=self.recent_ttft.value)
+
+    def _running_s(self) -> float:
+        """How long the oldest job inside the engine has computed (0: none)."""
+        return time.monotonic() - min(self._computing_since.values()) if self._computing_since else 0.0
 
     async def _decode_node(self, job: PrefillJob, timeout_s: float) -> str:
         """The node of the job's decode instance: from the job, else its registry entry."""
@@ -171,22 +188,25 @@ class PrefillWorker:
                               f"{self.settings.block_size}-token blocks: its prefix would never be found")
         if not self.is_vllm and unsupported(job.sampling):
             raise InvalidRequestError(f"the emulated engine cannot apply {', '.join(unsupported(job.sampling))}")
-        self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids))
+        self._predicted_s[job.request_id] = self.profile.prefill_s(len(job.token_ids))
         self._jobs[job.request_id] = asyncio.current_task()
         enqueued = time.monotonic()
         deadline = enqueued + (job.timeout_s or float("inf"))
         try:
             decode_node = await self._decode_node(job, self._remote_timeout_s(deadline))
             save_to = list(dict.fromkeys(n for n in (decode_node, self.settings.node) if n))
+            pull_started = time.monotonic()
             await self._pull_prefix(job, self._remote_timeout_s(deadline))
+            transfer_s = time.monotonic() - pull_started if job.pull_hashes else 0.0
             plan = None if self.is_vllm else await self.engine.plan(job.token_ids)
             num_cached = plan.num_cached if plan is not None else await self._stored_prefix_tokens(job, self._remote_timeout_s(deadline))
-            self._predicted_s[job.request_id] = self.cost.prefill_s(len(job.token_ids), num_cached)
+            self._predicted_s[job.request_id] = self.profile.prefill_s(len(job.token_ids), num_cached)
             with tracer().start_as_current_span("prefill.queue") as queue_span:
                 queue_span.set_attribute("crescent.request_id", job.request_id)
                 await self._gate.enter(len(job.token_ids) - num_cached)
             try:
                 started = time.monotonic()
+                self._computing_since[job.request_id] = started
                 with tracer().start_as_current_span("prefill.compute") as span:
                     span.set_attribute("crescent.num_prompt_tokens", len(job.token_ids))
                     span.set_attribute("crescent.kv_targets", ",".join(save_to))
@@ -198,6 +218,7 @@ class PrefillWorker:
                     span.set_attribute("crescent.num_computed_tokens", output.num_computed_tokens)
                     span.set_attribute("crescent.num_cached_tokens", output.num_cached_tokens)
             finally:
+                del self._computing_since[job.request_id]
                 self._gate.leave(len(job.token_ids) - num_cached)
             if plan is not None:
                 await self.engine.save(plan, save_to)
@@ -209,7 +230,7 @@ class PrefillWorker:
         return PrefillResult(request_id=job.request_id, first_token=output.first_token,
                              num_computed_tokens=output.num_computed_tokens,
                              num_cached_tokens=output.num_cached_tokens,
-                             queue_s=started - enqueued, compute_s=finished - started,
+                             queue_s=started - enqueued, compute_s=finished - started, transfer_s=transfer_s,
                              first_logprobs=output.first_logprobs, prompt_logprobs=output.prompt_logprobs)
 
     async def cancel(self, cancel: PrefillCancel) -> Ack:

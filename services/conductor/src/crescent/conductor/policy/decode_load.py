@@ -24,8 +24,15 @@ class DecodeLoad(NamedTuple):
     num_context_tokens: int
 
     def tbt_with(self, request: ScheduleRequest, decode_step_s: DecodeStepFn) -> float:
-        """Predicted TBT once `request` has joined this batch."""
-        return decode_step_s(self.num_running + 1, self.num_context_tokens + request.num_prompt_tokens)
+        """Predicted TBT once `request` has joined this batch, by the instance's own cost model
+        when it has one (`decode_step_s` otherwise)."""
+        step_s = step_fn(self.instance, decode_step_s)
+        return step_s(self.num_running + 1, self.num_context_tokens + request.num_prompt_tokens)
+
+
+def step_fn(instance: InstanceSnapshot, default: DecodeStepFn) -> DecodeStepFn:
+    """The decode step model that prices `instance`."""
+    return instance.costs.decode_step_s if instance.costs is not None else default
 
 
 _num_running = itemgetter(1)
@@ -69,15 +76,22 @@ def choose_by_tbt(request: ScheduleRequest, loads: Sequence[DecodeLoad],
     """The instance with the least TBT after adding the request; ties to the smaller id.
     `loads` must already be filtered for KV room (eligibility.eligible_decode).
 
-    A step takes no less time with more requests or more context (DecodeStepFn), so instances
-    are visited by context, and once the smallest batch with the next instance's context would
-    already be slower than the best so far, no later instance can win or tie: at hundreds of
-    instances the model is evaluated for a few of them.
+    A step takes no less time with more requests or more context (DecodeStepFn), so when one
+    model prices every instance they are visited by context, and once the smallest batch with the
+    next instance's context would already be slower than the best so far, no later instance can
+    win or tie: at hundreds of instances the model is evaluated for a few of them. Instances that
+    carry their own cost models (published profiles) share no such bound and are all priced.
     """
     if not loads:
         return None
     best_id, best_tbt = "", math.inf
     prompt = request.num_prompt_tokens
+    if any(load.instance.costs is not None for load in loads):  # each priced by its own model: no shared bound
+        for instance, num_running, num_context_tokens in loads:
+            tbt = step_fn(instance, decode_step_s)(num_running + 1, num_context_tokens + prompt)
+            if tbt < best_tbt or (tbt == best_tbt and instance.instance_id < best_id) or not best_id:
+                best_id, best_tbt = instance.instance_id, tbt
+        return DecodeChoice(best_id, best_tbt)
     fewest_running = min(map(_num_running, loads))
     for visited, (instance, num_running, num_context_tokens) in enumerate(sorted(loads, key=_num_context)):
         if visited % _BOUND_EVERY == _BOUND_EVERY - 1 and \

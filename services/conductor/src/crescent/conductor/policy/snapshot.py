@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from crescent.common.block_index import BlockIndex
 from crescent.conductor.policy.bandwidth import BandwidthTable
+from crescent.conductor.policy.decision import CostPredictors
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class InstanceSnapshot:
     # Decode: sum of the context lengths of the running batch, the input of the TBT predictor.
     # None when not reported; the KV in use (an upper bound: it includes reservations) stands in.
     context_tokens: int | None = None
+    # The instance's own cost model (its published profile, corrected online); None: the
+    # policy's default predictors. Instances with equal models share one object.
+    costs: CostPredictors | None = None
 
     @property
     def kv_free_tokens(self) -> int:

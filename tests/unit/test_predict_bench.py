@@ -1,0 +1,50 @@
+"""`crescent bench predict` wiring, and the prediction-error figures read from a histogram."""
+
+import argparse
+import json
+
+import pytest
+from crescent.bench import cli
+from crescent.bench.replay.prediction_errors import bucket_quantile, prediction_error_report
+
+
+def test_quantiles_interpolate_inside_buckets():
+    cumulative = [(0.1, 50.0), (0.2, 90.0), (0.4, 100.0), (float("inf"), 100.0)]
+    assert bucket_quantile(cumulative, 0.5) == pytest.approx(0.1)
+    assert bucket_quantile(cumulative, 0.7) == pytest.approx(0.15)
+    assert bucket_quantile(cumulative, 0.95) == pytest.approx(0.3)
+    assert bucket_quantile([(0.1, 0.0), (float("inf"), 0.0)], 0.5) is None
+
+
+def test_report_covers_only_the_requests_between_the_scrapes():
+    before = {("ttft", "corrected"): {0.1: 10.0, 0.2: 10.0, float("inf"): 10.0}}
+    after = {("ttft", "corrected"): {0.1: 10.0, 0.2: 20.0, float("inf"): 20.0}}
+    row = prediction_error_report(before, after)["ttft"]["corrected"]
+    assert row["count"] == 10 and 0.1 < row["median_abs_err"] < row["p90_abs_err"] <= 0.2
+    assert prediction_error_report(None, None) is None
+
+
+def test_predict_bench_is_registered_and_writes_its_cases(tmp_path, monkeypatch):
+    from crescent.bench import predict_bench
+
+    calls = []
+
+    def fake_run(trace, limit, speed, max_input_tokens, max_output_tokens, warmup, workdir=None):
+        calls.append((trace, limit, speed, max_input_tokens, max_output_tokens, warmup, workdir))
+        return {
+            "bench": "predict",
+            "cases": [
+                {"case": name, "median_abs_err": 0.1, "p90_abs_err": 0.3}
+                for name, _, _ in predict_bench.CASES
+            ],
+        }
+
+    monkeypatch.setattr(predict_bench, "run_predict_bench", fake_run)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    out = tmp_path / "predict.json"
+    args = parser.parse_args(["predict", "--trace", "t.jsonl", "--json", str(out), "--limit", "5"])
+    assert cli.run(args) == 0
+    assert calls[0][1:6] == (5, 0.25, 2048, 16, 16)
+    cases = [case["case"] for case in json.loads(out.read_text())["cases"]]
+    assert cases == ["ttft-before", "ttft-after", "tbt-before", "tbt-after"]
