@@ -43,7 +43,8 @@ def test_replay_of_a_trace_slice_reports_every_request(cluster, tmp_path):
     assert report["cache_hit_rate"] is not None and report["cache_hit_rate"] > 0.1
     records = result["records"]
     assert all(r["status"] == "ok" and r["num_output_tokens"] == min(32, r["num_output_tokens"]) for r in records)
-    assert all(len(r["intervals_s"]) == r["num_output_tokens"] - 1 or r["num_output_tokens"] == 0 for r in records)
+    # one interval per streamed event after the first; decode may deliver fast tokens together
+    assert all(0 < len(r["intervals_s"]) <= r["num_output_tokens"] - 1 for r in records if r["num_output_tokens"] > 1)
     assert (plots / "ttft_cdf.png").stat().st_size > 0 and (plots / "tbt_cdf.png").stat().st_size > 0
     assert "effective request capacity" in done.stdout
     # the conductor's own prediction errors over these 50 requests, before and after correction
