@@ -50,6 +50,8 @@ run: install install-vllm
 	$(VENV)/bin/crescent up
 
 test: install install-vllm
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install

@@ -49,20 +49,35 @@ class OtlpReceiver:
     def _add(self, request: ExportTraceServiceRequest) -> None:
         with self._lock:
             for resource_spans in request.resource_spans:
-                service = next(a.value.string_value for a in resource_spans.resource.attributes
-                               if a.key == "service.name")
+                service = next(
+                    a.value.string_value
+                    for a in resource_spans.resource.attributes
+                    if a.key == "service.name"
+                )
                 for scope_spans in resource_spans.scope_spans:
                     for span in scope_spans.spans:
-                        self.spans.append({"name": span.name, "service": service, "trace_id": span.trace_id.hex(),
-                                           "span_id": span.span_id.hex(), "parent_id": span.parent_span_id.hex(),
-                                           "start": span.start_time_unix_nano, "end": span.end_time_unix_nano,
-                                           "attributes": {a.key: a.value for a in span.attributes}})
+                        self.spans.append(
+                            {
+                                "name": span.name,
+                                "service": service,
+                                "trace_id": span.trace_id.hex(),
+                                "span_id": span.span_id.hex(),
+                                "parent_id": span.parent_span_id.hex(),
+                                "start": span.start_time_unix_nano,
+                                "end": span.end_time_unix_nano,
+                                "attributes": {a.key: a.value for a in span.attributes},
+                            }
+                        )
 
     def trace_of(self, request_id: str) -> list[dict]:
         with self._lock:
-            roots = [s for s in self.spans if s["name"] == "conductor.request"
-                     and s["attributes"].get("crescent.request_id") is not None
-                     and s["attributes"]["crescent.request_id"].string_value == request_id]
+            roots = [
+                s
+                for s in self.spans
+                if s["name"] == "conductor.request"
+                and s["attributes"].get("crescent.request_id") is not None
+                and s["attributes"]["crescent.request_id"].string_value == request_id
+            ]
             if not roots:
                 return []
             return [s for s in self.spans if s["trace_id"] == roots[0]["trace_id"]]
@@ -78,10 +93,17 @@ def otlp():
 
 @pytest.fixture(scope="module")
 def dev_cluster(tmp_path_factory, otlp):
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-           "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    spec = ClusterSpec(workdir=tmp_path_factory.mktemp("cluster"), api_port=free_port(), env=env,
-                       engine_args=["--emulated-time-scale", "0.05"])
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    spec = ClusterSpec(
+        workdir=tmp_path_factory.mktemp("cluster"),
+        api_port=free_port(),
+        env=env,
+        engine_args=["--emulated-time-scale", "0.05"],
+    )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=60)
     yield cluster

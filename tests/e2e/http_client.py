@@ -19,8 +19,9 @@ class Answer:
 
     def error(self) -> dict:
         """The OpenAI error object of a non-2xx answer; fails the test if there is none."""
-        assert self.headers.get("content-type", "").startswith("application/json"), \
+        assert self.headers.get("content-type", "").startswith("application/json"), (
             f"{self.status} with Content-Type {self.headers.get('content-type')!r}: {self.body[:200]!r}"
+        )
         error = json.loads(self.body)["error"]
         assert isinstance(error["message"], str) and error["message"], error
         assert isinstance(error["type"], str) and error["type"], error
@@ -40,7 +41,9 @@ def post(port: int, path: str, body: bytes, headers: dict[str, str] | None = Non
         connection.putheader("Content-Length", str(len(body)))
         connection.endheaders(body)
         response = connection.getresponse()
-        return Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+        return Answer(
+            response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+        )
     finally:
         connection.close()
 
@@ -55,7 +58,8 @@ def check_answer(answer: Answer) -> None:
     elif answer.headers.get("content-type", "").startswith("text/event-stream"):
         last_event = answer.body.rstrip().rsplit(b"\n\n", 1)[-1]
         assert last_event == b"data: [DONE]" or last_event.startswith(
-            (b"event: response.completed\n", b"event: response.incomplete\n")), answer.body[-200:]
+            (b"event: response.completed\n", b"event: response.incomplete\n")
+        ), answer.body[-200:]
     else:
         body = json.loads(answer.body)
         assert "choices" in body or (body.get("object") == "response" and "output" in body), body
@@ -70,8 +74,10 @@ def read_until_closed(sock: socket.socket, deadline_s: float) -> bytes:
         try:
             chunk = sock.recv(65536)
         except TimeoutError:
-            raise AssertionError(f"the server kept the connection open for {deadline_s} s; "
-                                 f"received {received[:200]!r}") from None
+            raise AssertionError(
+                f"the server kept the connection open for {deadline_s} s; "
+                f"received {received[:200]!r}"
+            ) from None
         if not chunk:
             return received
         received += chunk

@@ -12,6 +12,7 @@ from pathlib import Path
 import aiohttp
 import psutil
 import pytest
+
 from crescent.cluster.processes import free_port
 
 pytestmark = pytest.mark.e2e

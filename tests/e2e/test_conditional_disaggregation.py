@@ -10,11 +10,11 @@ import urllib.request
 
 import aiohttp
 import pytest
+from expected import expected_text
 from prometheus_client.parser import text_string_to_metric_families
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port
-from expected import expected_text
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"
@@ -23,11 +23,18 @@ THRESHOLD = 64  # tokens (bytes: the emulated model's tokenizer)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, otlp):
-    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-           "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    spec = ClusterSpec(workdir=tmp_path_factory.mktemp("cluster"), api_port=free_port(), env=env,
-                       engine_args=["--emulated-time-scale", "0.05"],
-                       conductor_args=["--local-prefill-max-tokens", str(THRESHOLD)])
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    spec = ClusterSpec(
+        workdir=tmp_path_factory.mktemp("cluster"),
+        api_port=free_port(),
+        env=env,
+        engine_args=["--emulated-time-scale", "0.05"],
+        conductor_args=["--local-prefill-max-tokens", str(THRESHOLD)],
+    )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=60)
     yield cluster
@@ -37,14 +44,20 @@ def cluster(tmp_path_factory, otlp):
 def local_prefills(cluster) -> float:
     with urllib.request.urlopen(f"{cluster.api_url}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == "crescent_prefill_on_decode_total")
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "crescent_prefill_on_decode_total"
+    )
 
 
 async def complete(cluster, prompt: str, max_tokens: int, stream: bool = False) -> tuple[str, str]:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
-    async with aiohttp.ClientSession() as session, \
-            session.post(f"{cluster.api_url}/v1/completions", json=body) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{cluster.api_url}/v1/completions", json=body) as response,
+    ):
         assert response.status == 200, await response.text()
         if not stream:
             result = await response.json()
@@ -62,7 +75,9 @@ async def complete(cluster, prompt: str, max_tokens: int, stream: bool = False) 
 async def spans_of(otlp, request_id: str, names: set[str]) -> dict[str, dict]:
     deadline = time.monotonic() + 10
     while {s["name"] for s in otlp.trace_of(request_id)} < names:
-        assert time.monotonic() < deadline, f"spans so far: {[s['name'] for s in otlp.trace_of(request_id)]}"
+        assert time.monotonic() < deadline, (
+            f"spans so far: {[s['name'] for s in otlp.trace_of(request_id)]}"
+        )
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.3)  # spans of other services still in flight
     return {s["name"]: s for s in otlp.trace_of(request_id)}
@@ -87,7 +102,9 @@ async def test_a_prompt_longer_than_the_threshold_goes_to_the_prefill_instance(c
     request_id, text = await complete(cluster, prompt, 12)
     assert text == expected_text(prompt, 12)
     assert local_prefills(cluster) == before
-    spans = await spans_of(otlp, request_id, {"conductor.schedule", "prefill.compute", "decode.generate"})
+    spans = await spans_of(
+        otlp, request_id, {"conductor.schedule", "prefill.compute", "decode.generate"}
+    )
     assert not spans["conductor.schedule"]["attributes"]["crescent.prefill_on_decode"].bool_value
 
 

@@ -6,10 +6,10 @@ import time
 
 import aiohttp
 import pytest
+from expected import expected_text
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port
-from expected import expected_text
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"
@@ -21,8 +21,14 @@ def cluster(tmp_path_factory, otlp):
     # At full emulated speed an 8,000-token prompt prefills in about 1.3 s, so each prefill
     # instance fits two of them in a 3 s TTFT SLO.
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    spec = ClusterSpec(workdir=tmp_path_factory.mktemp("c4p4d"), api_port=free_port(), num_prefill=4,
-                       num_decode=4, env=env, conductor_args=["--admission", "early", "--ttft-slo-s", str(TTFT_SLO_S)])
+    spec = ClusterSpec(
+        workdir=tmp_path_factory.mktemp("c4p4d"),
+        api_port=free_port(),
+        num_prefill=4,
+        num_decode=4,
+        env=env,
+        conductor_args=["--admission", "early", "--ttft-slo-s", str(TTFT_SLO_S)],
+    )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=90)
     yield cluster
@@ -46,10 +52,14 @@ async def timed_request(session, url, prompt, max_tokens):
         return 200, request_id, ttft, "".join(pieces)
 
 
-async def test_burst_over_capacity_is_rejected_before_prefill_and_accepted_requests_meet_the_slo(cluster, otlp):
+async def test_burst_over_capacity_is_rejected_before_prefill_and_accepted_requests_meet_the_slo(
+    cluster, otlp
+):
     prompts = [f"{i:03d}" + "x" * 8000 for i in range(32)]
     async with aiohttp.ClientSession() as session:
-        results = await asyncio.gather(*(timed_request(session, cluster.api_url, p, 4) for p in prompts))
+        results = await asyncio.gather(
+            *(timed_request(session, cluster.api_url, p, 4) for p in prompts)
+        )
     accepted = [r for r in results if r[0] == 200]
     rejected = [r for r in results if r[0] == 429]
     assert len(accepted) + len(rejected) == len(prompts)
@@ -89,7 +99,9 @@ async def test_two_conductors_serve_at_once_and_one_dying_loses_nothing_the_othe
             await asyncio.sleep(0.2)
         prompts = [f"conductor test {i}" for i in range(16)]
         urls = [cluster.api_url if i % 2 else other_url for i in range(16)]
-        results = await asyncio.gather(*(timed_request(session, u, p, 12) for u, p in zip(urls, prompts)))
+        results = await asyncio.gather(
+            *(timed_request(session, u, p, 12) for u, p in zip(urls, prompts))
+        )
         for prompt, (status, _, _, text) in zip(prompts, results):
             assert status == 200 and text == expected_text(prompt, 12)
 

@@ -13,6 +13,7 @@ import sys
 import aiohttp
 import msgspec
 import pytest
+
 from crescent.bench.replay.prediction_errors import prediction_error_report, scrape_once
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port

@@ -35,21 +35,44 @@ def wait_serving(up: subprocess.Popen, port: int) -> None:
 def test_sigterm_stops_every_process_of_the_cluster(tmp_path):
     port = free_port()
     crescent = Path(sys.executable).parent / "crescent"
-    up = subprocess.Popen([str(crescent), "up", "--engine", "emulated", "--port", str(port), "--workdir",
-                           str(tmp_path)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up = subprocess.Popen(
+        [
+            str(crescent),
+            "up",
+            "--engine",
+            "emulated",
+            "--port",
+            str(port),
+            "--workdir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         wait_serving(up, port)
-        body = json.dumps({"model": "crescent-emulated", "prompt": "Hello, Crescent", "max_tokens": 4}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+        body = json.dumps(
+            {"model": "crescent-emulated", "prompt": "Hello, Crescent", "max_tokens": 4}
+        ).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             assert len(json.load(response)["choices"][0]["text"]) == 4
 
         children = psutil.Process(up.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)
-        for part in ("nats-server", "etcd", "crescent.store", "crescent.conductor", "crescent.prefill",
-                     "crescent.decode"):
+        for part in (
+            "nats-server",
+            "etcd",
+            "crescent.store",
+            "crescent.conductor",
+            "crescent.prefill",
+            "crescent.decode",
+        ):
             assert part in names
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0
@@ -64,15 +87,31 @@ def test_sigterm_stops_every_process_of_the_cluster(tmp_path):
 def test_sigkill_of_crescent_up_leaves_no_process_and_no_shared_memory(tmp_path):
     port = free_port()
     crescent = Path(sys.executable).parent / "crescent"
-    up = subprocess.Popen([str(crescent), "up", "--engine", "emulated", "--port", str(port),
-                           "--workdir", str(tmp_path)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    up = subprocess.Popen(
+        [
+            str(crescent),
+            "up",
+            "--engine",
+            "emulated",
+            "--port",
+            str(port),
+            "--workdir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     children = []
     try:
         wait_serving(up, port)
         children = psutil.Process(up.pid).children(recursive=True)
-        segments = {f.path for child in children for f in child.open_files()
-                    if f.path.startswith("/dev/shm/crescent-")}
+        segments = {
+            f.path
+            for child in children
+            for f in child.open_files()
+            if f.path.startswith("/dev/shm/crescent-")
+        }
         assert segments, "the store's DRAM pool is a /dev/shm segment"
         up.kill()
         up.wait(10)
@@ -81,7 +120,8 @@ def test_sigkill_of_crescent_up_leaves_no_process_and_no_shared_memory(tmp_path)
         left = [path for path in segments if os.path.exists(path)]
         assert left == [], f"left in /dev/shm: {left}; up said: {up.stdout.read()}; " + " ".join(
             f"\n--- {log.name}:\n" + "\n".join(log.read_text().splitlines()[-5:])
-            for log in (tmp_path / "logs").glob("*.log"))
+            for log in (tmp_path / "logs").glob("*.log")
+        )
     finally:
         if up.poll() is None:
             up.kill()

@@ -10,11 +10,12 @@ from pathlib import Path
 import aiohttp
 import promql_parser
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
 from crescent.common.codec import decode
 from crescent.common.etcd import connect_etcd
 from crescent.common.messages import InstanceInfo
 from crescent.common.naming import Keys
-from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

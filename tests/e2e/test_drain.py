@@ -9,9 +9,10 @@ import urllib.request
 
 import aiohttp
 import pytest
+from expected import expected_text
+
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port
-from expected import expected_text
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"

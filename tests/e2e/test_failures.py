@@ -9,11 +9,10 @@ import time
 
 import aiohttp
 import pytest
+from expected import expected_text
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port
-
-from expected import expected_text
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"
@@ -22,8 +21,13 @@ MODEL = "crescent-emulated"
 @pytest.fixture
 def cluster(tmp_path):
     # At half the emulated device's speed a 30k-token prompt prefills for about 4 s.
-    spec = ClusterSpec(workdir=tmp_path, api_port=free_port(), engine_args=["--emulated-time-scale", "0.5"],
-                       decode_args=["--kv-capacity-tokens", "31000"], conductor_args=["--placement-wait-s", "60"])
+    spec = ClusterSpec(
+        workdir=tmp_path,
+        api_port=free_port(),
+        engine_args=["--emulated-time-scale", "0.5"],
+        decode_args=["--kv-capacity-tokens", "31000"],
+        conductor_args=["--placement-wait-s", "60"],
+    )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=60)
     yield cluster
@@ -55,7 +59,7 @@ async def test_only_decode_killed_mid_stream_and_restarted_the_stream_goes_on(cl
             await asyncio.sleep(1.0)
             process(cluster, "decode-0").start()
             rest = await read_stream(response)
-    text = json.loads(first.decode()[len("data: "):])["choices"][0]["text"] + rest
+    text = json.loads(first.decode()[len("data: ") :])["choices"][0]["text"] + rest
     assert text == expected_text("a long answer", 400)
 
 
@@ -83,8 +87,10 @@ async def test_with_no_decode_registered_new_requests_get_503_at_once(cluster):
                 break
             await asyncio.sleep(0.2)
         asked_at = time.monotonic()
-        async with session.post(f"{cluster.api_url}/v1/completions",
-                                json={"model": MODEL, "prompt": "x", "max_tokens": 4}) as response:
+        async with session.post(
+            f"{cluster.api_url}/v1/completions",
+            json={"model": MODEL, "prompt": "x", "max_tokens": 4},
+        ) as response:
             assert response.status == 503
             assert response.headers["Retry-After"] == "1"
             assert (await response.json())["error"]["code"] == "no_capacity"

@@ -15,11 +15,10 @@ import time
 
 import aiohttp
 import pytest
+from expected import expected_text
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port
-
-from expected import expected_text
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"
@@ -29,8 +28,13 @@ MAX_TOKENS = 120  # ~1.2 s of emulated decode
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    spec = ClusterSpec(workdir=tmp_path_factory.mktemp("faults"), api_port=free_port(), num_prefill=2,
-                       num_decode=2, engine_args=["--emulated-time-scale", "1.0"])
+    spec = ClusterSpec(
+        workdir=tmp_path_factory.mktemp("faults"),
+        api_port=free_port(),
+        num_prefill=2,
+        num_decode=2,
+        engine_args=["--emulated-time-scale", "1.0"],
+    )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=60)
     yield cluster
@@ -46,8 +50,9 @@ def prompt(i: int) -> str:
     return head + "x" * (PROMPT_BYTES - len(head))
 
 
-async def stream(session: aiohttp.ClientSession, url: str, text: str, max_tokens: int = MAX_TOKENS,
-                 on_token=None) -> tuple[int, str, str | None]:
+async def stream(
+    session: aiohttp.ClientSession, url: str, text: str, max_tokens: int = MAX_TOKENS, on_token=None
+) -> tuple[int, str, str | None]:
     """(HTTP status, streamed text, finish reason) of one streaming completion."""
     body = {"model": MODEL, "prompt": text, "max_tokens": max_tokens, "stream": True}
     async with session.post(f"{url}/v1/completions", json=body) as response:
@@ -67,7 +72,9 @@ async def stream(session: aiohttp.ClientSession, url: str, text: str, max_tokens
         return 200, "".join(pieces), finish
 
 
-async def load_with_fault(cluster: LocalCluster, fault, num_requests: int = 8) -> list[tuple[str, tuple]]:
+async def load_with_fault(
+    cluster: LocalCluster, fault, num_requests: int = 8
+) -> list[tuple[str, tuple]]:
     """Start `num_requests` streams, apply `fault` once they are under way, wait for them all."""
     prompts = [prompt(i) for i in range(num_requests)]
     timeout = aiohttp.ClientTimeout(total=60)
@@ -110,8 +117,10 @@ async def test_killed_decode_streams_go_on_elsewhere_with_the_same_tokens(cluste
         results = await load_with_fault(cluster, kill)
         assert_all_correct(results)
         metrics = await _metrics(cluster)
-        assert any(line.startswith("crescent_request_migrations_total{") and 'stage="decode"' in line
-                   for line in metrics.splitlines())
+        assert any(
+            line.startswith("crescent_request_migrations_total{") and 'stage="decode"' in line
+            for line in metrics.splitlines()
+        )
     finally:  # the next tests need a whole cluster
         await restart(cluster, "decode-0")
 
@@ -131,7 +140,10 @@ async def test_client_gone_cancels_its_prefill_job(cluster):
     """A client that leaves while its prompt waits in a prefill queue: the job is dropped."""
     long_prompt = "y" * 6000  # ~0.9 s of prefill each
     async with aiohttp.ClientSession() as session:
-        queued = [asyncio.create_task(stream(session, cluster.api_url, f"{i} {long_prompt}", 4)) for i in range(4)]
+        queued = [
+            asyncio.create_task(stream(session, cluster.api_url, f"{i} {long_prompt}", 4))
+            for i in range(4)
+        ]
         await asyncio.sleep(0.3)
         for task in queued:
             task.cancel()
@@ -155,6 +167,7 @@ async def _metrics(cluster: LocalCluster) -> str:
 async def test_store_killed_or_nats_or_etcd_restarted_under_load_fails_nothing(cluster, name):
     """The store comes back empty (prompts are computed again); NATS and etcd come back on the
     same ports, with etcd's data. Requests in flight move or wait; none fails."""
+
     async def bounce():
         target = process(cluster, name)
         if name.startswith("store"):

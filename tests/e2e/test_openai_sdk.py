@@ -17,7 +17,9 @@ HELLO = [{"role": "user", "content": "hello there"}]
 
 @pytest.fixture(scope="module")
 def client(dev_cluster) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{dev_cluster.api_url}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai.OpenAI(
+        base_url=f"{dev_cluster.api_url}/v1", api_key="unused", max_retries=0, timeout=60
+    )
 
 
 def chat_text(stream) -> tuple[dict[int, str], dict[int, str]]:
@@ -34,14 +36,19 @@ def chat_text(stream) -> tuple[dict[int, str], dict[int, str]]:
 
 def test_chat_content_as_a_list_of_text_parts(client):
     parts = [{"type": "text", "text": "hello"}, {"type": "text", "text": "there"}]
-    as_parts = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": parts}],
-                                              max_tokens=8)
-    as_text = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hello\nthere"}],
-                                             max_tokens=8)
+    as_parts = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": parts}], max_tokens=8
+    )
+    as_text = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello\nthere"}], max_tokens=8
+    )
     assert as_parts.choices[0].message.content == as_text.choices[0].message.content
     assert as_parts.usage.prompt_tokens == as_text.usage.prompt_tokens
-    texts, _ = chat_text(client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": parts}], max_tokens=8, stream=True))
+    texts, _ = chat_text(
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": parts}], max_tokens=8, stream=True
+        )
+    )
     assert texts == {0: as_text.choices[0].message.content}
 
 
@@ -49,19 +56,35 @@ def test_logprobs_of_certain_tokens_in_both_shapes(client):
     result = client.completions.create(model=MODEL, prompt="hello", max_tokens=6, logprobs=2)
     logprobs = result.choices[0].logprobs
     assert "".join(logprobs.tokens) == result.choices[0].text
-    assert logprobs.token_logprobs == [0.0] * 6 and all(len(top) == 2 for top in logprobs.top_logprobs)
+    assert logprobs.token_logprobs == [0.0] * 6 and all(
+        len(top) == 2 for top in logprobs.top_logprobs
+    )
     assert logprobs.text_offset == list(range(6))
-    chat = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, logprobs=True, top_logprobs=3)
+    chat = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=5, logprobs=True, top_logprobs=3
+    )
     content = chat.choices[0].logprobs.content
     assert "".join(entry.token for entry in content) == chat.choices[0].message.content
-    assert all(entry.logprob == 0.0 and len(entry.top_logprobs) == 3 and entry.top_logprobs[0].token == entry.token
-               for entry in content)
-    streamed = client.completions.create(model=MODEL, prompt="hello", max_tokens=6, logprobs=2, stream=True)
+    assert all(
+        entry.logprob == 0.0
+        and len(entry.top_logprobs) == 3
+        and entry.top_logprobs[0].token == entry.token
+        for entry in content
+    )
+    streamed = client.completions.create(
+        model=MODEL, prompt="hello", max_tokens=6, logprobs=2, stream=True
+    )
     tokens = [token for chunk in streamed for token in chunk.choices[0].logprobs.tokens]
     assert tokens == logprobs.tokens
-    streamed = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=5, logprobs=True, stream=True)
-    entries = [entry.token for chunk in streamed if chunk.choices and chunk.choices[0].logprobs
-               for entry in chunk.choices[0].logprobs.content]
+    streamed = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=5, logprobs=True, stream=True
+    )
+    entries = [
+        entry.token
+        for chunk in streamed
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
     assert entries == [entry.token for entry in content]
     plain = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
     assert plain.choices[0].logprobs is None
@@ -72,8 +95,9 @@ def test_n_choices_whole_and_streamed(client):
     assert [c.index for c in result.choices] == [0, 1, 2]
     assert len({c.message.content for c in result.choices}) == 1  # a certain engine: the same text
     assert result.usage.completion_tokens == 3 * 7
-    texts, finishes = chat_text(client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=7, n=3,
-                                                               stream=True))
+    texts, finishes = chat_text(
+        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=7, n=3, stream=True)
+    )
     assert texts == {i: result.choices[0].message.content for i in range(3)}
     assert finishes == {0: "length", 1: "length", 2: "length"}
     completion = client.completions.create(model=MODEL, prompt="abc", max_tokens=4, n=2)
@@ -84,26 +108,35 @@ def test_echo_whole_and_streamed(client):
     plain = client.completions.create(model=MODEL, prompt="the prompt", max_tokens=5)
     echoed = client.completions.create(model=MODEL, prompt="the prompt", max_tokens=5, echo=True)
     assert echoed.choices[0].text == "the prompt" + plain.choices[0].text
-    stream = client.completions.create(model=MODEL, prompt="the prompt", max_tokens=5, echo=True, stream=True)
+    stream = client.completions.create(
+        model=MODEL, prompt="the prompt", max_tokens=5, echo=True, stream=True
+    )
     pieces = [chunk.choices[0].text for chunk in stream]
     assert pieces[0].startswith("the prompt") and "".join(pieces) == echoed.choices[0].text
-    token_prompt = client.completions.create(model=MODEL, prompt=list(b"tok"), max_tokens=2, echo=True)
+    token_prompt = client.completions.create(
+        model=MODEL, prompt=list(b"tok"), max_tokens=2, echo=True
+    )
     assert token_prompt.choices[0].text.startswith("tok")
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"presence_penalty": 0.5}, "presence_penalty"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"extra_body": {"repetition_penalty": 1.2}}, "repetition_penalty"),
-    ({"logit_bias": {"97": 5}}, "logit_bias"),
-    ({"extra_body": {"min_tokens": 2}}, "min_tokens"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"extra_body": {"repetition_penalty": 1.2}}, "repetition_penalty"),
+        ({"logit_bias": {"97": 5}}, "logit_bias"),
+        ({"extra_body": {"min_tokens": 2}}, "min_tokens"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 def test_what_the_emulated_engine_cannot_apply_is_a_400_naming_it(client, fields, param, stream):
     with pytest.raises(openai.BadRequestError) as raised:
-        client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=4, stream=stream, **fields)
+        client.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=4, stream=stream, **fields
+        )
     assert raised.value.body["param"] == param
 
 
@@ -114,40 +147,68 @@ def test_echo_with_logprobs_needs_a_model(client):
 
 
 def test_responses_api_for_text(client):
-    response = client.responses.create(model=MODEL, input="hello there", instructions="be brief",
-                                       max_output_tokens=6)
+    response = client.responses.create(
+        model=MODEL, input="hello there", instructions="be brief", max_output_tokens=6
+    )
     assert response.object == "response" and response.output[0].role == "assistant"
     assert len(response.output_text) == 6 and response.status == "incomplete"
     assert response.incomplete_details.reason == "max_output_tokens"
     assert response.usage.output_tokens == 6 and response.usage.input_tokens > 0
     items = [{"role": "user", "content": [{"type": "input_text", "text": "hello there"}]}]
-    again = client.responses.create(model=MODEL, input=items, instructions="be brief", max_output_tokens=6)
+    again = client.responses.create(
+        model=MODEL, input=items, instructions="be brief", max_output_tokens=6
+    )
     assert again.output_text == response.output_text
-    events = list(client.responses.create(model=MODEL, input="hello there", instructions="be brief",
-                                          max_output_tokens=6, stream=True))
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            input="hello there",
+            instructions="be brief",
+            max_output_tokens=6,
+            stream=True,
+        )
+    )
     kinds = [event.type for event in events]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
-    assert kinds[-1] == "response.incomplete" and [e.sequence_number for e in events] == list(range(len(events)))
-    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == response.output_text
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-1] == "response.incomplete" and [e.sequence_number for e in events] == list(
+        range(len(events))
+    )
+    assert (
+        "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        == response.output_text
+    )
     with pytest.raises(openai.BadRequestError) as raised:
         client.responses.create(model=MODEL, input="x", previous_response_id="resp_1")
     assert raised.value.body["param"] == "previous_response_id"
 
 
 def test_what_worked_before_still_works(client):
-    completion = client.completions.create(model=MODEL, prompt="hello", max_tokens=5, seed=3, temperature=0.7)
-    assert completion.choices[0].finish_reason == "length" and completion.usage.completion_tokens == 5
+    completion = client.completions.create(
+        model=MODEL, prompt="hello", max_tokens=5, seed=3, temperature=0.7
+    )
+    assert (
+        completion.choices[0].finish_reason == "length" and completion.usage.completion_tokens == 5
+    )
     by_ids = client.completions.create(model=MODEL, prompt=list(b"hello"), max_tokens=5)
     assert by_ids.choices[0].text == completion.choices[0].text
-    stream = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, stream=True,
-                                            stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=HELLO,
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert chunks[-1].usage.completion_tokens == 6 and chunks[-1].choices == []
     full = client.completions.create(model=MODEL, prompt="hello", max_tokens=12)
     stop_at = full.choices[0].text[3:5]
     stopped = client.completions.create(model=MODEL, prompt="hello", max_tokens=12, stop=[stop_at])
-    assert stopped.choices[0].text == full.choices[0].text[:full.choices[0].text.index(stop_at)]
+    assert stopped.choices[0].text == full.choices[0].text[: full.choices[0].text.index(stop_at)]
     assert stopped.choices[0].finish_reason == "stop"
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="x")
@@ -157,16 +218,22 @@ def test_what_worked_before_still_works(client):
 
 
 def test_the_issues_bad_input(client):
-    with pytest.raises(openai.BadRequestError) as raised:  # each choice fits a decode instance, all do not
+    with pytest.raises(
+        openai.BadRequestError
+    ) as raised:  # each choice fits a decode instance, all do not
         client.completions.create(model=MODEL, prompt="x", max_tokens=30000, n=100)
     assert raised.value.body["param"] == "n" and raised.value.body["code"] == "exceeds_kv_capacity"
-    bad_schema = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "required": 5}}}
+    bad_schema = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "required": 5}},
+    }
     with pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(model=MODEL, messages=HELLO, tools=[bad_schema])
     assert raised.value.body["param"] == "tools[0].function.parameters"
     with pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(model=MODEL, messages=HELLO, top_logprobs="2")
     assert raised.value.body["param"] == "top_logprobs"
-    ignored = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2,
-                                             extra_body={"a_field_from_the_future": {"x": 1}})
+    ignored = client.chat.completions.create(
+        model=MODEL, messages=HELLO, max_tokens=2, extra_body={"a_field_from_the_future": {"x": 1}}
+    )
     assert ignored.choices[0].message.content

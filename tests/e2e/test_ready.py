@@ -22,8 +22,11 @@ DEADLINE_S = 30.0  # stale after 3 telemetry periods; generous for a loaded mach
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    spec = ClusterSpec(workdir=tmp_path_factory.mktemp("ready"), api_port=free_port(),
-                       engine_args=["--emulated-time-scale", "0"])
+    spec = ClusterSpec(
+        workdir=tmp_path_factory.mktemp("ready"),
+        api_port=free_port(),
+        engine_args=["--emulated-time-scale", "0"],
+    )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=60)
     yield cluster

@@ -9,6 +9,7 @@ import urllib.request
 
 import aiohttp
 import pytest
+from expected import expected_text
 from prometheus_client.parser import text_string_to_metric_families
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
@@ -19,20 +20,29 @@ from crescent.common.hashing import block_hashes
 from crescent.common.messages import InstanceInfo
 from crescent.common.naming import Keys
 from crescent.common.tokenizer import ByteTokenizer
-from expected import expected_text
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"
-SYSTEM_PROMPT = "You are Crescent's test assistant. Answer briefly and precisely. " * 128  # 8,448 bytes
+SYSTEM_PROMPT = (
+    "You are Crescent's test assistant. Answer briefly and precisely. " * 128
+)  # 8,448 bytes
 SPARE_NODE = "node-prefill-1"
 TELEMETRY_PERIOD_S = 0.2  # the services' default
 
 
 @pytest.fixture
 def cluster(tmp_path):
-    spec = ClusterSpec(workdir=tmp_path, api_port=free_port(), num_prefill=2, num_decode=1, node_per_instance=True,
-                       engine_args=["--emulated-time-scale", "0.2"], store_dram_bytes=64 << 20,
-                       store_ssd_bytes=64 << 20, conductor_args=["--hot-spot-period-s", "0.5"])
+    spec = ClusterSpec(
+        workdir=tmp_path,
+        api_port=free_port(),
+        num_prefill=2,
+        num_decode=1,
+        node_per_instance=True,
+        engine_args=["--emulated-time-scale", "0.2"],
+        store_dram_bytes=64 << 20,
+        store_ssd_bytes=64 << 20,
+        conductor_args=["--hot-spot-period-s", "0.5"],
+    )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=90)
     yield cluster
@@ -51,7 +61,9 @@ async def holders(cluster, block_hash: bytes) -> set[str]:
 async def store_url(cluster, node: str) -> str:
     etcd = await connect_etcd(cluster.etcd_url)
     try:
-        entry = await etcd.get(Keys(cluster.spec.cluster).instance("store", f"store-{node}").encode())
+        entry = await etcd.get(
+            Keys(cluster.spec.cluster).instance("store", f"store-{node}").encode()
+        )
         return decode(entry.value, InstanceInfo).http_url
     finally:
         await etcd.close()
@@ -60,11 +72,17 @@ async def store_url(cluster, node: str) -> str:
 def metric(url: str, name: str, **labels: str) -> float:
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == name and sample.labels == labels)
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and sample.labels == labels
+    )
 
 
-async def test_hot_system_prompt_gets_a_replica_from_the_hot_spot_pass_on_a_node_that_never_ran_it(cluster):
+async def test_hot_system_prompt_gets_a_replica_from_the_hot_spot_pass_on_a_node_that_never_ran_it(
+    cluster,
+):
     first_block = block_hashes(ByteTokenizer().encode(SYSTEM_PROMPT), 512, MODEL)[0]
     async with aiohttp.ClientSession() as session:
 
@@ -83,17 +101,40 @@ async def test_hot_system_prompt_gets_a_replica_from_the_hot_spot_pass_on_a_node
             await asyncio.sleep(3 * TELEMETRY_PERIOD_S)
         deadline = time.monotonic() + 10
         while SPARE_NODE not in await holders(cluster, first_block):
-            assert time.monotonic() < deadline, f"no replica on {SPARE_NODE}: {await holders(cluster, first_block)}"
+            assert time.monotonic() < deadline, (
+                f"no replica on {SPARE_NODE}: {await holders(cluster, first_block)}"
+            )
             await asyncio.sleep(0.2)
         async with session.get(f"{cluster.api_url}/v1/cluster") as response:
             view = await response.json()
 
     spare_store = await store_url(cluster, SPARE_NODE)
-    assert sum(metric(spare_store, "crescent_store_replicated_blocks_total", reason="hot-spot", source=source)
-               for source in ("node-prefill-0", "node-decode-0")) > 0
-    assert metric(spare_store, "crescent_store_replications_total", reason="on-demand", outcome="ok") == 0
-    assert metric(spare_store, "crescent_store_replications_total", reason="hot-spot", outcome="ok") > 0
-    assert metric(cluster.api_url, "crescent_replication_orders_total", reason="hot-spot", outcome="ok") > 0
+    assert (
+        sum(
+            metric(
+                spare_store,
+                "crescent_store_replicated_blocks_total",
+                reason="hot-spot",
+                source=source,
+            )
+            for source in ("node-prefill-0", "node-decode-0")
+        )
+        > 0
+    )
+    assert (
+        metric(spare_store, "crescent_store_replications_total", reason="on-demand", outcome="ok")
+        == 0
+    )
+    assert (
+        metric(spare_store, "crescent_store_replications_total", reason="hot-spot", outcome="ok")
+        > 0
+    )
+    assert (
+        metric(
+            cluster.api_url, "crescent_replication_orders_total", reason="hot-spot", outcome="ok"
+        )
+        > 0
+    )
     assert metric(cluster.api_url, "crescent_replication_order_blocks_total", reason="hot-spot") > 0
     # Most prompt tokens were loaded from a store rather than computed (as the prefills report).
     assert view["cache_hit_rate"] > 0.5, view["cache_hit_rate"]

@@ -8,13 +8,12 @@ import time
 
 import aiohttp
 import pytest
+from expected import expected_text
 
 from crescent.common.codec import decode
 from crescent.common.etcd import connect_etcd
 from crescent.common.messages import InstanceInfo
 from crescent.common.naming import Keys
-
-from expected import expected_text
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"
@@ -44,8 +43,12 @@ async def stream_completion(session, url, prompt, max_tokens):
 async def test_twenty_concurrent_streaming_completions(dev_cluster):
     prompts = [f"request {i}: " + "tell me about KV caches " * (i + 1) for i in range(20)]
     async with aiohttp.ClientSession() as session:
-        results = await asyncio.gather(*(stream_completion(session, dev_cluster.api_url, p, 8 + i)
-                                         for i, p in enumerate(prompts)))
+        results = await asyncio.gather(
+            *(
+                stream_completion(session, dev_cluster.api_url, p, 8 + i)
+                for i, p in enumerate(prompts)
+            )
+        )
     for i, (prompt, (text, finish)) in enumerate(zip(prompts, results)):
         assert text == expected_text(prompt, 8 + i)
         assert finish == "length"
@@ -61,7 +64,9 @@ async def test_non_streaming_completion_and_chat(dev_cluster):
         assert result["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
 
         chat = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
-        async with session.post(f"{dev_cluster.api_url}/v1/chat/completions", json=chat) as response:
+        async with session.post(
+            f"{dev_cluster.api_url}/v1/chat/completions", json=chat
+        ) as response:
             assert response.status == 200
             result = await response.json()
         assert result["object"] == "chat.completion"
@@ -80,7 +85,7 @@ async def test_stop_string_ends_the_stream_early(dev_cluster):
         body = {"model": MODEL, "prompt": "stop test", "max_tokens": 30, "stop": stop}
         async with session.post(f"{dev_cluster.api_url}/v1/completions", json=body) as response:
             result = await response.json()
-    assert result["choices"][0]["text"] == full[:full.index(stop)]
+    assert result["choices"][0]["text"] == full[: full.index(stop)]
     assert result["choices"][0]["finish_reason"] == "stop"
 
 
@@ -89,17 +94,27 @@ async def test_one_request_is_one_trace_with_a_span_per_hop(dev_cluster, otlp):
         body = {"model": MODEL, "prompt": "trace me", "max_tokens": 4}
         async with session.post(f"{dev_cluster.api_url}/v1/completions", json=body) as response:
             request_id = (await response.json())["id"]
-    expected = {"conductor.request", "conductor.schedule", "prefill.queue", "prefill.compute",
-                "decode.queue", "decode.generate"}
+    expected = {
+        "conductor.request",
+        "conductor.schedule",
+        "prefill.queue",
+        "prefill.compute",
+        "decode.queue",
+        "decode.generate",
+    }
     deadline = time.monotonic() + 10
     while {s["name"] for s in otlp.trace_of(request_id)} < expected:
-        assert time.monotonic() < deadline, f"spans so far: {[s['name'] for s in otlp.trace_of(request_id)]}"
+        assert time.monotonic() < deadline, (
+            f"spans so far: {[s['name'] for s in otlp.trace_of(request_id)]}"
+        )
         await asyncio.sleep(0.1)
     spans = {s["name"]: s for s in otlp.trace_of(request_id)}
     root = spans["conductor.request"]
     assert root["parent_id"] == ""
     for name in expected - {"conductor.request"}:
-        assert spans[name]["parent_id"] == root["span_id"], f"{name} is not a child of conductor.request"
+        assert spans[name]["parent_id"] == root["span_id"], (
+            f"{name} is not a child of conductor.request"
+        )
     assert spans["prefill.compute"]["service"] == "crescent-prefill"
     assert spans["decode.generate"]["service"] == "crescent-decode"
     assert spans["prefill.queue"]["end"] <= spans["prefill.compute"]["start"]
@@ -131,7 +146,10 @@ async def test_metrics_and_health(dev_cluster):
             text = await response.text()
         async with session.get(f"{dev_cluster.api_url}/health") as response:
             health = await response.json()
-    assert "crescent_ttft_seconds_bucket" in text and 'crescent_live_instances{role="prefill"} 1.0' in text
+    assert (
+        "crescent_ttft_seconds_bucket" in text
+        and 'crescent_live_instances{role="prefill"} 1.0' in text
+    )
     assert health["status"] == "serving"
 
 
@@ -141,9 +159,13 @@ async def test_every_served_request_checks_its_ttft_and_tbt_predictions(dev_clus
     async def error_counts(session) -> dict[str, float]:
         async with session.get(f"{dev_cluster.api_url}/metrics") as response:
             text = await response.text()
-        return {sample.labels["kind"]: sample.value for family in text_string_to_metric_families(text)
-                for sample in family.samples if sample.name == "crescent_prediction_abs_error_ratio_count"
-                and sample.labels["prediction"] == "corrected"}
+        return {
+            sample.labels["kind"]: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "crescent_prediction_abs_error_ratio_count"
+            and sample.labels["prediction"] == "corrected"
+        }
 
     async with aiohttp.ClientSession() as session:
         before = await error_counts(session)
@@ -155,22 +177,48 @@ async def test_every_served_request_checks_its_ttft_and_tbt_predictions(dev_clus
     assert after["tbt"] == before.get("tbt", 0) + 1
 
 
-@pytest.mark.parametrize("path, body, status, param", [
-    ("/v1/completions", b"{not json", 400, None),
-    ("/v1/completions", b'{"prompt": "x"}', 400, "model"),
-    ("/v1/completions", b'{"model": "crescent-emulated", "prompt": "x", "max_tokens": 0}', 400, "max_tokens"),
-    ("/v1/completions", b'{"model": "crescent-emulated", "prompt": "x", "max_tokens": "3"}', 400, "max_tokens"),
-    ("/v1/completions", b'{"model": "no-such-model", "prompt": "x"}', 404, "model"),
-    ("/v1/completions", b'{"model": "crescent-emulated", "prompt": [1, 999999]}', 400, "prompt"),
-    ("/v1/chat/completions", b'{"model": "crescent-emulated", "messages": "hi"}', 400, "messages"),
-    ("/v1/nothing", b"{}", 404, None),
-])
+@pytest.mark.parametrize(
+    "path, body, status, param",
+    [
+        ("/v1/completions", b"{not json", 400, None),
+        ("/v1/completions", b'{"prompt": "x"}', 400, "model"),
+        (
+            "/v1/completions",
+            b'{"model": "crescent-emulated", "prompt": "x", "max_tokens": 0}',
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            b'{"model": "crescent-emulated", "prompt": "x", "max_tokens": "3"}',
+            400,
+            "max_tokens",
+        ),
+        ("/v1/completions", b'{"model": "no-such-model", "prompt": "x"}', 404, "model"),
+        (
+            "/v1/completions",
+            b'{"model": "crescent-emulated", "prompt": [1, 999999]}',
+            400,
+            "prompt",
+        ),
+        (
+            "/v1/chat/completions",
+            b'{"model": "crescent-emulated", "messages": "hi"}',
+            400,
+            "messages",
+        ),
+        ("/v1/nothing", b"{}", 404, None),
+    ],
+)
 async def test_bad_input_gets_an_openai_error(dev_cluster, path, body, status, param):
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{dev_cluster.api_url}{path}", data=body,
-                                headers={"Content-Type": "application/json"}) as response:
-            assert response.status == status
-            error = (await response.json())["error"]
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{dev_cluster.api_url}{path}", data=body, headers={"Content-Type": "application/json"}
+        ) as response,
+    ):
+        assert response.status == status
+        error = (await response.json())["error"]
     assert error["message"] and error["type"]
     assert error["param"] == param
 

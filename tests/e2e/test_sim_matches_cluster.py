@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from crescent.bench.sim.config import SimConfig
 from crescent.bench.sim.run import SimRun
 from crescent.bench.trace import load_trace
@@ -43,31 +44,53 @@ def capped_trace(path: Path) -> Path:
     lines = []
     for item in load_trace(SLICE, NUM_REQUESTS):
         n = min(item.input_length, MAX_INPUT)
-        lines.append(json.dumps({"timestamp": round(item.arrival_s * 1000), "input_length": n,
-                                 "output_length": min(item.output_length, MAX_OUTPUT),
-                                 "hash_ids": list(item.hash_ids[:math.ceil(n / 512)])}))
+        lines.append(
+            json.dumps(
+                {
+                    "timestamp": round(item.arrival_s * 1000),
+                    "input_length": n,
+                    "output_length": min(item.output_length, MAX_OUTPUT),
+                    "hash_ids": list(item.hash_ids[: math.ceil(n / 512)]),
+                }
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
 def simulated(trace_path: Path) -> SimRun:
     config = SimConfig(
-        num_prefill=2, num_decode=2, admission="none", speed=SPEED, model_dims=ModelDims(),  # the emulated model
-        tflops=100.0 / TIME_SCALE, memory_gbps=1500.0 / TIME_SCALE,  # the emulated device, time-scaled
-        cache_tokens_per_node=STORE_DRAM // BLOCK_BYTES * 512, ssd_tokens_per_node=STORE_SSD // BLOCK_BYTES * 512,
-        kv_bytes_per_token_stored=BLOCK_BYTES / 512, decode_kv_tokens=DECODE_KV_TOKENS, nic_gbps=100.0,
-        telemetry_period_s=TELEMETRY_PERIOD_S)
+        num_prefill=2,
+        num_decode=2,
+        admission="none",
+        speed=SPEED,
+        model_dims=ModelDims(),  # the emulated model
+        tflops=100.0 / TIME_SCALE,
+        memory_gbps=1500.0 / TIME_SCALE,  # the emulated device, time-scaled
+        cache_tokens_per_node=STORE_DRAM // BLOCK_BYTES * 512,
+        ssd_tokens_per_node=STORE_SSD // BLOCK_BYTES * 512,
+        kv_bytes_per_token_stored=BLOCK_BYTES / 512,
+        decode_kv_tokens=DECODE_KV_TOKENS,
+        nic_gbps=100.0,
+        telemetry_period_s=TELEMETRY_PERIOD_S,
+    )
     return SimRun(config, load_trace(trace_path)).run()
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     scale = ["--emulated-time-scale", str(TIME_SCALE)]
-    spec = ClusterSpec(workdir=tmp_path_factory.mktemp("validate"), api_port=free_port(), num_prefill=2,
-                       num_decode=2, node_per_instance=True,
-                       engine_args=[*scale, "--telemetry-period-s", str(TELEMETRY_PERIOD_S)],
-                       conductor_args=[*scale, "--admission", "none"], store_dram_bytes=STORE_DRAM,
-                       store_ssd_bytes=STORE_SSD)
+    spec = ClusterSpec(
+        workdir=tmp_path_factory.mktemp("validate"),
+        api_port=free_port(),
+        num_prefill=2,
+        num_decode=2,
+        node_per_instance=True,
+        engine_args=[*scale, "--telemetry-period-s", str(TELEMETRY_PERIOD_S)],
+        conductor_args=[*scale, "--admission", "none"],
+        store_dram_bytes=STORE_DRAM,
+        store_ssd_bytes=STORE_SSD,
+    )
     local = LocalCluster(spec)
     local.start(timeout_s=90)
     yield local
@@ -78,9 +101,25 @@ def test_simulation_and_emulated_cluster_agree(cluster, tmp_path):
     trace_path = capped_trace(tmp_path / "slice.jsonl")
     out = tmp_path / "replay.json"
     crescent = Path(sys.executable).parent / "crescent"
-    done = subprocess.run([str(crescent), "replay", str(trace_path), "--url", cluster.api_url, "--vocab-size", "258",
-                           "--speed", str(SPEED), "--json", str(out)], check=False, capture_output=True,
-                          text=True, timeout=400)
+    done = subprocess.run(
+        [
+            str(crescent),
+            "replay",
+            str(trace_path),
+            "--url",
+            cluster.api_url,
+            "--vocab-size",
+            "258",
+            "--speed",
+            str(SPEED),
+            "--json",
+            str(out),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
     [replayed] = result["cases"]
@@ -90,10 +129,15 @@ def test_simulation_and_emulated_cluster_agree(cluster, tmp_path):
     # Compared over the requests the cluster completed (a few may fail on a starved machine).
     sim_ttft = [r.ttft_s for r in run.requests if r.index in ok]
     replay_ttft = [r["ttft_s"] for r in result["records"] if r["index"] in ok]
-    figures = {"completed": len(ok), "replay_mean_ttft_s": sum(replay_ttft) / len(ok),
-               "sim_mean_ttft_s": sum(sim_ttft) / len(ok), "replay_hit_rate": replayed["cache_hit_rate"],
-               "sim_hit_rate": sim["hit_rate"], "replay_mean_tbt_s": replayed["mean_tbt_s"],
-               "sim_mean_tbt_s": sim["mean_tbt_s"]}
+    figures = {
+        "completed": len(ok),
+        "replay_mean_ttft_s": sum(replay_ttft) / len(ok),
+        "sim_mean_ttft_s": sum(sim_ttft) / len(ok),
+        "replay_hit_rate": replayed["cache_hit_rate"],
+        "sim_hit_rate": sim["hit_rate"],
+        "replay_mean_tbt_s": replayed["mean_tbt_s"],
+        "sim_mean_tbt_s": sim["mean_tbt_s"],
+    }
     print(json.dumps(figures))
     assert sim["completed"] == NUM_REQUESTS and len(ok) >= 0.9 * NUM_REQUESTS
     assert figures["sim_mean_ttft_s"] == pytest.approx(figures["replay_mean_ttft_s"], rel=0.2)

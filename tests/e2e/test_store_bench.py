@@ -4,6 +4,7 @@
 import json
 
 import pytest
+
 from crescent.bench.store_bench import MOONCAKE_VENV, run_store_bench
 
 pytestmark = pytest.mark.e2e
@@ -13,8 +14,11 @@ CASES = ["put-1MiB", "get-1MiB", "put-64KiB", "get-64KiB"]
 
 
 def test_crescent_side_writes_every_case():
-    result = json.loads(json.dumps(run_store_bench(repeat=1, batch_bytes=1 << 20, include_mooncake=False,
-                                                   shapes=SHAPES)))
+    result = json.loads(
+        json.dumps(
+            run_store_bench(repeat=1, batch_bytes=1 << 20, include_mooncake=False, shapes=SHAPES)
+        )
+    )
     assert result["bench"] == "store"
     assert [case["case"] for case in result["cases"]] == CASES
     for case in result["cases"]:
@@ -22,8 +26,10 @@ def test_crescent_side_writes_every_case():
         assert case["gbps"] > 0 and case["tcp_gbps"] > 0
 
 
-@pytest.mark.skipif(not (MOONCAKE_VENV / "bin" / "python").exists(),
-                    reason="Mooncake's venv is not made yet (a first `crescent bench store` makes it)")
+@pytest.mark.skipif(
+    not (MOONCAKE_VENV / "bin" / "python").exists(),
+    reason="Mooncake's venv is not made yet (a first `crescent bench store` makes it)",
+)
 def test_mooncake_side_runs_the_same_cases():
     result = run_store_bench(repeat=1, batch_bytes=1 << 20, shapes=SHAPES)
     assert [case["case"] for case in result["cases"]] == CASES

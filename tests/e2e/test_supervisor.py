@@ -12,26 +12,30 @@ import urllib.request
 
 import psutil
 import pytest
+from expected import expected_text
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port
 from crescent.cluster.restarts import Backoff
-from expected import expected_text
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"
 
 
 def spec(tmp_path) -> ClusterSpec:
-    return ClusterSpec(workdir=tmp_path, api_port=free_port(),
-                       engine_args=["--emulated-time-scale", "0.05"],
-                       restart_backoff=Backoff(first_s=0.1, max_s=0.8))
+    return ClusterSpec(
+        workdir=tmp_path,
+        api_port=free_port(),
+        engine_args=["--emulated-time-scale", "0.05"],
+        restart_backoff=Backoff(first_s=0.1, max_s=0.8),
+    )
 
 
 def serves_correctly(cluster: LocalCluster, prompt: str) -> bool:
     body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 6}).encode()
-    request = urllib.request.Request(f"{cluster.api_url}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{cluster.api_url}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.load(response)["choices"][0]["text"] == expected_text(prompt, 6)
@@ -40,8 +44,9 @@ def serves_correctly(cluster: LocalCluster, prompt: str) -> bool:
 
 
 def shm_files(pid: int) -> set[str]:
-    return {f.path for f in psutil.Process(pid).open_files()
-            if f.path.startswith("/dev/shm/crescent-")}
+    return {
+        f.path for f in psutil.Process(pid).open_files() if f.path.startswith("/dev/shm/crescent-")
+    }
 
 
 def test_a_service_killed_five_times_is_restarted_each_time(tmp_path):
@@ -81,10 +86,13 @@ def test_shared_memory_of_killed_processes_is_swept_at_stop_and_at_the_next_star
     assert not any(os.path.exists(path) for path in left_behind)
 
     # Memory of a process that died while no cluster was running: the next start sweeps it.
-    code = ("import os; from crescent.transfer import ShmSegment; "
-            "print(ShmSegment.create('x', 1 << 20).shm_name); os._exit(0)")
-    created = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                             timeout=30)
+    code = (
+        "import os; from crescent.transfer import ShmSegment; "
+        "print(ShmSegment.create('x', 1 << 20).shm_name); os._exit(0)"
+    )
+    created = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=30
+    )
     orphan = "/dev/shm/" + created.stdout.strip()
     assert os.path.exists(orphan)
     cluster = LocalCluster(spec(tmp_path))

@@ -12,13 +12,22 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from crescent.common import tracing
 from crescent.common.bus import Bus
 from crescent.common.codec import decode
-from crescent.common.errors import NoRespondersError, RemoteError, RequestTimeoutError, UnreachableError
+from crescent.common.errors import (
+    NoRespondersError,
+    RemoteError,
+    RequestTimeoutError,
+    UnreachableError,
+)
 from crescent.common.messages import Ack, DecodeCancel, ErrorReply, TokenChunk
 
 
 async def test_request_reply_and_remote_errors(infra):
-    server, client = await Bus.connect(infra.nats_url, "server"), await Bus.connect(infra.nats_url, "client")
+    server, client = (
+        await Bus.connect(infra.nats_url, "server"),
+        await Bus.connect(infra.nats_url, "client"),
+    )
     try:
+
         async def handle(cancel: DecodeCancel) -> Ack:
             if cancel.request_id == "boom":
                 raise ValueError("exploded")
@@ -61,8 +70,12 @@ async def _ack(message: DecodeCancel) -> Ack:
 
 
 async def test_request_deadline_fires(infra):
-    server, client = await Bus.connect(infra.nats_url, "server"), await Bus.connect(infra.nats_url, "client")
+    server, client = (
+        await Bus.connect(infra.nats_url, "server"),
+        await Bus.connect(infra.nats_url, "client"),
+    )
     try:
+
         async def slow(message: DecodeCancel) -> Ack:
             await asyncio.sleep(5)
             return Ack(request_id=message.request_id)
@@ -102,7 +115,9 @@ async def test_a_stream_group_routes_each_subject_to_its_stream(infra):
         for seq in range(20):
             await bus.publish("x.tokens.c1.a", TokenChunk(request_id="a", seq=seq, token_ids=[seq]))
             await bus.publish("x.tokens.c1.b", TokenChunk(request_id="b", seq=seq, token_ids=[seq]))
-            await bus.publish("x.tokens.c1.nobody", TokenChunk(request_id="n", seq=seq, token_ids=[seq]))
+            await bus.publish(
+                "x.tokens.c1.nobody", TokenChunk(request_id="n", seq=seq, token_ids=[seq])
+            )
         assert [(await first.next(2)).seq for _ in range(20)] == list(range(20))
         assert {(await second.next(2)).request_id for _ in range(20)} == {"b"}
         await first.close()
@@ -122,8 +137,12 @@ async def test_trace_context_crosses_the_bus(infra, monkeypatch):
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     monkeypatch.setattr(tracing, "tracer", lambda: provider.get_tracer("test"))
-    server, client = await Bus.connect(infra.nats_url, "server"), await Bus.connect(infra.nats_url, "client")
+    server, client = (
+        await Bus.connect(infra.nats_url, "server"),
+        await Bus.connect(infra.nats_url, "client"),
+    )
     try:
+
         async def handle(message: DecodeCancel) -> Ack:
             with tracing.tracer().start_as_current_span("server.work"):
                 return Ack(request_id=message.request_id)
@@ -147,7 +166,10 @@ async def test_unreachable_nats_fails_fast_with_a_clear_error():
 
 
 async def test_bus_reconnects_and_serves_again_after_nats_restarts(infra):
-    server, client = await Bus.connect(infra.nats_url, "server"), await Bus.connect(infra.nats_url, "client")
+    server, client = (
+        await Bus.connect(infra.nats_url, "server"),
+        await Bus.connect(infra.nats_url, "client"),
+    )
     try:
         await server.serve("x.cancel", DecodeCancel, _ack)
         assert await client.request("x.cancel", DecodeCancel(request_id="before"), Ack, timeout_s=2)
@@ -157,7 +179,9 @@ async def test_bus_reconnects_and_serves_again_after_nats_restarts(infra):
         deadline = time.monotonic() + 15
         while True:
             try:
-                reply = await client.request("x.cancel", DecodeCancel(request_id="after"), Ack, timeout_s=1)
+                reply = await client.request(
+                    "x.cancel", DecodeCancel(request_id="after"), Ack, timeout_s=1
+                )
                 break
             except (RequestTimeoutError, NoRespondersError):
                 assert time.monotonic() < deadline, "no reply after NATS came back"

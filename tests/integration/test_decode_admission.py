@@ -35,9 +35,24 @@ async def decode(infra, cluster_name, tmp_path):
     processes = []
 
     async def start(*flags: str) -> ManagedProcess:
-        argv = [sys.executable, "-m", "crescent.decode", "--cluster", cluster_name, "--nats-url", infra.nats_url,
-                "--etcd-url", infra.etcd_url, "--instance-id", "decode-a", "--lease-ttl-s", "2",
-                "--log-format", "text", *flags]
+        argv = [
+            sys.executable,
+            "-m",
+            "crescent.decode",
+            "--cluster",
+            cluster_name,
+            "--nats-url",
+            infra.nats_url,
+            "--etcd-url",
+            infra.etcd_url,
+            "--instance-id",
+            "decode-a",
+            "--lease-ttl-s",
+            "2",
+            "--log-format",
+            "text",
+            *flags,
+        ]
         process = ManagedProcess(ProcessSpec(name="decode-a", argv=argv), tmp_path / "logs")
         process.start()
         processes.append(process)
@@ -50,16 +65,30 @@ async def decode(infra, cluster_name, tmp_path):
     await bus.drain()
 
 
-async def reserve(bus: Bus, cluster: str, request_id: str, num_prompt_tokens: int, wait_s: float = 5,
-                  process: ManagedProcess | None = None) -> ReservationReply:
+async def reserve(
+    bus: Bus,
+    cluster: str,
+    request_id: str,
+    num_prompt_tokens: int,
+    wait_s: float = 5,
+    process: ManagedProcess | None = None,
+) -> ReservationReply:
     """Reserve on decode-a, waiting up to `wait_s` for it to serve."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            return await bus.request(Subjects(cluster).decode_reserve("decode-a"), Reservation(
-                request_id=request_id, num_prompt_tokens=num_prompt_tokens, max_tokens=16), ReservationReply, 5)
+            return await bus.request(
+                Subjects(cluster).decode_reserve("decode-a"),
+                Reservation(
+                    request_id=request_id, num_prompt_tokens=num_prompt_tokens, max_tokens=16
+                ),
+                ReservationReply,
+                5,
+            )
         except (NoRespondersError, RequestTimeoutError):
-            assert time.monotonic() < deadline, process.log_tail() if process else "decode-a not serving"
+            assert time.monotonic() < deadline, (
+                process.log_tail() if process else "decode-a not serving"
+            )
             await asyncio.sleep(0.1)
 
 
@@ -72,7 +101,9 @@ async def put_config(infra, cluster: str, tbt_slo_s: float) -> None:
         await etcd.close()
 
 
-async def test_reservation_is_refused_when_the_predicted_tbt_exceeds_the_clusters_slo(infra, cluster_name, decode):
+async def test_reservation_is_refused_when_the_predicted_tbt_exceeds_the_clusters_slo(
+    infra, cluster_name, decode
+):
     bus, start = decode
     await start("--kv-capacity-tokens", str(1 << 24))
     assert (await reserve(bus, cluster_name, "before-config", 4000)).accepted  # no SLO known yet
@@ -80,7 +111,9 @@ async def test_reservation_is_refused_when_the_predicted_tbt_exceeds_the_cluster
     # One LLaMA2-7B step reads ~13 GB of weights: at 1.5 TB/s that is ~9 ms, over a 1 ms SLO.
     await put_config(infra, cluster_name, tbt_slo_s=0.001)
     deadline = time.monotonic() + 5
-    while (reply := await reserve(bus, cluster_name, f"tight-{time.monotonic_ns()}", 4000)).accepted:
+    while (
+        reply := await reserve(bus, cluster_name, f"tight-{time.monotonic_ns()}", 4000)
+    ).accepted:
         assert time.monotonic() < deadline, "the TBT SLO never applied"
         await asyncio.sleep(0.05)
     assert "predicted TBT" in reply.reason and "exceeds the TBT SLO of 0.001 s" in reply.reason
@@ -94,7 +127,9 @@ async def test_reservation_is_refused_when_the_predicted_tbt_exceeds_the_cluster
 
 async def telemetry_until(bus: Bus, cluster: str, predicate, timeout_s: float) -> InstanceLoad:
     found: asyncio.Queue[InstanceLoad] = asyncio.Queue()
-    await bus.subscribe(Subjects(cluster).telemetry("decode", "decode-a"), InstanceLoad, found.put_nowait)
+    await bus.subscribe(
+        Subjects(cluster).telemetry("decode", "decode-a"), InstanceLoad, found.put_nowait
+    )
     deadline = time.monotonic() + timeout_s
     while True:
         load = await asyncio.wait_for(found.get(), max(0.01, deadline - time.monotonic()))
@@ -111,11 +146,15 @@ async def test_a_decode_instance_with_no_kv_room_left_says_it_is_full(infra, clu
     assert load.not_accepting_reason == "full"
 
 
-async def test_a_draining_decode_instance_says_so_and_waits_for_what_it_reserved(infra, cluster_name, decode):
+async def test_a_draining_decode_instance_says_so_and_waits_for_what_it_reserved(
+    infra, cluster_name, decode
+):
     bus, start = decode
     process = await start("--emulated-time-scale", "0")
     seen: list[InstanceLoad] = []
-    await bus.subscribe(Subjects(cluster_name).telemetry("decode", "decode-a"), InstanceLoad, seen.append)
+    await bus.subscribe(
+        Subjects(cluster_name).telemetry("decode", "decode-a"), InstanceLoad, seen.append
+    )
     await asyncio.sleep(0.5)
     assert seen and all(load.is_accepting for load in seen)
     process.signal(signal.SIGTERM)
@@ -130,7 +169,12 @@ async def test_a_draining_decode_instance_says_so_and_waits_for_what_it_reserved
     await asyncio.sleep(0.5)
     assert process.is_running, "it left before the requests it reserved room for were done"
     for request_id in held:
-        await bus.request(Subjects(cluster_name).decode_cancel("decode-a"), DecodeCancel(request_id=request_id), Ack, 5)
+        await bus.request(
+            Subjects(cluster_name).decode_cancel("decode-a"),
+            DecodeCancel(request_id=request_id),
+            Ack,
+            5,
+        )
     assert await asyncio.to_thread(process.popen.wait, 15) == 0
     deadline = time.monotonic() + 2  # what it sent before exiting may still be on its way here
     while not (draining := [load for load in seen if not load.is_accepting]):

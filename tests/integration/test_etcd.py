@@ -166,7 +166,9 @@ async def test_unreachable_etcd_fails_fast_with_a_clear_error():
 
 
 @pytest.mark.parametrize("has_heartbeat", [True, False])
-async def test_heartbeat_thread_keeps_the_lease_while_the_event_loop_is_blocked(infra, has_heartbeat):
+async def test_heartbeat_thread_keeps_the_lease_while_the_event_loop_is_blocked(
+    infra, has_heartbeat
+):
     """Slow is not dead: a loop held by compute for twice the TTL keeps its registry key only
     because the heartbeat thread keeps the lease alive."""
     client = await connect_etcd(infra.etcd_url)
@@ -178,7 +180,7 @@ async def test_heartbeat_thread_keeps_the_lease_while_the_event_loop_is_blocked(
         if has_heartbeat:
             heartbeat.start()
             await asyncio.sleep(0.5)  # connected
-        time.sleep(2.5)  # the event loop is blocked, as by a long engine step
+        time.sleep(2.5)  # noqa: ASYNC251  the event loop is blocked on purpose, as by a long engine step
         held = await etcd_state(client, "/t/")
         heartbeat.stop()
         assert held == ({"/t/busy": b"1"} if has_heartbeat else {})

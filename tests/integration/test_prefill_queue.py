@@ -25,9 +25,26 @@ BLOCK_BYTES = 4096
 
 
 def start(infra, cluster: str, tmp_path, role: str, *flags: str) -> ManagedProcess:
-    argv = [sys.executable, "-m", f"crescent.{role}", "--cluster", cluster, "--nats-url", infra.nats_url,
-            "--etcd-url", infra.etcd_url, "--instance-id", f"{role}-q", "--node", "n0", "--lease-ttl-s", "2",
-            "--log-format", "text", *flags]
+    argv = [
+        sys.executable,
+        "-m",
+        f"crescent.{role}",
+        "--cluster",
+        cluster,
+        "--nats-url",
+        infra.nats_url,
+        "--etcd-url",
+        infra.etcd_url,
+        "--instance-id",
+        f"{role}-q",
+        "--node",
+        "n0",
+        "--lease-ttl-s",
+        "2",
+        "--log-format",
+        "text",
+        *flags,
+    ]
     process = ManagedProcess(ProcessSpec(name=f"{role}-q", argv=argv), tmp_path / "logs")
     process.start()
     return process
@@ -35,8 +52,16 @@ def start(infra, cluster: str, tmp_path, role: str, *flags: str) -> ManagedProce
 
 @pytest.fixture
 async def store_client(infra, cluster_name, tmp_path):
-    store = start(infra, cluster_name, tmp_path, "store", "--block-bytes", str(BLOCK_BYTES),
-                  "--dram-bytes", str(64 * BLOCK_BYTES))
+    store = start(
+        infra,
+        cluster_name,
+        tmp_path,
+        "store",
+        "--block-bytes",
+        str(BLOCK_BYTES),
+        "--dram-bytes",
+        str(64 * BLOCK_BYTES),
+    )
     bus = await Bus.connect(infra.nats_url, "test-queue")
     etcd = await connect_etcd(infra.etcd_url)
     client = StoreClient(bus, etcd, cluster_name, ClientConfig(node="client", timeout_s=10))
@@ -52,7 +77,9 @@ async def store_client(infra, cluster_name, tmp_path):
     store.stop()
 
 
-async def test_queue_time_counts_the_prefix_the_store_holds(infra, cluster_name, tmp_path, store_client):
+async def test_queue_time_counts_the_prefix_the_store_holds(
+    infra, cluster_name, tmp_path, store_client
+):
     bus, client = store_client
     cached_prompt = [7 + i % 1000 for i in range(8000)]
     prefix = block_hashes(cached_prompt, BLOCK_SIZE, MODEL)
@@ -64,18 +91,34 @@ async def test_queue_time_counts_the_prefix_the_store_holds(infra, cluster_name,
 
     prefill = start(infra, cluster_name, tmp_path, "prefill", "--block-size", str(BLOCK_SIZE))
     loads: list[InstanceLoad] = []
-    await bus.subscribe(Subjects(cluster_name).telemetry("prefill", "prefill-q"), InstanceLoad, loads.append)
+    await bus.subscribe(
+        Subjects(cluster_name).telemetry("prefill", "prefill-q"), InstanceLoad, loads.append
+    )
     try:
         deadline = time.monotonic() + 20
         while not loads:
             assert time.monotonic() < deadline and prefill.is_running, prefill.log_tail()
             await asyncio.sleep(0.05)
         subject = Subjects(cluster_name).prefill_job("prefill-q")
-        first = asyncio.create_task(bus.request(subject, PrefillJob(
-            request_id="fresh", model=MODEL, token_ids=fresh_prompt, block_size=BLOCK_SIZE), PrefillResult, 30))
+        first = asyncio.create_task(
+            bus.request(
+                subject,
+                PrefillJob(
+                    request_id="fresh", model=MODEL, token_ids=fresh_prompt, block_size=BLOCK_SIZE
+                ),
+                PrefillResult,
+                30,
+            )
+        )
         await asyncio.sleep(0.1)  # the fresh job holds the compute turn (about 1.3 s)
-        second = await bus.request(subject, PrefillJob(
-            request_id="cached", model=MODEL, token_ids=cached_prompt, block_size=BLOCK_SIZE), PrefillResult, 30)
+        second = await bus.request(
+            subject,
+            PrefillJob(
+                request_id="cached", model=MODEL, token_ids=cached_prompt, block_size=BLOCK_SIZE
+            ),
+            PrefillResult,
+            30,
+        )
         await first
         assert second.num_cached_tokens == len(prefix) * BLOCK_SIZE
         both_queued = [load.queue_time_s for load in loads if load.num_queued == 2]
@@ -86,8 +129,9 @@ async def test_queue_time_counts_the_prefix_the_store_holds(infra, cluster_name,
         prefill.stop()
 
 
-async def test_a_draining_prefill_finishes_its_jobs_and_refuses_new_ones(infra, cluster_name, tmp_path,
-                                                                         store_client):
+async def test_a_draining_prefill_finishes_its_jobs_and_refuses_new_ones(
+    infra, cluster_name, tmp_path, store_client
+):
     bus, _ = store_client
     prefill = start(infra, cluster_name, tmp_path, "prefill", "--block-size", str(BLOCK_SIZE))
     subject = Subjects(cluster_name).prefill_job("prefill-q")
@@ -95,21 +139,41 @@ async def test_a_draining_prefill_finishes_its_jobs_and_refuses_new_ones(infra, 
         deadline = time.monotonic() + 20
         while True:  # serving once a tiny job gets an answer
             try:
-                await bus.request(subject, PrefillJob(request_id="ping", model=MODEL, token_ids=[1, 2, 3],
-                                                      block_size=BLOCK_SIZE), PrefillResult, 5)
+                await bus.request(
+                    subject,
+                    PrefillJob(
+                        request_id="ping", model=MODEL, token_ids=[1, 2, 3], block_size=BLOCK_SIZE
+                    ),
+                    PrefillResult,
+                    5,
+                )
                 break
             except (NoRespondersError, RequestTimeoutError):
                 assert time.monotonic() < deadline and prefill.is_running, prefill.log_tail()
                 await asyncio.sleep(0.1)
         long_prompt = [11 + i % 997 for i in range(8000)]  # about 1.3 s of compute
-        held = asyncio.create_task(bus.request(subject, PrefillJob(
-            request_id="held", model=MODEL, token_ids=long_prompt, block_size=BLOCK_SIZE), PrefillResult, 30))
+        held = asyncio.create_task(
+            bus.request(
+                subject,
+                PrefillJob(
+                    request_id="held", model=MODEL, token_ids=long_prompt, block_size=BLOCK_SIZE
+                ),
+                PrefillResult,
+                30,
+            )
+        )
         await asyncio.sleep(0.2)
         prefill.signal(signal.SIGTERM)
         await asyncio.sleep(0.2)
         with pytest.raises(RemoteError, match="draining"):
-            await bus.request(subject, PrefillJob(request_id="late", model=MODEL, token_ids=[1, 2, 3],
-                                                  block_size=BLOCK_SIZE), PrefillResult, 5)
+            await bus.request(
+                subject,
+                PrefillJob(
+                    request_id="late", model=MODEL, token_ids=[1, 2, 3], block_size=BLOCK_SIZE
+                ),
+                PrefillResult,
+                5,
+            )
         assert (await held).request_id == "held"
         assert await asyncio.to_thread(prefill.popen.wait, 15) == 0
     finally:

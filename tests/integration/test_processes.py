@@ -17,8 +17,9 @@ time.sleep(600)
 
 
 def test_a_child_gets_sigterm_when_its_supervisor_is_sigkilled(tmp_path):
-    supervisor = subprocess.Popen([sys.executable, "-c", SUPERVISOR, str(tmp_path)],
-                                  stdout=subprocess.PIPE, text=True)
+    supervisor = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISOR, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
     child = None
     try:
         child = psutil.Process(int(supervisor.stdout.readline()))

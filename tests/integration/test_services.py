@@ -13,7 +13,13 @@ from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.bus import Bus
 from crescent.common.codec import decode
 from crescent.common.etcd import PrefixMirror, connect_etcd
-from crescent.common.messages import ErrorReply, InstanceInfo, InstanceLoad, PrefillJob, PrefillResult
+from crescent.common.messages import (
+    ErrorReply,
+    InstanceInfo,
+    InstanceLoad,
+    PrefillJob,
+    PrefillResult,
+)
 from crescent.common.naming import Keys, Subjects
 from crescent.conductor.cluster_view import ClusterView
 
@@ -21,8 +27,22 @@ LEASE_TTL_S = 2
 
 
 def service(infra, cluster, role, instance_id, tmp_path, *extra):
-    argv = [sys.executable, "-m", f"crescent.{role}", "--cluster", cluster, "--nats-url", infra.nats_url,
-            "--etcd-url", infra.etcd_url, "--instance-id", instance_id, "--lease-ttl-s", str(LEASE_TTL_S), *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        f"crescent.{role}",
+        "--cluster",
+        cluster,
+        "--nats-url",
+        infra.nats_url,
+        "--etcd-url",
+        infra.etcd_url,
+        "--instance-id",
+        instance_id,
+        "--lease-ttl-s",
+        str(LEASE_TTL_S),
+        *extra,
+    ]
     if role in ("prefill", "decode"):
         argv += ["--emulated-time-scale", "0"]
     process = ManagedProcess(ProcessSpec(name=instance_id, argv=argv), tmp_path / "logs")
@@ -48,8 +68,11 @@ async def watched(infra, cluster_name):
     await mirror.load()
     follower = asyncio.create_task(mirror.run())
     loads: list[InstanceLoad] = []
-    await bus.subscribe(Subjects(cluster_name).telemetry_all(), InstanceLoad,
-                        lambda load: (loads.append(load), view.apply_load(load)))
+    await bus.subscribe(
+        Subjects(cluster_name).telemetry_all(),
+        InstanceLoad,
+        lambda load: (loads.append(load), view.apply_load(load)),
+    )
     yield view, loads, bus, etcd
     follower.cancel()
     await bus.drain()
@@ -57,14 +80,19 @@ async def watched(infra, cluster_name):
 
 
 @pytest.mark.parametrize("role", ["prefill", "decode", "store"])
-async def test_registers_publishes_telemetry_and_deregisters_on_sigterm(infra, cluster_name, tmp_path, watched,
-                                                                        role):
-    view, loads, _, etcd = watched
+async def test_registers_publishes_telemetry_and_deregisters_on_sigterm(
+    infra, cluster_name, tmp_path, watched, role
+):
+    view, loads, _, _etcd = watched
     process = service(infra, cluster_name, role, f"{role}-a", tmp_path)
     try:
         await wait_until(lambda: (role, f"{role}-a") in view.instances, 20, "registration")
         info = view.instances[(role, f"{role}-a")].info
-        assert isinstance(info, InstanceInfo) and info.role == role and info.http_url.startswith("http://")
+        assert (
+            isinstance(info, InstanceInfo)
+            and info.role == role
+            and info.http_url.startswith("http://")
+        )
         await wait_until(lambda: any(l.instance_id == f"{role}-a" for l in loads), 5, "telemetry")
         assert view.count(role, time.monotonic()) == 1
 
@@ -76,10 +104,14 @@ async def test_registers_publishes_telemetry_and_deregisters_on_sigterm(infra, c
         process.stop()
 
 
-async def test_sigkilled_service_leaves_the_view_within_its_lease_ttl(infra, cluster_name, tmp_path, watched):
+async def test_sigkilled_service_leaves_the_view_within_its_lease_ttl(
+    infra, cluster_name, tmp_path, watched
+):
     view, _, _, _ = watched
     process = service(infra, cluster_name, "prefill", "prefill-k", tmp_path)
-    survivor = service(infra, cluster_name, "prefill", "prefill-s", tmp_path)  # still heard: the view is not deaf
+    survivor = service(
+        infra, cluster_name, "prefill", "prefill-s", tmp_path
+    )  # still heard: the view is not deaf
     try:
         await wait_until(lambda: view.count("prefill", time.monotonic()) == 2, 20, "registration")
         process.signal(signal.SIGKILL)
@@ -87,15 +119,20 @@ async def test_sigkilled_service_leaves_the_view_within_its_lease_ttl(infra, clu
         # Stale telemetry takes it out of scheduling within 3 periods...
         await wait_until(lambda: view.count("prefill", time.monotonic()) == 1, 2.0, "staleness")
         # ...and the lease takes it out of the registry within the TTL (+1 s for etcd's expiry tick).
-        await wait_until(lambda: ("prefill", "prefill-k") not in view.instances, LEASE_TTL_S + 1.5, "lease expiry")
+        await wait_until(
+            lambda: ("prefill", "prefill-k") not in view.instances,
+            LEASE_TTL_S + 1.5,
+            "lease expiry",
+        )
         assert time.monotonic() - killed_at <= LEASE_TTL_S + 1.5
     finally:
         process.stop()
         survivor.stop()
 
 
-async def test_malformed_job_gets_an_error_reply_and_the_worker_keeps_serving(infra, cluster_name, tmp_path,
-                                                                              watched):
+async def test_malformed_job_gets_an_error_reply_and_the_worker_keeps_serving(
+    infra, cluster_name, tmp_path, watched
+):
     view, _, bus, _ = watched
     process = service(infra, cluster_name, "prefill", "prefill-m", tmp_path)
     raw = await nats.connect(infra.nats_url)
@@ -114,19 +151,40 @@ async def test_malformed_job_gets_an_error_reply_and_the_worker_keeps_serving(in
 
 
 @pytest.mark.parametrize("unreachable", ["nats", "etcd"])
-def test_unreachable_infrastructure_exits_nonzero_with_a_clear_message(infra, cluster_name, unreachable):
+def test_unreachable_infrastructure_exits_nonzero_with_a_clear_message(
+    infra, cluster_name, unreachable
+):
     nats_url = "nats://127.0.0.1:1" if unreachable == "nats" else infra.nats_url
     etcd_url = "http://127.0.0.1:1" if unreachable == "etcd" else infra.etcd_url
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "crescent.prefill", "--nats-url", nats_url, "--etcd-url", etcd_url,
-                             "--connect-timeout-s", "2", "--cluster", cluster_name],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "crescent.prefill",
+            "--nats-url",
+            nats_url,
+            "--etcd-url",
+            etcd_url,
+            "--connect-timeout-s",
+            "2",
+            "--cluster",
+            cluster_name,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode != 0
     assert f"cannot reach {'NATS' if unreachable == 'nats' else 'etcd'}" in result.stderr
     assert time.monotonic() - started < 20
 
 
 def test_bad_setting_exits_with_a_message():
-    result = subprocess.run([sys.executable, "-m", "crescent.decode", "--kv-capacity-tokens", "-1"],
-                            capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "crescent.decode", "--kv-capacity-tokens", "-1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2 and "kv_capacity_tokens" in result.stderr

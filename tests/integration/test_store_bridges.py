@@ -11,6 +11,7 @@ import time
 import urllib.request
 
 import pytest
+
 from crescent.cluster.infra import nats_spec
 from crescent.cluster.processes import ManagedProcess, free_port
 from crescent.engine.kv_store import BlockOps, BridgeConfig, KvStoreError, SharedBridges

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+
 from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.bus import Bus
 from crescent.common.codec import decode

@@ -7,21 +7,40 @@ from crescent.bench.aiperf_replay import cut_trace, hub_cache, summarize
 
 def test_cut_trace_caps_prompts_and_keeps_their_leading_hash_ids(tmp_path):
     trace = tmp_path / "t.jsonl"
-    trace.write_text("\n".join(json.dumps(r) for r in [
-        {"timestamp": 0, "input_length": 3000, "output_length": 5, "hash_ids": [1, 2, 3, 4, 5, 6]},
-        {"timestamp": 5, "input_length": 700, "output_length": 9, "hash_ids": [1, 7]},
-        {"timestamp": 9, "input_length": 10, "output_length": 1, "hash_ids": [8]},
-    ]) + "\n")
+    trace.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {
+                    "timestamp": 0,
+                    "input_length": 3000,
+                    "output_length": 5,
+                    "hash_ids": [1, 2, 3, 4, 5, 6],
+                },
+                {"timestamp": 5, "input_length": 700, "output_length": 9, "hash_ids": [1, 7]},
+                {"timestamp": 9, "input_length": 10, "output_length": 1, "hash_ids": [8]},
+            ]
+        )
+        + "\n"
+    )
     out = tmp_path / "cut.jsonl"
     assert cut_trace(trace, out, limit=2, max_input_tokens=2048) == 2
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [(r["input_length"], r["hash_ids"]) for r in rows] == [(2048, [1, 2, 3, 4]), (700, [1, 7])]
+    assert [(r["input_length"], r["hash_ids"]) for r in rows] == [
+        (2048, [1, 2, 3, 4]),
+        (700, [1, 7]),
+    ]
 
 
 def test_summary_counts_errors_and_reports_percentiles():
     stats = {"p50": 1.23, "p90": 4.5, "p99": 9.0}
-    export = {"request_count": {"avg": 198.0}, "error_summary": [{"count": 2, "error_details": {}}],
-              "time_to_first_token": stats, "inter_token_latency": stats, "request_latency": stats}
+    export = {
+        "request_count": {"avg": 198.0},
+        "error_summary": [{"count": 2, "error_details": {}}],
+        "time_to_first_token": stats,
+        "inter_token_latency": stats,
+        "request_latency": stats,
+    }
     row = summarize(export)
     assert row["requests"] == 198 and row["errors"] == 2
     assert row["ttft_ms_p50"] == 1.2 and row["itl_ms_p99"] == 9.0
@@ -39,6 +58,7 @@ def test_tokenizer_is_placed_under_a_hub_name(tmp_path):
 
 def test_an_unknown_case_is_refused_before_anything_starts(tmp_path):
     import pytest
+
     from crescent.bench.aiperf_replay import AiperfError, run_aiperf_bench
 
     with pytest.raises(AiperfError, match="unknown cases vllm-3x"):

@@ -6,6 +6,7 @@ from dataclasses import fields
 from pathlib import Path
 
 import yaml
+
 from crescent.conductor import metrics
 from crescent.conductor.settings import ConductorSettings
 

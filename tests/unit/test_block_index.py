@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import hashlib
 
-from crescent.common.block_index import BlockIndex, BlockKey, apply_block_change, parse_block_key
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from crescent.common.block_index import BlockIndex, BlockKey, apply_block_change, parse_block_key
 
 
 def chain(name: str, num_blocks: int) -> list[bytes]:

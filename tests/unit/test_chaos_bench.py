@@ -17,13 +17,24 @@ def test_a_case_counts_requests_started_in_its_window_and_recovers_after_the_las
         Outcome(101.4, 104.0, Status.FAILED, "ServerDisconnectedError"),  # hung, then failed
         Outcome(101.5, 102.5, Status.OK),  # started before it: does not count either
         Outcome(101.7, 102.9, Status.WRONG),  # the last request that did not succeed
-        Outcome(103.0, 103.4, Status.OK, num_attempts=2),  # the first success after the last bad one
+        Outcome(
+            103.0, 103.4, Status.OK, num_attempts=2
+        ),  # the first success after the last bad one
         Outcome(103.1, 103.3 + 5, Status.OK),
         Outcome(110.0, 110.2, Status.OK),  # the next case's
     ]
     row = case_result(WINDOW, outcomes)
-    assert row == {"case": "kill-prefill", "sent": 9, "ok": 5, "rejected_before_work": 1,
-                   "failed": 2, "wrong": 1, "retried": 1, "max_latency_s": 5.2, "recovery_s": 2.4}
+    assert row == {
+        "case": "kill-prefill",
+        "sent": 9,
+        "ok": 5,
+        "rejected_before_work": 1,
+        "failed": 2,
+        "wrong": 1,
+        "retried": 1,
+        "max_latency_s": 5.2,
+        "recovery_s": 2.4,
+    }
 
 
 def test_a_case_without_errors_recovers_with_its_first_success_after_the_fault():

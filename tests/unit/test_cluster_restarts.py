@@ -58,7 +58,8 @@ def test_a_child_cannot_be_started_off_the_main_thread(tmp_path):
     assert process.popen is None
 
 
-@pytest.mark.parametrize("num_crashes, delay_s",
-                         [(1, 0.5), (2, 1.0), (5, 8.0), (6, 10.0), (60, 10.0)])
+@pytest.mark.parametrize(
+    "num_crashes, delay_s", [(1, 0.5), (2, 1.0), (5, 8.0), (6, 10.0), (60, 10.0)]
+)
 def test_default_backoff(num_crashes, delay_s):
     assert Backoff().delay_s(num_crashes) == delay_s

@@ -21,8 +21,12 @@ def services():
 
 @pytest.mark.skipif(shutil.which("docker") is None, reason="the docker CLI is not installed")
 def test_docker_accepts_the_compose_file():
-    result = subprocess.run(["docker", "stack", "config", "-c", str(COMPOSE)], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        ["docker", "stack", "config", "-c", str(COMPOSE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "crescent.conductor" in result.stdout
     assert "deploy/prometheus/prometheus.yml" in result.stdout
@@ -34,11 +38,19 @@ def test_prometheus_scrapes_every_crescent_service_at_its_http_port():
     prometheus = services()["prometheus"]
     [mount] = [v for v in prometheus["volumes"] if v.endswith("/etc/prometheus/prometheus.yml:ro")]
     config = yaml.safe_load((ROOT / mount.split(":")[0]).read_text())
-    scraped = {target for job in config["scrape_configs"] for static in job["static_configs"]
-               for target in static["targets"]}
-    expected = {f"{name}:{services()[name]['environment']['CRESCENT_HTTP_PORT']}" for name in CRESCENT}
+    scraped = {
+        target
+        for job in config["scrape_configs"]
+        for static in job["static_configs"]
+        for target in static["targets"]
+    }
+    expected = {
+        f"{name}:{services()[name]['environment']['CRESCENT_HTTP_PORT']}" for name in CRESCENT
+    }
     assert scraped == expected
-    assert all(job.get("metrics_path", "/metrics") == "/metrics" for job in config["scrape_configs"])
+    assert all(
+        job.get("metrics_path", "/metrics") == "/metrics" for job in config["scrape_configs"]
+    )
 
 
 def test_topology_matches_the_design():
@@ -59,7 +71,9 @@ def test_each_service_image_installs_the_package_it_runs(name):
     role = module.split(".")[1]
     assert f"services/{role}" in packages
     # Every crescent-* distribution the image needs is installed from the repository, as none is on PyPI.
-    assert missing_crescent_requirements(packages) == [], f"{name} image lacks what its packages need"
+    assert missing_crescent_requirements(packages) == [], (
+        f"{name} image lacks what its packages need"
+    )
     assert service["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://jaeger:4318"
 
 
@@ -67,5 +81,7 @@ def test_the_conductors_readiness_is_ready_and_its_liveness_health():
     """/ready needs a live prefill and decode instance; /health only a live conductor (the
     Kubernetes probes: tests/unit/test_k8s_manifests.py)."""
     assert "/ready" in " ".join(services()["conductor"]["healthcheck"]["test"])
-    assert all("/health" in " ".join(services()[name]["healthcheck"]["test"])
-               for name in CRESCENT - {"conductor"})
+    assert all(
+        "/health" in " ".join(services()[name]["healthcheck"]["test"])
+        for name in CRESCENT - {"conductor"}
+    )

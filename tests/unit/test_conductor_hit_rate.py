@@ -12,20 +12,36 @@ from crescent.conductor.settings import ConductorSettings
 
 
 def decision(prefix_tokens: int) -> Decision:
-    prefill = PrefillChoice(instance_id="p0", node="n0", prefix_tokens=prefix_tokens,
-                            local_prefix_tokens=prefix_tokens, transfer_source=None, transfer_hashes=(),
-                            transfer_s=0.0, queue_s=0.0, prefill_s=0.1)
+    prefill = PrefillChoice(
+        instance_id="p0",
+        node="n0",
+        prefix_tokens=prefix_tokens,
+        local_prefix_tokens=prefix_tokens,
+        transfer_source=None,
+        transfer_hashes=(),
+        transfer_s=0.0,
+        queue_s=0.0,
+        prefill_s=0.1,
+    )
     return Decision(prefill, DecodeChoice("d0", 0.01))
 
 
 def result(request_id: str, num_cached_tokens: int) -> PrefillResult:
-    return PrefillResult(request_id=request_id, first_token=1, num_computed_tokens=1100 - num_cached_tokens,
-                         num_cached_tokens=num_cached_tokens)
+    return PrefillResult(
+        request_id=request_id,
+        first_token=1,
+        num_computed_tokens=1100 - num_cached_tokens,
+        num_cached_tokens=num_cached_tokens,
+    )
 
 
 def test_hit_rate_is_what_the_prefills_loaded_not_what_was_planned():
-    scheduler = Scheduler(ConductorSettings(block_size=512), ClusterView(clock=lambda: 0.0), lambda: 0.0)
-    request = ScheduleRequest("r1", [b"\x01" * 16, b"\x02" * 16], num_prompt_tokens=1100, block_size=512)
+    scheduler = Scheduler(
+        ConductorSettings(block_size=512), ClusterView(clock=lambda: 0.0), lambda: 0.0
+    )
+    request = ScheduleRequest(
+        "r1", [b"\x01" * 16, b"\x02" * 16], num_prompt_tokens=1100, block_size=512
+    )
     planned = decision(prefix_tokens=1024)
     scheduler.record(request, planned)
     assert scheduler.cache_hit_rate == 0.0  # nothing has been prefilled yet

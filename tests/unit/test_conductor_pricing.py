@@ -2,6 +2,7 @@
 policy compares instances priced by different models."""
 
 import pytest
+
 from crescent.common.codec import encode
 from crescent.common.cost_profile import CostProfile, DecodePlane, PrefillCost
 from crescent.common.etcd import MirrorEvent

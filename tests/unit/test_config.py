@@ -28,7 +28,11 @@ def test_environment_overrides_default():
 def test_flag_overrides_environment():
     environ = {"CRESCENT_BATCH_SIZE": "16", "CRESCENT_NATS_URL": "nats://env:1"}
     settings = load_settings(Example, ["--batch-size", "32", "--no-is-fast"], environ)
-    assert settings.batch_size == 32 and settings.is_fast is False and settings.nats_url == "nats://env:1"
+    assert (
+        settings.batch_size == 32
+        and settings.is_fast is False
+        and settings.nats_url == "nats://env:1"
+    )
 
 
 def test_bad_environment_value_names_the_variable():

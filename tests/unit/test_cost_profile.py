@@ -2,6 +2,7 @@
 
 import msgspec
 import pytest
+
 from crescent.common.cost_profile import (
     CostProfile,
     DecodePlane,

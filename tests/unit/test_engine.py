@@ -13,15 +13,16 @@ def test_prefill_flops_follow_equation_1():
     n, d, l = 1000, 8192, 80
     assert cost.prefill_flops(n) == l * (4 * n * n * d + 22 * n * d * d)
     saved = cost.prefill_flops(n) - cost.prefill_flops(n, num_cached=400)
-    assert saved == pytest.approx(l * (4 * 400 ** 2 * d + 22 * 400 * d * d))
+    assert saved == pytest.approx(l * (4 * 400**2 * d + 22 * 400 * d * d))
 
 
 def test_time_scale_zero_is_instant_and_decode_is_memory_bound_at_small_batch():
     assert CostModel(time_scale=0).prefill_s(4000) == 0
     cost = CostModel()
     one = cost.decode_step_s(1, 1000)
-    assert one == pytest.approx((cost.dims.weight_bytes + 1000 * cost.dims.kv_bytes_per_token)
-                                / cost.memory_bytes_per_s)
+    assert one == pytest.approx(
+        (cost.dims.weight_bytes + 1000 * cost.dims.kv_bytes_per_token) / cost.memory_bytes_per_s
+    )
     assert cost.decode_step_s(64, 64000) > one
 
 

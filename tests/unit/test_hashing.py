@@ -16,12 +16,15 @@ def test_only_full_blocks_are_hashed():
 def test_same_prefix_gives_same_hashes(prefix, tail_a, block_size):
     a = block_hashes(prefix + tail_a, block_size, "m")
     b = block_hashes(prefix, block_size, "m")
-    assert a[:len(b)] == b
+    assert a[: len(b)] == b
 
 
 @settings(max_examples=200)
-@given(st.lists(st.integers(min_value=0, max_value=1000), min_size=8, max_size=120), st.data(),
-       st.integers(min_value=1, max_value=8))
+@given(
+    st.lists(st.integers(min_value=0, max_value=1000), min_size=8, max_size=120),
+    st.data(),
+    st.integers(min_value=1, max_value=8),
+)
 def test_one_changed_token_changes_that_block_and_all_later(token_ids, data, block_size):
     position = data.draw(st.integers(min_value=0, max_value=len(token_ids) - 1))
     changed = list(token_ids)

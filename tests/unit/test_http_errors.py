@@ -79,7 +79,10 @@ def records(caplog, message: str) -> list[logging.LogRecord]:
 
 async def test_an_unexpected_exception_is_a_logged_500_with_an_openai_body(server, caplog):
     url, _ = server
-    async with aiohttp.ClientSession() as session, session.post(f"{url}/v1/bug", json={}) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/v1/bug", json={}) as response,
+    ):
         assert response.status == 500
         error = (await response.json())["error"]
     assert error["type"] == "server_error" and "a bug" not in error["message"]
@@ -100,13 +103,21 @@ async def test_an_error_answer_is_logged_once_with_request_id_status_and_cause(s
             assert response.status == 405 and response.headers["Allow"] == "POST"
             assert (await response.json())["error"]["message"]
     logged = records(caplog, "request answered with an error")
-    assert [(r.status, getattr(r, "request_id", None)) for r in logged] == [(429, REQUEST_ID), (405, None)]
+    assert [(r.status, getattr(r, "request_id", None)) for r in logged] == [
+        (429, REQUEST_ID),
+        (405, None),
+    ]
     assert logged[0].cause == "too busy" and logged[0].path == "/v1/busy"
 
 
-async def test_a_failure_after_the_response_began_cuts_the_connection_and_is_logged_once(server, caplog):
+async def test_a_failure_after_the_response_began_cuts_the_connection_and_is_logged_once(
+    server, caplog
+):
     url, _ = server
-    async with aiohttp.ClientSession() as session, session.post(f"{url}/v1/stream", json={}) as response:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/v1/stream", json={}) as response,
+    ):
         assert response.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
             await response.read()

@@ -14,13 +14,14 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from distributions import missing_crescent_requirements
+
 from crescent.common.config import load_settings
 from crescent.common.naming import check_token
 from crescent.conductor.settings import ConductorSettings
 from crescent.decode.worker import DecodeSettings
 from crescent.engine.settings import EngineSettings
 from crescent.store.settings import StoreSettings
-from distributions import missing_crescent_requirements
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy/k8s"

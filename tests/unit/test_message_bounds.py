@@ -22,21 +22,33 @@ from crescent.common.messages import (
     TokenChunk,
     TokenLogprobs,
 )
-from crescent.common.store_messages import AllocBlocks, BlockMeta, BlockSlots, PinBlocks, ReplicateReply
+from crescent.common.store_messages import (
+    AllocBlocks,
+    BlockMeta,
+    BlockSlots,
+    PinBlocks,
+    ReplicateReply,
+)
 
 NAN, INF = math.nan, math.inf
 VALID = {
     "reservation": Reservation(request_id="cmpl-1", num_prompt_tokens=5, max_tokens=16),
     "start": DecodeStart(request_id="cmpl-1", token_ids=[1, 2], first_token=3, max_tokens=16),
-    "job": PrefillJob(request_id="cmpl-1", model="m", token_ids=[1, 2, 3], block_size=64, decode_node="n0"),
+    "job": PrefillJob(
+        request_id="cmpl-1", model="m", token_ids=[1, 2, 3], block_size=64, decode_node="n0"
+    ),
     "result": PrefillResult(request_id="cmpl-1", first_token=4, num_computed_tokens=3),
-    "load": InstanceLoad(role="decode", instance_id="decode-0", node="node0", sent_at=1.7e9, period_s=0.2),
+    "load": InstanceLoad(
+        role="decode", instance_id="decode-0", node="node0", sent_at=1.7e9, period_s=0.2
+    ),
     "info": InstanceInfo(role="decode", instance_id="decode-0", node="node0", max_model_len=32768),
     "chunk": TokenChunk(request_id="cmpl-1", seq=0, token_ids=[5]),
     "stats": StoreStats(node="node0", instance_id="store-node0"),
     "alloc": AllocBlocks(model="m", hashes=[b"\x01" * 16]),
     "pin": PinBlocks(model="m", hashes=[b"\x01" * 16]),
-    "slots": BlockSlots(segment="node0.store", block_bytes=4096, allocated=[b"\x01" * 16], offsets=[0]),
+    "slots": BlockSlots(
+        segment="node0.store", block_bytes=4096, allocated=[b"\x01" * 16], offsets=[0]
+    ),
     "meta": BlockMeta(tier="dram", slot=3, size=4096),
     "replicate": ReplicateReply(num_copied=1, num_present=0),
 }
@@ -133,11 +145,24 @@ def test_valid_examples_decode(name):
 ACCEPTED_EXTREMES = [
     ("reservation", {"max_tokens": bounds.MAX_SEQUENCE_TOKENS, "ttl_s": bounds.MAX_TTL_S}),
     ("reservation", {"num_prompt_tokens": 0, "max_tokens": 0}),
-    ("start", {"token_ids": [0, bounds.MAX_TOKEN_ID], "sampling": {"temperature": 0.0, "top_p": 1.0}}),
+    (
+        "start",
+        {"token_ids": [0, bounds.MAX_TOKEN_ID], "sampling": {"temperature": 0.0, "top_p": 1.0}},
+    ),
     ("start", {"sampling": {"seed": (1 << 64) - 1}}),
     ("start", {"sampling": {"seed": -(1 << 63)}}),
-    ("start", {"sampling": {"logit_bias": {bounds.MAX_TOKEN_ID: -100.0}, "top_k": -1, "logprobs": 20,
-                            "repetition_penalty": bounds.MAX_PENALTY, "structured": {"json_object": True}}}),
+    (
+        "start",
+        {
+            "sampling": {
+                "logit_bias": {bounds.MAX_TOKEN_ID: -100.0},
+                "top_k": -1,
+                "logprobs": 20,
+                "repetition_penalty": bounds.MAX_PENALTY,
+                "structured": {"json_object": True},
+            }
+        },
+    ),
     ("result", {"first_logprobs": [bounds.MIN_LOGPROB, [7], [0.0]]}),
     ("start", {"request_id": "chatcmpl-0a1b2c_retry-1"}),
     ("job", {"decode_node": "node-prefill-0", "decode_instance": ""}),
@@ -155,7 +180,9 @@ def _is_bounded(info: msgspec.inspect.Type) -> bool:
     if isinstance(info, msgspec.inspect.UnionType):
         return all(_is_bounded(t) for t in info.types)
     if isinstance(info, (msgspec.inspect.IntType, msgspec.inspect.FloatType)):
-        return (info.ge is not None or info.gt is not None) and (info.le is not None or info.lt is not None)
+        return (info.ge is not None or info.gt is not None) and (
+            info.le is not None or info.lt is not None
+        )
     if isinstance(info, msgspec.inspect.ListType):
         return info.max_length is not None and _is_bounded(info.item_type)
     if isinstance(info, msgspec.inspect.DictType):
@@ -169,8 +196,11 @@ UNBOUNDED_ON_PURPOSE = {("Message", "v"), ("SamplingParams", "seed")}  # checked
 def _all_message_types() -> list[type]:
     found = [SamplingParams, StructuredOutput, TokenLogprobs]
     for module in (messages, store_messages):
-        found += [obj for obj in vars(module).values()
-                  if isinstance(obj, type) and issubclass(obj, Message) and obj is not Message]
+        found += [
+            obj
+            for obj in vars(module).values()
+            if isinstance(obj, type) and issubclass(obj, Message) and obj is not Message
+        ]
     return found
 
 

@@ -11,26 +11,29 @@ def test_text_and_token_prompts():
     assert parse_completion({"model": "m", "prompt": "hi"}).max_tokens == 16
 
 
-@pytest.mark.parametrize("body, param", [
-    ([], None),
-    ({"prompt": "x"}, "model"),
-    ({"model": 3, "prompt": "x"}, "model"),
-    ({"model": "m"}, "prompt"),
-    ({"model": "m", "prompt": ""}, "prompt"),
-    ({"model": "m", "prompt": 5}, "prompt"),
-    ({"model": "m", "prompt": [1, "a"]}, "prompt"),
-    ({"model": "m", "prompt": [-1]}, "prompt"),
-    ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
-    ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
-    ({"model": "m", "prompt": "x", "max_tokens": "5"}, "max_tokens"),
-    ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
-    ({"model": "m", "prompt": "x", "temperature": 3}, "temperature"),
-    ({"model": "m", "prompt": "x", "top_p": -0.1}, "top_p"),
-    ({"model": "m", "prompt": "x", "n": 0}, "n"),
-    ({"model": "m", "prompt": "x", "n": 129}, "n"),
-    ({"model": "m", "prompt": "x", "stream": "yes"}, "stream"),
-    ({"model": "m", "prompt": "x", "stop": [1]}, "stop"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ([], None),
+        ({"prompt": "x"}, "model"),
+        ({"model": 3, "prompt": "x"}, "model"),
+        ({"model": "m"}, "prompt"),
+        ({"model": "m", "prompt": ""}, "prompt"),
+        ({"model": "m", "prompt": 5}, "prompt"),
+        ({"model": "m", "prompt": [1, "a"]}, "prompt"),
+        ({"model": "m", "prompt": [-1]}, "prompt"),
+        ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+        ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_tokens": "5"}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "temperature": 3}, "temperature"),
+        ({"model": "m", "prompt": "x", "top_p": -0.1}, "top_p"),
+        ({"model": "m", "prompt": "x", "n": 0}, "n"),
+        ({"model": "m", "prompt": "x", "n": 129}, "n"),
+        ({"model": "m", "prompt": "x", "stream": "yes"}, "stream"),
+        ({"model": "m", "prompt": "x", "stop": [1]}, "stop"),
+    ],
+)
 def test_bad_completion_bodies_name_the_parameter(body, param):
     with pytest.raises(ApiError) as info:
         parse_completion(body)
@@ -39,14 +42,17 @@ def test_bad_completion_bodies_name_the_parameter(body, param):
     assert info.value.body()["error"]["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("body", [
-    {"model": "m"},
-    {"model": "m", "messages": []},
-    {"model": "m", "messages": [{"role": "user"}]},
-    {"model": "m", "messages": [{"role": "wizard", "content": "x"}]},
-    {"model": "m", "messages": ["hi"]},
-    {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "m"},
+        {"model": "m", "messages": []},
+        {"model": "m", "messages": [{"role": "user"}]},
+        {"model": "m", "messages": [{"role": "wizard", "content": "x"}]},
+        {"model": "m", "messages": ["hi"]},
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+    ],
+)
 def test_bad_chat_bodies(body):
     with pytest.raises(ApiError) as info:
         parse_chat(body)
@@ -54,7 +60,9 @@ def test_bad_chat_bodies(body):
 
 
 def test_chat_defaults_leave_max_tokens_to_the_server():
-    request = parse_chat({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": "\n"})
+    request = parse_chat(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": "\n"}
+    )
     assert request.max_tokens is None and request.stop == ["\n"] and request.is_chat
 
 
@@ -64,16 +72,26 @@ def test_response_shapes():
     assert first["object"] == "chat.completion.chunk"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "a"}
     plain = parse_completion({"model": "m", "prompt": "x"})
-    body = full_response(plain, "id", 1, [Collected(0, ["ab", "c"], finish_reason="length")], {"total_tokens": 3})
+    body = full_response(
+        plain, "id", 1, [Collected(0, ["ab", "c"], finish_reason="length")], {"total_tokens": 3}
+    )
     assert body["choices"][0]["text"] == "abc" and body["object"] == "text_completion"
 
 
-@pytest.mark.parametrize("field, value", [
-    ("seed", 2**63), ("seed", -(2**63) - 1), ("seed", 10**30),
-    ("max_tokens", 2**63), ("max_tokens", -(10**400)),
-    ("temperature", 10**400), ("temperature", float("inf")), ("top_p", float("nan")),
-    ("stream_options", {"include_usage": "yes"}),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("seed", 2**63),
+        ("seed", -(2**63) - 1),
+        ("seed", 10**30),
+        ("max_tokens", 2**63),
+        ("max_tokens", -(10**400)),
+        ("temperature", 10**400),
+        ("temperature", float("inf")),
+        ("top_p", float("nan")),
+        ("stream_options", {"include_usage": "yes"}),
+    ],
+)
 def test_numbers_outside_what_the_cluster_carries_are_400(field, value):
     with pytest.raises(ApiError) as info:
         parse_completion({"model": "m", "prompt": "x", field: value})
@@ -82,7 +100,9 @@ def test_numbers_outside_what_the_cluster_carries_are_400(field, value):
 
 
 def test_sixty_four_bit_extremes_are_accepted():
-    request = parse_completion({"model": "m", "prompt": [0, 2**63 - 1], "seed": -(2**63), "max_tokens": 2**63 - 1})
+    request = parse_completion(
+        {"model": "m", "prompt": [0, 2**63 - 1], "seed": -(2**63), "max_tokens": 2**63 - 1}
+    )
     assert request.sampling.seed == -(2**63) and request.max_tokens == 2**63 - 1
     with pytest.raises(ApiError) as info:
         parse_completion({"model": "m", "prompt": [2**63]})
@@ -91,7 +111,14 @@ def test_sixty_four_bit_extremes_are_accepted():
 
 def test_chat_checks_max_tokens_even_when_max_completion_tokens_wins():
     messages = [{"role": "user", "content": "x"}]
-    assert parse_chat({"model": "m", "messages": messages, "max_tokens": 5, "max_completion_tokens": 3}).max_tokens == 3
+    assert (
+        parse_chat(
+            {"model": "m", "messages": messages, "max_tokens": 5, "max_completion_tokens": 3}
+        ).max_tokens
+        == 3
+    )
     with pytest.raises(ApiError) as info:
-        parse_chat({"model": "m", "messages": messages, "max_tokens": 0, "max_completion_tokens": 3})
+        parse_chat(
+            {"model": "m", "messages": messages, "max_tokens": 0, "max_completion_tokens": 3}
+        )
     assert info.value.param == "max_tokens"

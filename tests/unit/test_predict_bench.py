@@ -4,6 +4,7 @@ import argparse
 import json
 
 import pytest
+
 from crescent.bench import cli
 from crescent.bench.replay.prediction_errors import bucket_quantile, prediction_error_report
 

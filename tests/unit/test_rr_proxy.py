@@ -30,7 +30,9 @@ async def test_requests_alternate_between_backends_and_streams_pass_through():
     one, two = TestServer(backend("one")), TestServer(backend("two"))
     await one.start_server()
     await two.start_server()
-    proxy = TestServer(build_app([str(one.make_url("")).rstrip("/"), str(two.make_url("")).rstrip("/")]))
+    proxy = TestServer(
+        build_app([str(one.make_url("")).rstrip("/"), str(two.make_url("")).rstrip("/")])
+    )
     await proxy.start_server()
     try:
         async with aiohttp.ClientSession() as session:
@@ -38,11 +40,15 @@ async def test_requests_alternate_between_backends_and_streams_pass_through():
                 assert response.status == 200
             bodies = []
             for n in range(4):
-                async with session.post(proxy.make_url("/v1/completions"), json={"n": n}) as response:
+                async with session.post(
+                    proxy.make_url("/v1/completions"), json={"n": n}
+                ) as response:
                     assert response.headers["content-type"] == "text/event-stream"
                     bodies.append(await response.text())
-        assert bodies == [f"data: {b}-{n}-a\n\ndata: {b}-{n}-b\n\n"
-                          for n, b in enumerate(["one", "two", "one", "two"])]
+        assert bodies == [
+            f"data: {b}-{n}-a\n\ndata: {b}-{n}-b\n\n"
+            for n, b in enumerate(["one", "two", "one", "two"])
+        ]
     finally:
         await proxy.close()
         await one.close()

@@ -23,7 +23,9 @@ def register(view, role, instance_id, model="m", **fields):
 
 
 def load(role, instance_id, **fields):
-    return InstanceLoad(role=role, instance_id=instance_id, node="n", sent_at=0, period_s=0.2, **fields)
+    return InstanceLoad(
+        role=role, instance_id=instance_id, node="n", sent_at=0, period_s=0.2, **fields
+    )
 
 
 def snap(instance_id, queue_time_s=0.0, num_queued=0, num_running=0, used=0, capacity=100):
@@ -65,12 +67,17 @@ def test_an_instance_that_says_it_takes_no_work_gets_none(reason):
     view = ClusterView(clock=clock)
     register(view, "decode", "d0", kv_capacity_tokens=100)
     register(view, "decode", "d1", kv_capacity_tokens=100)
-    view.apply_load(load("decode", "d0", kv_capacity_tokens=100, is_accepting=False,
-                         not_accepting_reason=reason))
+    view.apply_load(
+        load(
+            "decode", "d0", kv_capacity_tokens=100, is_accepting=False, not_accepting_reason=reason
+        )
+    )
     view.apply_load(load("decode", "d1", kv_capacity_tokens=100))
     snapshots = view.snapshot("decode", "m", clock.now)
-    assert {(s.instance_id, s.is_accepting, s.is_stale) for s in snapshots} == {("d0", False, False),
-                                                                                ("d1", True, False)}
+    assert {(s.instance_id, s.is_accepting, s.is_stale) for s in snapshots} == {
+        ("d0", False, False),
+        ("d1", True, False),
+    }
     assert [s.instance_id for s in eligible_decode(snapshots, 10)] == ["d1"]
     view.apply_load(load("decode", "d0", kv_capacity_tokens=100))
     assert len(eligible_decode(view.snapshot("decode", "m", clock.now), 10)) == 2
@@ -90,8 +97,16 @@ def test_contradictory_or_unknown_telemetry_is_ignored_and_logged_once_per_insta
     view.apply_load(load("decode", "d0", kv_used_tokens=10, kv_capacity_tokens=100))
     with caplog.at_level("WARNING"):
         view.apply_load(load("decode", "d0", num_queued=-1))
-        view.apply_load(InstanceLoad(role="decode", instance_id="d0", node="elsewhere", sent_at=0,
-                                     period_s=0.2, kv_used_tokens=90))
+        view.apply_load(
+            InstanceLoad(
+                role="decode",
+                instance_id="d0",
+                node="elsewhere",
+                sent_at=0,
+                period_s=0.2,
+                kv_used_tokens=90,
+            )
+        )
         view.apply_load(load("decode", "d0", is_accepting=True, not_accepting_reason="full"))
     view.apply_load(load("decode", "ghost"))
     [snapshot] = view.snapshot("decode", "m", clock.now)
@@ -137,7 +152,9 @@ def test_a_silent_instance_is_stale_but_still_registered(caplog):
         view.log_changes(clock.now)
     assert eligible_prefill(view.snapshot("prefill", "m", clock.now)) == []
     assert view.started_at("prefill", "p0") is not None and view.models() == {"m": 0}
-    assert [r.message for r in caplog.records].count("instance stale: no new work until its telemetry resumes") == 1
+    assert [r.message for r in caplog.records].count(
+        "instance stale: no new work until its telemetry resumes"
+    ) == 1
     view.apply_load(load("prefill", "p0"))
     with caplog.at_level("INFO"):
         view.log_changes(clock.now)
@@ -156,7 +173,9 @@ def test_a_conductor_that_heard_nobody_for_a_moment_does_not_call_everyone_stale
     view.apply_load(load("prefill", "p0"))
     view.apply_load(load("decode", "d0"))
     clock.now += 1.5  # 7.5 periods without reading anything
-    assert not any(s.is_stale for role in ("prefill", "decode") for s in view.snapshot(role, "m", clock.now))
+    assert not any(
+        s.is_stale for role in ("prefill", "decode") for s in view.snapshot(role, "m", clock.now)
+    )
     view.apply_load(load("decode", "d0"))  # the backlog is read: d0 spoke, p0 did not
     assert [s.is_stale for s in view.snapshot("prefill", "m", clock.now)] == [True]
     assert [s.is_stale for s in view.snapshot("decode", "m", clock.now)] == [False]

@@ -8,7 +8,7 @@ def feed(stop, text, step=1):
     ids = tokenizer.encode(text)
     out = ""
     for i in range(0, len(ids), step):
-        out += assembler.push(ids[i:i + step])
+        out += assembler.push(ids[i : i + step])
         if assembler.is_stopped:
             break
     return out + assembler.finish(), assembler.is_stopped

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from crescent.common.errors import ConfigError
 from crescent.common.messages import TokenChunk
 from crescent.decode.chunking import ChunkLimits, TokenChunker

@@ -7,10 +7,10 @@ import os
 from pathlib import Path
 
 import pytest
+from vllm_helpers import Conductor, VllmCluster, env_for_in_process_engines
 
 from crescent.common.bus import Bus
 from crescent.engine.tiny_model import build_tiny_model
-from vllm_helpers import Conductor, VllmCluster, env_for_in_process_engines
 
 
 @pytest.fixture(scope="session")
@@ -27,8 +27,15 @@ def reference(tiny_model_dir):
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    llm = LLM(model=str(tiny_model_dir), dtype="float32", block_size=32, enforce_eager=True,
-              compilation_config={"mode": 0}, distributed_executor_backend="uni", seed=0)
+    llm = LLM(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        block_size=32,
+        enforce_eager=True,
+        compilation_config={"mode": 0},
+        distributed_executor_backend="uni",
+        seed=0,
+    )
     yield llm
     llm.llm_engine.engine_core.shutdown()
 

@@ -12,6 +12,9 @@ def test_prefix_reuse_bench_measures_every_system(tiny_model_dir):
 
     result = run_prefix_reuse_bench(tiny_model_dir, repeat=1, lengths=(512,))
     cases = {case["case"]: case["ttft_ms"] for case in result["cases"]}
-    assert set(cases) == {f"{system}-512-{share}" for system in ("crescent", "crescent-store", "vllm",
-                                                                   "vllm-prefix-cache") for share in (0, 90)}
+    assert set(cases) == {
+        f"{system}-512-{share}"
+        for system in ("crescent", "crescent-store", "vllm", "vllm-prefix-cache")
+        for share in (0, 90)
+    }
     assert all(ttft > 0 for ttft in cases.values())

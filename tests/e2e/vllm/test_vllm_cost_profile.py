@@ -8,12 +8,13 @@ import sys
 import time
 
 import pytest
+from vllm_helpers import ENV, MODEL
+
 from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.codec import decode
 from crescent.common.cost_profile import CostProfile, check_profile
 from crescent.common.etcd import connect_etcd
 from crescent.common.naming import Keys
-from vllm_helpers import ENV, MODEL
 
 pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")
 

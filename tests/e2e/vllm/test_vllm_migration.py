@@ -10,10 +10,10 @@ import signal
 
 import aiohttp
 import pytest
+from vllm_helpers import ENV, prompt_tokens, reference_tokens
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port
-from vllm_helpers import ENV, prompt_tokens, reference_tokens
 
 pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")
 
@@ -23,9 +23,16 @@ MAX_TOKENS = 300
 
 @pytest.fixture(scope="module")
 def two_decode_cluster(tmp_path_factory, tiny_model_dir):
-    spec = ClusterSpec(workdir=tmp_path_factory.mktemp("vllm-migration"), api_port=free_port(), engine="vllm",
-                       model_dir=tiny_model_dir, env=ENV, num_decode=2, store_dram_bytes=64 << 20,
-                       store_ssd_bytes=64 << 20)
+    spec = ClusterSpec(
+        workdir=tmp_path_factory.mktemp("vllm-migration"),
+        api_port=free_port(),
+        engine="vllm",
+        model_dir=tiny_model_dir,
+        env=ENV,
+        num_decode=2,
+        store_dram_bytes=64 << 20,
+        store_ssd_bytes=64 << 20,
+    )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=300)
     yield cluster
@@ -36,8 +43,11 @@ async def busy_decode(session: aiohttp.ClientSession, url: str) -> str:
     for _ in range(50):
         async with session.get(f"{url}/v1/cluster") as response:
             instances = (await response.json())["instances"]
-        running = [i["instance_id"] for i in instances
-                   if i["role"] == "decode" and i["load"] and i["load"]["num_running"] > 0]
+        running = [
+            i["instance_id"]
+            for i in instances
+            if i["role"] == "decode" and i["load"] and i["load"]["num_running"] > 0
+        ]
         if running:
             return running[0]
         await asyncio.sleep(0.05)
@@ -45,11 +55,18 @@ async def busy_decode(session: aiohttp.ClientSession, url: str) -> str:
 
 
 async def test_decode_killed_mid_stream_goes_on_elsewhere_with_plain_vllms_tokens(
-        two_decode_cluster, tiny_model_dir, reference):
+    two_decode_cluster, tiny_model_dir, reference
+):
     prompt = prompt_tokens(700, seed=77)
     [want] = reference_tokens(reference, [prompt], MAX_TOKENS)
-    body = {"model": tiny_model_dir.name, "prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True,
-            "temperature": 0, "stream": True}
+    body = {
+        "model": tiny_model_dir.name,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
     url = two_decode_cluster.api_url
     async with aiohttp.ClientSession() as session:
         async with session.post(f"{url}/v1/completions", json=body) as response:
@@ -65,10 +82,14 @@ async def test_decode_killed_mid_stream_goes_on_elsewhere_with_plain_vllms_token
                 pieces.append(event["choices"][0]["text"])
                 if len(pieces) == 5 and not killed:
                     killed = await busy_decode(session, url)
-                    next(p for p in two_decode_cluster.processes if p.spec.name == killed).signal(signal.SIGKILL)
+                    next(p for p in two_decode_cluster.processes if p.spec.name == killed).signal(
+                        signal.SIGKILL
+                    )
         async with session.get(f"{url}/metrics") as response:
             metrics = await response.text()
     from crescent.common.hf_tokenizer import HfTokenizer
 
     assert "".join(pieces) == HfTokenizer(tiny_model_dir).decode(want)
-    assert 'crescent_request_migrations_total{cause="InstanceLostError",stage="decode"} 1.0' in metrics
+    assert (
+        'crescent_request_migrations_total{cause="InstanceLostError",stage="decode"} 1.0' in metrics
+    )

@@ -13,6 +13,8 @@ import urllib.request
 
 import aiohttp
 import pytest
+from vllm_helpers import ENV, metric_value, prompt_tokens, reference_tokens
+
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import free_port
 from crescent.common.bus import Bus
@@ -23,7 +25,6 @@ from crescent.common.hf_tokenizer import HfTokenizer
 from crescent.common.messages import InstanceInfo
 from crescent.common.naming import Keys, Subjects
 from crescent.common.store_messages import EvictBlocks, EvictReply
-from vllm_helpers import ENV, metric_value, prompt_tokens, reference_tokens
 
 pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")
 
@@ -38,10 +39,19 @@ PREFILL_NODE, DECODE_NODE = "node-prefill-0", "node-decode-0"
 def two_node_cluster(tmp_path_factory, tiny_model_dir):
     """conductor-0 runs kv-centric (the default); conductor-least-loaded runs the baseline.
     vLLM's own prefix cache is off, so every reused token comes from a store."""
-    spec = ClusterSpec(workdir=tmp_path_factory.mktemp("vllm-planned-pull"), api_port=free_port(), engine="vllm",
-                       model_dir=tiny_model_dir, env=ENV, node_per_instance=True, block_size=BLOCK_SIZE,
-                       engine_args=["--no-vllm-prefix-caching"], store_dram_bytes=64 << 20,
-                       store_ssd_bytes=64 << 20, conductor_args=["--hot-spot-period-s", "0"])
+    spec = ClusterSpec(
+        workdir=tmp_path_factory.mktemp("vllm-planned-pull"),
+        api_port=free_port(),
+        engine="vllm",
+        model_dir=tiny_model_dir,
+        env=ENV,
+        node_per_instance=True,
+        block_size=BLOCK_SIZE,
+        engine_args=["--no-vllm-prefix-caching"],
+        store_dram_bytes=64 << 20,
+        store_ssd_bytes=64 << 20,
+        conductor_args=["--hot-spot-period-s", "0"],
+    )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=300)
     try:
@@ -58,7 +68,9 @@ def two_node_cluster(tmp_path_factory, tiny_model_dir):
 async def store_url(cluster: LocalCluster, node: str) -> str:
     etcd = await connect_etcd(cluster.etcd_url)
     try:
-        entry = await etcd.get(Keys(cluster.spec.cluster).instance("store", f"store-{node}").encode())
+        entry = await etcd.get(
+            Keys(cluster.spec.cluster).instance("store", f"store-{node}").encode()
+        )
         return decode(entry.value, InstanceInfo).http_url
     finally:
         await etcd.close()
@@ -68,8 +80,12 @@ def pulled_blocks(url: str) -> float:
     """Blocks the store at `url` copied from the decode node's, whoever asked."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
         text = response.read().decode()
-    return sum(metric_value(text, "crescent_store_replicated_blocks_total", reason=reason, source=DECODE_NODE)
-               for reason in ("on-demand", "hot-spot", "unspecified"))
+    return sum(
+        metric_value(
+            text, "crescent_store_replicated_blocks_total", reason=reason, source=DECODE_NODE
+        )
+        for reason in ("on-demand", "hot-spot", "unspecified")
+    )
 
 
 async def blocks_on(session: aiohttp.ClientSession, conductor_url: str, node: str) -> int:
@@ -77,14 +93,19 @@ async def blocks_on(session: aiohttp.ClientSession, conductor_url: str, node: st
         return (await response.json())["blocks_by_node"].get(node, 0)
 
 
-async def evict_from_prefill_node(cluster: LocalCluster, session: aiohttp.ClientSession, model: str,
-                                  hashes: list[bytes]) -> None:
+async def evict_from_prefill_node(
+    cluster: LocalCluster, session: aiohttp.ClientSession, model: str, hashes: list[bytes]
+) -> None:
     """Drop the prefix from the prefill node's store and wait until both conductors know."""
     before = [await blocks_on(session, url, PREFILL_NODE) for url in cluster.conductor_urls]
     bus = await Bus.connect(cluster.nats_url, "test-evict")
     try:
-        reply = await bus.request(Subjects(cluster.spec.cluster).store_ctl(PREFILL_NODE),
-                                  EvictBlocks(model=model, hashes=hashes), EvictReply, 10)
+        reply = await bus.request(
+            Subjects(cluster.spec.cluster).store_ctl(PREFILL_NODE),
+            EvictBlocks(model=model, hashes=hashes),
+            EvictReply,
+            10,
+        )
     finally:
         await bus.drain()
     assert len(reply.evicted) == len(hashes), reply
@@ -95,22 +116,34 @@ async def evict_from_prefill_node(cluster: LocalCluster, session: aiohttp.Client
             await asyncio.sleep(0.05)
 
 
-async def complete(session: aiohttp.ClientSession, conductor_url: str, model: str, prompt: list[int]) -> str:
-    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True, "temperature": 0}
+async def complete(
+    session: aiohttp.ClientSession, conductor_url: str, model: str, prompt: list[int]
+) -> str:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
     async with session.post(f"{conductor_url}/v1/completions", json=body) as response:
         assert response.status == 200, await response.text()
         return (await response.json())["choices"][0]["text"]
 
 
 async def test_only_the_planned_pull_happens_and_both_policies_answer_as_plain_vllm(
-        two_node_cluster, tiny_model_dir, reference):
+    two_node_cluster, tiny_model_dir, reference
+):
     cluster = two_node_cluster
     kv_centric, least_loaded = cluster.conductor_urls
     model = tiny_model_dir.name
     prefix = prompt_tokens(768, seed=900)
     seed, pulled, computed = (prefix + prompt_tokens(60 + 10 * i, seed=901 + i) for i in range(3))
     tokenizer = HfTokenizer(tiny_model_dir)
-    want = [tokenizer.decode(tokens) for tokens in reference_tokens(reference, [seed, pulled, computed], MAX_TOKENS)]
+    want = [
+        tokenizer.decode(tokens)
+        for tokens in reference_tokens(reference, [seed, pulled, computed], MAX_TOKENS)
+    ]
     prefix_hashes = block_hashes(prefix, BLOCK_SIZE, model)
     prefill_store = await store_url(cluster, PREFILL_NODE)
 

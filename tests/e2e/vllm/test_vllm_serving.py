@@ -8,11 +8,12 @@ import sys
 import time
 
 import pytest
+from vllm_helpers import BLOCK_SIZE, CLUSTER, MODEL, prompt_tokens, reference_tokens
+
 from crescent.common.errors import RemoteError
 from crescent.common.hashing import block_hashes
 from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.naming import Subjects
-from vllm_helpers import BLOCK_SIZE, CLUSTER, MODEL, prompt_tokens, reference_tokens
 
 pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")
 
@@ -22,8 +23,9 @@ LENGTHS = [50, 130, 257, 400, 700, 1000, 1500, 2000]
 MAX_TOKENS = 12
 
 
-async def wait_for_events(cluster, instance_id: str, request_id: str, event: str, nodes: set[str],
-                          timeout_s: float = 30) -> dict[str, dict]:
+async def wait_for_events(
+    cluster, instance_id: str, request_id: str, event: str, nodes: set[str], timeout_s: float = 30
+) -> dict[str, dict]:
     """The first `event` of the request per node, once every node in `nodes` has one
     (saves finish beside the request path)."""
     deadline = time.monotonic() + timeout_s
@@ -33,17 +35,24 @@ async def wait_for_events(cluster, instance_id: str, request_id: str, event: str
             by_node.setdefault(e["node"], e)
         if nodes <= by_node.keys():
             return by_node
-        assert time.monotonic() < deadline, f"{event} on {nodes - by_node.keys()} missing after {timeout_s}s"
+        assert time.monotonic() < deadline, (
+            f"{event} on {nodes - by_node.keys()} missing after {timeout_s}s"
+        )
         await asyncio.sleep(0.1)
 
 
 def events_of(cluster, instance_id: str, request_id: str, event: str) -> list[dict]:
     """vLLM suffixes request ids internally: match `<request_id>-…`."""
-    return [e for e in cluster.events(instance_id)
-            if e["event"] == event and e["request"].startswith(f"{request_id}-")]
+    return [
+        e
+        for e in cluster.events(instance_id)
+        if e["event"] == event and e["request"].startswith(f"{request_id}-")
+    ]
 
 
-async def test_disaggregated_1p1d_equals_plain_vllm_token_for_token(vllm_cluster, conductor, reference):
+async def test_disaggregated_1p1d_equals_plain_vllm_token_for_token(
+    vllm_cluster, conductor, reference
+):
     prompts = [prompt_tokens(n, seed=i) for i, n in enumerate(LENGTHS)]
     expected = reference_tokens(reference, prompts, MAX_TOKENS)
     results = await asyncio.gather(*(conductor.generate(p, MAX_TOKENS) for p in prompts))
@@ -54,8 +63,9 @@ async def test_disaggregated_1p1d_equals_plain_vllm_token_for_token(vllm_cluster
         # decode loaded every full block of the prompt from its node's store
         full_blocks = len(prompt) // BLOCK_SIZE
         loads = events_of(vllm_cluster, "decode-A", prefill.request_id, "load")
-        assert [(e["num_loaded"], e["num_blocks"], e["error"]) for e in loads] == \
-            ([(full_blocks, full_blocks, None)] if full_blocks else [])
+        assert [(e["num_loaded"], e["num_blocks"], e["error"]) for e in loads] == (
+            [(full_blocks, full_blocks, None)] if full_blocks else []
+        )
 
 
 def test_each_engine_core_holds_one_data_plane_bridge_and_a_lookup_connection(vllm_cluster):
@@ -64,15 +74,26 @@ def test_each_engine_core_holds_one_data_plane_bridge_and_a_lookup_connection(vl
     connection for lookups alone (`…-kv-lookup`: no etcd client, no staging segment)."""
     names = vllm_cluster.nats_connection_names()
     kv_connections = sorted(name for name in names if "-kv" in name)
-    assert kv_connections == ["A-decode-kv", "A-decode-kv", "A-decode-kv-lookup", "A-decode-kv-lookup",
-                              "A-prefill-kv", "A-prefill-kv-lookup", "B-prefill-kv", "B-prefill-kv-lookup"], names
+    assert kv_connections == [
+        "A-decode-kv",
+        "A-decode-kv",
+        "A-decode-kv-lookup",
+        "A-decode-kv-lookup",
+        "A-prefill-kv",
+        "A-prefill-kv-lookup",
+        "B-prefill-kv",
+        "B-prefill-kv-lookup",
+    ], names
 
 
 async def test_decode_telemetry_reports_vllm_batch_and_kv_usage(vllm_cluster, conductor):
     telemetry: list[InstanceLoad] = []
-    await conductor.bus.subscribe(Subjects(CLUSTER).telemetry("decode", "decode-A"), InstanceLoad,
-                                  telemetry.append)
-    await asyncio.gather(*(conductor.generate(prompt_tokens(300, seed=600 + i), 150) for i in range(3)))
+    await conductor.bus.subscribe(
+        Subjects(CLUSTER).telemetry("decode", "decode-A"), InstanceLoad, telemetry.append
+    )
+    await asyncio.gather(
+        *(conductor.generate(prompt_tokens(300, seed=600 + i), 150) for i in range(3))
+    )
     busy = [load for load in telemetry if load.num_running >= 1]
     assert busy, "decode telemetry never showed vLLM's running batch"
     assert all(load.kv_used_tokens > 0 and load.num_context_tokens > 0 for load in busy)
@@ -80,7 +101,9 @@ async def test_decode_telemetry_reports_vllm_batch_and_kv_usage(vllm_cluster, co
     assert telemetry[0].kv_capacity_tokens > 0
 
 
-async def test_shared_prefix_is_loaded_from_the_store_not_recomputed(vllm_cluster, conductor, reference):
+async def test_shared_prefix_is_loaded_from_the_store_not_recomputed(
+    vllm_cluster, conductor, reference
+):
     prefix = prompt_tokens(1024, seed=100)
     first, second = prefix + prompt_tokens(100, seed=101), prefix + prompt_tokens(130, seed=102)
     expected = reference_tokens(reference, [first, second], MAX_TOKENS)
@@ -96,7 +119,8 @@ async def test_shared_prefix_is_loaded_from_the_store_not_recomputed(vllm_cluste
 
 
 async def test_conditional_disaggregation_decode_computes_the_prompt_as_plain_vllm_would(
-        vllm_cluster, conductor, reference):
+    vllm_cluster, conductor, reference
+):
     """No prefill job: the decode instance computes a fresh prompt (0 % cached), and a prompt
     whose 768-token prefix its node's store holds (90 % cached) loading that prefix and
     computing the rest; both outputs equal plain vLLM's, and the blocks it computed are saved
@@ -118,27 +142,34 @@ async def test_conditional_disaggregation_decode_computes_the_prompt_as_plain_vl
 
 
 async def test_prefill_on_node_b_computes_a_prefix_held_only_on_node_a_when_no_pull_is_planned(
-        vllm_cluster, conductor, reference):
+    vllm_cluster, conductor, reference
+):
     """The connector never picks a source itself: without a planned pull, node A's copy of the
     prefix is not fetched; prefill-B computes the whole prompt and B's store pulls nothing."""
     prefix = prompt_tokens(768, seed=210)
     on_a, on_b = prefix + prompt_tokens(70, seed=211), prefix + prompt_tokens(90, seed=212)
     [want] = reference_tokens(reference, [on_b], MAX_TOKENS)
     await conductor.prefill("prefill-A", on_a)
-    pulled_before = vllm_cluster.metric("store-B", "crescent_store_replications_total",
-                                        reason="on-demand", outcome="ok")
+    pulled_before = vllm_cluster.metric(
+        "store-B", "crescent_store_replications_total", reason="on-demand", outcome="ok"
+    )
 
     got, prefill = await conductor.generate(on_b, MAX_TOKENS, prefill_id="prefill-B")
 
     assert got == want
     assert prefill.num_cached_tokens == 0 and prefill.num_computed_tokens == len(on_b)
     assert not events_of(vllm_cluster, "prefill-B", prefill.request_id, "load")
-    assert vllm_cluster.metric("store-B", "crescent_store_replications_total", reason="on-demand",
-                               outcome="ok") == pulled_before
+    assert (
+        vllm_cluster.metric(
+            "store-B", "crescent_store_replications_total", reason="on-demand", outcome="ok"
+        )
+        == pulled_before
+    )
 
 
 async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull_over_tcp(
-        vllm_cluster, conductor, reference):
+    vllm_cluster, conductor, reference
+):
     """The conductor's plan names the source: B's store pulls those blocks from A's store;
     prefill-B runs tcp alone: it reads them from B's store and writes its new blocks to A's and
     B's stores, all over tcp, as the transport counters of the connector (event log) and of both
@@ -147,20 +178,26 @@ async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull_o
     on_a, on_b = prefix + prompt_tokens(70, seed=201), prefix + prompt_tokens(90, seed=202)
     expected = reference_tokens(reference, [on_a, on_b], MAX_TOKENS)
     prefix_hashes = block_hashes(prefix, BLOCK_SIZE, MODEL)
-    pulled_before = vllm_cluster.metric("store-B", "crescent_store_replicated_blocks_total",
-                                        reason="on-demand", source="A")
+    pulled_before = vllm_cluster.metric(
+        "store-B", "crescent_store_replicated_blocks_total", reason="on-demand", source="A"
+    )
 
     got_a, _ = await conductor.generate(on_a, MAX_TOKENS, prefill_id="prefill-A")
     served_by_a = vllm_cluster.transfer_bytes("store-A").get(("tcp", "served"), 0)
-    got_b, prefill = await conductor.generate(on_b, MAX_TOKENS, prefill_id="prefill-B", pull=("A", prefix_hashes))
+    got_b, prefill = await conductor.generate(
+        on_b, MAX_TOKENS, prefill_id="prefill-B", pull=("A", prefix_hashes)
+    )
 
     assert [got_a, got_b] == expected
     assert prefill.num_cached_tokens == len(prefix)
-    assert vllm_cluster.metric("store-B", "crescent_store_replicated_blocks_total", reason="on-demand",
-                               source="A") == pulled_before + len(prefix_hashes)
+    assert vllm_cluster.metric(
+        "store-B", "crescent_store_replicated_blocks_total", reason="on-demand", source="A"
+    ) == pulled_before + len(prefix_hashes)
     [load] = events_of(vllm_cluster, "prefill-B", prefill.request_id, "load")
     assert load["num_loaded"] == len(prefix_hashes) and load["error"] is None
-    committed = await wait_for_events(vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"})
+    committed = await wait_for_events(
+        vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"}
+    )
     stored = events_of(vllm_cluster, "prefill-B", prefill.request_id, "stored")
     assert {(e["node"], e["layer"]) for e in stored} >= {("A", 0), ("A", 1), ("B", 0), ("B", 1)}
     # the bytes took tcp: the prefix pulled into B, the prefix read from B, the new blocks to A and B
@@ -171,7 +208,10 @@ async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull_o
     on_b_store = vllm_cluster.transfer_bytes("store-B")
     assert {transport for transport, _ in on_b_store} == {"tcp"}
     assert on_b_store[("tcp", "client")] >= prefix_bytes
-    assert vllm_cluster.transfer_bytes("store-A")[("tcp", "served")] - served_by_a >= prefix_bytes + new_bytes
+    assert (
+        vllm_cluster.transfer_bytes("store-A")[("tcp", "served")] - served_by_a
+        >= prefix_bytes + new_bytes
+    )
 
 
 async def test_first_token_waits_for_the_decode_store_only(vllm_cluster, conductor, reference):
@@ -187,7 +227,9 @@ async def test_first_token_waits_for_the_decode_store_only(vllm_cluster, conduct
     full_blocks = len(prompt) // BLOCK_SIZE
     [load] = events_of(vllm_cluster, "decode-A", prefill.request_id, "load")
     assert (load["num_loaded"], load["num_blocks"]) == (full_blocks, full_blocks)
-    committed = await wait_for_events(vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"})
+    committed = await wait_for_events(
+        vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"}
+    )
     assert committed["B"]["t"] > conductor.prefilled_at
 
 
@@ -199,7 +241,9 @@ async def test_block_lost_while_loading_is_recomputed_correctly(vllm_cluster, co
 
     assert got == want
     [load] = events_of(vllm_cluster, "decode-F", prefill.request_id, "load")
-    assert load["num_blocks"] == len(prompt) // BLOCK_SIZE and load["num_loaded"] == 1  # block 1 was evicted
+    assert (
+        load["num_blocks"] == len(prompt) // BLOCK_SIZE and load["num_loaded"] == 1
+    )  # block 1 was evicted
 
 
 async def test_kv_reaches_the_decode_store_layer_by_layer(vllm_cluster, conductor):
@@ -210,20 +254,29 @@ async def test_kv_reaches_the_decode_store_layer_by_layer(vllm_cluster, conducto
     computed = events_of(vllm_cluster, "prefill-A", prefill.request_id, "computed")
     last_step = max(e["step"] for e in computed)
     last_layer = max(e["layer"] for e in computed)
-    last_layer_done = next(e["t"] for e in computed if e["step"] == last_step and e["layer"] == last_layer)
-    first_layer_stored = next(e["t"] for e in stored
-                              if e["step"] == last_step and e["layer"] == 0 and e["node"] == "A")
+    last_layer_done = next(
+        e["t"] for e in computed if e["step"] == last_step and e["layer"] == last_layer
+    )
+    first_layer_stored = next(
+        e["t"] for e in stored if e["step"] == last_step and e["layer"] == 0 and e["node"] == "A"
+    )
     assert first_layer_stored < last_layer_done
     assert {e["layer"] for e in stored if e["step"] == last_step} == set(range(last_layer + 1))
     committed = events_of(vllm_cluster, "prefill-A", prefill.request_id, "committed")
     assert sum(e["num_blocks"] + e["num_existing"] for e in committed) >= len(prompt) // BLOCK_SIZE
 
 
-async def test_prompt_over_the_context_is_rejected_and_the_worker_keeps_serving(vllm_cluster, conductor):
+async def test_prompt_over_the_context_is_rejected_and_the_worker_keeps_serving(
+    vllm_cluster, conductor
+):
     too_long = prompt_tokens(8193, seed=500)
-    job = PrefillJob(request_id="too-long", model=MODEL, token_ids=too_long, decode_instance="decode-A")
+    job = PrefillJob(
+        request_id="too-long", model=MODEL, token_ids=too_long, decode_instance="decode-A"
+    )
     with pytest.raises(RemoteError, match="outside 1..8192"):
-        await conductor.bus.request(Subjects(CLUSTER).prefill_job("prefill-A"), job, PrefillResult, 30)
+        await conductor.bus.request(
+            Subjects(CLUSTER).prefill_job("prefill-A"), job, PrefillResult, 30
+        )
     result = await conductor.prefill("prefill-A", prompt_tokens(20, seed=501))
     assert result.num_computed_tokens == 20
 
@@ -236,8 +289,21 @@ def test_bad_checkpoint_stops_the_worker_at_start_with_a_clear_error(tmp_path, p
     if problem == "not-llama":
         model.mkdir()
         (model / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 10}')
-    argv = [sys.executable, "-m", "crescent.prefill", "--engine", "vllm", "--model", str(model),
-            "--nats-url", "nats://127.0.0.1:1", "--connect-timeout-s", "1", "--log-format", "text"]
+    argv = [
+        sys.executable,
+        "-m",
+        "crescent.prefill",
+        "--engine",
+        "vllm",
+        "--model",
+        str(model),
+        "--nats-url",
+        "nats://127.0.0.1:1",
+        "--connect-timeout-s",
+        "1",
+        "--log-format",
+        "text",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     reason = "no such directory" if problem == "missing" else "is not Llama family"

@@ -18,6 +18,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from crescent.cluster.infra import etcd_spec, nats_spec
 from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
 from crescent.common.bus import Bus
@@ -33,7 +35,6 @@ from crescent.common.messages import (
     TokenChunk,
 )
 from crescent.common.naming import Subjects
-from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "tiny"
 BLOCK_SIZE = 64
@@ -42,9 +43,25 @@ ENV = {"OMP_NUM_THREADS": "1", "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARA
 
 
 def engine_flags(model_dir: Path, node: str, event_log: Path, *extra: str) -> list[str]:
-    return ["--engine", "vllm", "--model", str(model_dir), "--served-model-name", MODEL, "--node", node,
-            "--block-size", str(BLOCK_SIZE), "--vllm-kv-cache-gib", "1", "--kv-event-log", str(event_log),
-            "--log-format", "text", *extra]
+    return [
+        "--engine",
+        "vllm",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        MODEL,
+        "--node",
+        node,
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--vllm-kv-cache-gib",
+        "1",
+        "--kv-event-log",
+        str(event_log),
+        "--log-format",
+        "text",
+        *extra,
+    ]
 
 
 @dataclass
@@ -79,30 +96,99 @@ class VllmCluster:
     def _service(self, role: str, instance_id: str, *extra: str) -> ProcessSpec:
         port = free_port()
         self.http_ports[instance_id] = port
-        argv = [sys.executable, "-m", f"crescent.{role}", "--cluster", CLUSTER, "--nats-url", self.nats_url,
-                "--etcd-url", self.etcd_url, "--instance-id", instance_id, "--http-port", str(port), *extra]
+        argv = [
+            sys.executable,
+            "-m",
+            f"crescent.{role}",
+            "--cluster",
+            CLUSTER,
+            "--nats-url",
+            self.nats_url,
+            "--etcd-url",
+            self.etcd_url,
+            "--instance-id",
+            instance_id,
+            "--http-port",
+            str(port),
+            *extra,
+        ]
         return ProcessSpec(name=instance_id, argv=argv, env=ENV, stop_timeout_s=30.0)
 
     def start(self, timeout_s: float = 240.0) -> None:
         nats_port, etcd_port, self.nats_monitor_port = free_port(), free_port(), free_port()
-        self.nats_url, self.etcd_url = f"nats://127.0.0.1:{nats_port}", f"http://127.0.0.1:{etcd_port}"
+        self.nats_url, self.etcd_url = (
+            f"nats://127.0.0.1:{nats_port}",
+            f"http://127.0.0.1:{etcd_port}",
+        )
         self._launch(nats_spec(nats_port, monitor_port=self.nats_monitor_port)).wait_ready(30)
         self._launch(etcd_spec(etcd_port, self.workdir / "etcd-data")).wait_ready(30)
-        for node, transports in (("A", ""), ("B", "tcp")):  # B, "another host", pulls from A over tcp
-            self._launch(self._service("store", f"store-{node}", "--node", node, "--block-bytes",
-                                       str(self.block_bytes), "--dram-bytes", str(64 << 20), "--log-format", "text",
-                                       "--transports", transports))
+        for node, transports in (
+            ("A", ""),
+            ("B", "tcp"),
+        ):  # B, "another host", pulls from A over tcp
+            self._launch(
+                self._service(
+                    "store",
+                    f"store-{node}",
+                    "--node",
+                    node,
+                    "--block-bytes",
+                    str(self.block_bytes),
+                    "--dram-bytes",
+                    str(64 << 20),
+                    "--log-format",
+                    "text",
+                    "--transports",
+                    transports,
+                )
+            )
         self.wait_serving(["store-A", "store-B"], 60)
         no_cache = "--no-vllm-prefix-caching"  # prefill: every reuse must come from the store
-        self._launch(self._service("prefill", "prefill-A", *engine_flags(
-            self.model_dir, "A", self.event_log("prefill-A"), no_cache)))
-        self._launch(self._service("decode", "decode-A", *engine_flags(
-            self.model_dir, "A", self.event_log("decode-A"), "--telemetry-period-s", "0.05")))
-        self._launch(self._service("prefill", "prefill-B", *engine_flags(  # as if on another host: tcp only;
-            self.model_dir, "B", self.event_log("prefill-B"), no_cache, "--kv-transports", "tcp",  # its own
-            "--kv-fault", "delay_other_commits")))  # store is slow
-        self._launch(self._service("decode", "decode-F", *engine_flags(  # its store "loses" blocks
-            self.model_dir, "A", self.event_log("decode-F"), "--kv-fault", "evict_after_lookup")))
+        self._launch(
+            self._service(
+                "prefill",
+                "prefill-A",
+                *engine_flags(self.model_dir, "A", self.event_log("prefill-A"), no_cache),
+            )
+        )
+        self._launch(
+            self._service(
+                "decode",
+                "decode-A",
+                *engine_flags(
+                    self.model_dir, "A", self.event_log("decode-A"), "--telemetry-period-s", "0.05"
+                ),
+            )
+        )
+        self._launch(
+            self._service(
+                "prefill",
+                "prefill-B",
+                *engine_flags(  # as if on another host: tcp only;
+                    self.model_dir,
+                    "B",
+                    self.event_log("prefill-B"),
+                    no_cache,
+                    "--kv-transports",
+                    "tcp",  # its own
+                    "--kv-fault",
+                    "delay_other_commits",
+                ),
+            )
+        )  # store is slow
+        self._launch(
+            self._service(
+                "decode",
+                "decode-F",
+                *engine_flags(  # its store "loses" blocks
+                    self.model_dir,
+                    "A",
+                    self.event_log("decode-F"),
+                    "--kv-fault",
+                    "evict_after_lookup",
+                ),
+            )
+        )
         self.wait_serving(["prefill-A", "decode-A", "prefill-B", "decode-F"], timeout_s)
 
     def transfer_bytes(self, instance_id: str) -> dict[tuple[str, str], float]:
@@ -110,9 +196,13 @@ class VllmCluster:
         url = f"http://127.0.0.1:{self.http_ports[instance_id]}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
-        return {(s.labels["transport"], s.labels["side"]): s.value
-                for family in text_string_to_metric_families(text) if family.name == "crescent_transfer_bytes"
-                for s in family.samples if s.name == "crescent_transfer_bytes_total"}
+        return {
+            (s.labels["transport"], s.labels["side"]): s.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "crescent_transfer_bytes"
+            for s in family.samples
+            if s.name == "crescent_transfer_bytes_total"
+        }
 
     def nats_connection_names(self) -> list[str]:
         """The name of every client connection the NATS server holds (its /connz endpoint)."""
@@ -157,8 +247,11 @@ class VllmCluster:
 def reference_tokens(llm, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     from vllm import SamplingParams, TokensPrompt
 
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                           SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts],
+        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+        use_tqdm=False,
+    )
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
@@ -173,27 +266,49 @@ class Conductor:
         self._run = secrets.token_hex(3)  # request ids stay unique across the tests of one cluster
         self.prefilled_at = 0.0  # wall clock when the latest generate's prefill answered
 
-    async def prefill(self, prefill_id: str, token_ids: list[int], decode_id: str = "decode-A",
-                      request_id: str | None = None, pull: tuple[str, list[bytes]] = ("", [])) -> PrefillResult:
+    async def prefill(
+        self,
+        prefill_id: str,
+        token_ids: list[int],
+        decode_id: str = "decode-A",
+        request_id: str | None = None,
+        pull: tuple[str, list[bytes]] = ("", []),
+    ) -> PrefillResult:
         """Run a prefill job; `pull` is the transfer plan (source node, blocks to pull)."""
         self._count += 1
         request_id = request_id or f"req-{self._run}-{self._count}"
-        job = PrefillJob(request_id=request_id, model=MODEL, token_ids=token_ids,
-                         sampling=SamplingParams(ignore_eos=True), decode_instance=decode_id,
-                         pull_from_node=pull[0], pull_hashes=pull[1])
-        return await self.bus.request(self.subjects.prefill_job(prefill_id), job, PrefillResult, 120)
+        job = PrefillJob(
+            request_id=request_id,
+            model=MODEL,
+            token_ids=token_ids,
+            sampling=SamplingParams(ignore_eos=True),
+            decode_instance=decode_id,
+            pull_from_node=pull[0],
+            pull_hashes=pull[1],
+        )
+        return await self.bus.request(
+            self.subjects.prefill_job(prefill_id), job, PrefillResult, 120
+        )
 
-    async def generate(self, token_ids: list[int], max_tokens: int, prefill_id: str = "prefill-A",
-                       decode_id: str = "decode-A", pull: tuple[str, list[bytes]] = ("", []),
-                       ) -> tuple[list[int], PrefillResult]:
+    async def generate(
+        self,
+        token_ids: list[int],
+        max_tokens: int,
+        prefill_id: str = "prefill-A",
+        decode_id: str = "decode-A",
+        pull: tuple[str, list[bytes]] = ("", []),
+    ) -> tuple[list[int], PrefillResult]:
         """Prompt → all generated tokens (first from prefill, the rest from decode)."""
         request_id = await self._reserve(token_ids, max_tokens, decode_id)
         result = await self.prefill(prefill_id, token_ids, decode_id, request_id, pull)
         self.prefilled_at = time.time()
-        return await self._decode(request_id, token_ids, result.first_token, max_tokens, decode_id), result
+        return await self._decode(
+            request_id, token_ids, result.first_token, max_tokens, decode_id
+        ), result
 
-    async def generate_on_decode(self, token_ids: list[int], max_tokens: int,
-                                 decode_id: str = "decode-A") -> tuple[list[int], str]:
+    async def generate_on_decode(
+        self, token_ids: list[int], max_tokens: int, decode_id: str = "decode-A"
+    ) -> tuple[list[int], str]:
         """Conditional disaggregation: no prefill job, the decode instance computes the prompt.
         Returns the tokens and the request id."""
         request_id = await self._reserve(token_ids, max_tokens, decode_id)
@@ -202,18 +317,39 @@ class Conductor:
     async def _reserve(self, token_ids: list[int], max_tokens: int, decode_id: str) -> str:
         self._count += 1
         request_id = f"req-{self._run}-{self._count}"
-        reply = await self.bus.request(self.subjects.decode_reserve(decode_id), Reservation(
-            request_id=request_id, num_prompt_tokens=len(token_ids), max_tokens=max_tokens), ReservationReply, 10)
+        reply = await self.bus.request(
+            self.subjects.decode_reserve(decode_id),
+            Reservation(
+                request_id=request_id, num_prompt_tokens=len(token_ids), max_tokens=max_tokens
+            ),
+            ReservationReply,
+            10,
+        )
         assert reply.accepted, reply.reason
         return request_id
 
-    async def _decode(self, request_id: str, token_ids: list[int], first_token: int | None, max_tokens: int,
-                      decode_id: str) -> list[int]:
+    async def _decode(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        first_token: int | None,
+        max_tokens: int,
+        decode_id: str,
+    ) -> list[int]:
         stream = await self.bus.stream(self.subjects.tokens(request_id), TokenChunk)
         try:
-            await self.bus.request(self.subjects.decode_start(decode_id), DecodeStart(
-                request_id=request_id, token_ids=token_ids, first_token=first_token, max_tokens=max_tokens,
-                sampling=SamplingParams(ignore_eos=True)), Ack, 30)
+            await self.bus.request(
+                self.subjects.decode_start(decode_id),
+                DecodeStart(
+                    request_id=request_id,
+                    token_ids=token_ids,
+                    first_token=first_token,
+                    max_tokens=max_tokens,
+                    sampling=SamplingParams(ignore_eos=True),
+                ),
+                Ack,
+                30,
+            )
             tokens = [] if first_token is None else [first_token]
             while True:
                 chunk = await stream.next(60)

@@ -9,12 +9,12 @@ import time
 import urllib.request
 
 import pytest
+
 from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
 from crescent.common.bus import Bus
-from crescent.common.errors import RemoteError
+from crescent.common.errors import NoRespondersError, RemoteError
 from crescent.common.etcd import connect_etcd
 from crescent.common.hashing import block_hashes
-from crescent.common.errors import NoRespondersError
 from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.store_messages import (
     AllocBlocks,
@@ -36,14 +36,41 @@ class Stores:
         self.infra, self.cluster, self.tmp_path = infra, cluster, tmp_path
         self.processes: dict[str, ManagedProcess] = {}
 
-    def start(self, node: str, dram_blocks: int = 16, ssd_blocks: int = 0, *extra: str) -> ManagedProcess:
-        argv = [sys.executable, "-m", "crescent.store", "--cluster", self.cluster, "--nats-url", self.infra.nats_url,
-                "--etcd-url", self.infra.etcd_url, "--node", node, "--instance-id", f"store-{node}",
-                "--lease-ttl-s", "2", "--block-bytes", str(BLOCK), "--dram-bytes", str(dram_blocks * BLOCK), *extra]
+    def start(
+        self, node: str, dram_blocks: int = 16, ssd_blocks: int = 0, *extra: str
+    ) -> ManagedProcess:
+        argv = [
+            sys.executable,
+            "-m",
+            "crescent.store",
+            "--cluster",
+            self.cluster,
+            "--nats-url",
+            self.infra.nats_url,
+            "--etcd-url",
+            self.infra.etcd_url,
+            "--node",
+            node,
+            "--instance-id",
+            f"store-{node}",
+            "--lease-ttl-s",
+            "2",
+            "--block-bytes",
+            str(BLOCK),
+            "--dram-bytes",
+            str(dram_blocks * BLOCK),
+            *extra,
+        ]
         if ssd_blocks:
-            argv += ["--ssd-path", str(self.tmp_path / f"{node}.ssd"), "--ssd-bytes", str(ssd_blocks * BLOCK)]
-        process = self.processes.get(node) or ManagedProcess(ProcessSpec(name=f"store-{node}", argv=argv),
-                                                             self.tmp_path / "logs")
+            argv += [
+                "--ssd-path",
+                str(self.tmp_path / f"{node}.ssd"),
+                "--ssd-bytes",
+                str(ssd_blocks * BLOCK),
+            ]
+        process = self.processes.get(node) or ManagedProcess(
+            ProcessSpec(name=f"store-{node}", argv=argv), self.tmp_path / "logs"
+        )
         process.spec.argv = argv
         process.start()
         self.processes[node] = process
@@ -78,14 +105,26 @@ def stores(infra, cluster_name, tmp_path):
 async def client_factory(infra, cluster_name):
     made = []
 
-    async def make(node: str = "client-node", use_mapping: bool = True,
-                   transports: tuple[TransportKind, ...] | None = None) -> StoreClient:
+    async def make(
+        node: str = "client-node",
+        use_mapping: bool = True,
+        transports: tuple[TransportKind, ...] | None = None,
+    ) -> StoreClient:
         bus = await Bus.connect(infra.nats_url, f"client-{node}")
         etcd = await connect_etcd(infra.etcd_url)
         transfer = TransferConfig(node=node, transports=transports)
-        client = StoreClient(bus, etcd, cluster_name, ClientConfig(node=node, use_mapping=use_mapping,
-                                                                   staging_bytes=8 << 20, timeout_s=10,
-                                                                   transfer=transfer))
+        client = StoreClient(
+            bus,
+            etcd,
+            cluster_name,
+            ClientConfig(
+                node=node,
+                use_mapping=use_mapping,
+                staging_bytes=8 << 20,
+                timeout_s=10,
+                transfer=transfer,
+            ),
+        )
         await client.start()
         made.append((client, bus, etcd))
         return client
@@ -127,8 +166,10 @@ async def test_put_get_round_trip_is_byte_exact(stores, client_factory, use_mapp
     count, got = await read_back(client, "n1", hashes)
     assert count == 8 and got == data
     count, got = await read_back(client, "n1", hashes[:3] + [b"\x00" * 16], layer=2, num_layers=4)
-    assert count == 3 and got == [d[2 * BLOCK // 4:3 * BLOCK // 4] for d in data[:3]]
-    assert await client.lookup(MODEL, "n1", hashes[:4] + [b"\x00" * 16] + hashes[5:]) == ["dram"] * 4
+    assert count == 3 and got == [d[2 * BLOCK // 4 : 3 * BLOCK // 4] for d in data[:3]]
+    assert (
+        await client.lookup(MODEL, "n1", hashes[:4] + [b"\x00" * 16] + hashes[5:]) == ["dram"] * 4
+    )
     assert (await client.lookup_prefix(MODEL, hashes)) == {"n1": 8}
 
 
@@ -147,7 +188,9 @@ async def test_lookups_and_repeated_writes_keep_a_hot_prefix_in_dram(stores, cli
     await client.put_blocks(MODEL, "n1", newer, newer_data)  # the pool is full: two blocks go
     assert await client.lookup(MODEL, "n1", cold) == []
     assert await client.lookup(MODEL, "n1", hot) == ["dram"] * 2  # now newest: newer is the oldest
-    assert await client.put_blocks(MODEL, "n1", newer, newer_data) == 0  # a rewrite of held blocks: a use
+    assert (
+        await client.put_blocks(MODEL, "n1", newer, newer_data) == 0
+    )  # a rewrite of held blocks: a use
     await client.put_blocks(MODEL, "n1", cold, cold_data)
     assert await client.lookup(MODEL, "n1", hot) == []
     assert await client.lookup(MODEL, "n1", newer) == ["dram"] * 2
@@ -159,22 +202,26 @@ async def test_ssd_spill_and_reload_is_byte_exact(stores, client_factory):
     await wait_for_segment(client, "n1")
     hashes, data = blocks(12)
     for i in range(0, 12, 2):
-        await client.put_blocks(MODEL, "n1", hashes[i:i + 2], data[i:i + 2])
+        await client.put_blocks(MODEL, "n1", hashes[i : i + 2], data[i : i + 2])
     tiers = await client.lookup(MODEL, "n1", hashes)
     assert tiers.count("ssd") == 8 and tiers.count("dram") == 4
     for i in range(12):  # each read of an SSD block brings it back to DRAM, demoting another
-        count, got = await read_back(client, "n1", hashes[i:i + 1])
+        count, got = await read_back(client, "n1", hashes[i : i + 1])
         assert count == 1 and got[0] == data[i]
 
 
-async def test_full_pool_of_pinned_blocks_refuses_and_overwrites_nothing(stores, client_factory, infra, cluster_name):
+async def test_full_pool_of_pinned_blocks_refuses_and_overwrites_nothing(
+    stores, client_factory, infra, cluster_name
+):
     stores.start("n1", dram_blocks=4)
     client = await client_factory()
     await wait_for_segment(client, "n1")
     hashes, data = blocks(5)
     await client.put_blocks(MODEL, "n1", hashes[:4], data[:4])
     ctl = client._subjects.store_ctl("n1")
-    pinned = await client._bus.request(ctl, PinBlocks(model=MODEL, hashes=hashes[:4], ttl_s=60), PinnedBlocks, 5)
+    pinned = await client._bus.request(
+        ctl, PinBlocks(model=MODEL, hashes=hashes[:4], ttl_s=60), PinnedBlocks, 5
+    )
     assert len(pinned.hashes) == 4
     with pytest.raises(RemoteError, match="pool full"):
         await client.put_blocks(MODEL, "n1", hashes[4:], data[4:])
@@ -202,13 +249,17 @@ async def test_uncommitted_block_is_invisible(stores, client_factory):
     client = await client_factory()
     await wait_for_segment(client, "n1")
     hashes, _ = blocks(1)
-    await client._bus.request(client._subjects.store_ctl("n1"), AllocBlocks(model=MODEL, hashes=hashes), BlockSlots, 5)
+    await client._bus.request(
+        client._subjects.store_ctl("n1"), AllocBlocks(model=MODEL, hashes=hashes), BlockSlots, 5
+    )
     assert await client.lookup(MODEL, "n1", hashes) == []
     count, _ = await read_back(client, "n1", hashes)
     assert count == 0 and await client.lookup_prefix(MODEL, hashes) == {}
 
 
-async def test_commit_without_waiting_for_metadata_is_served_while_etcd_is_stopped(stores, client_factory, infra):
+async def test_commit_without_waiting_for_metadata_is_served_while_etcd_is_stopped(
+    stores, client_factory, infra
+):
     """The connector's commit on the first token's path: readable at the store at once, in the
     cluster index (etcd) soon after; a stopped etcd would hold a commit that waits for it."""
     stores.start("n1")
@@ -240,9 +291,15 @@ async def test_client_and_store_on_tcp_move_every_byte_over_tcp(stores, client_f
     count, got = await read_back(client, "n1", hashes)
     assert count == 4 and got == data
     assert client.mapping("n1.store") is None
-    assert {kind: c.num_bytes for kind, c in client.transfer_counters().items()} == {TransportKind.TCP: 8 * BLOCK}
+    assert {kind: c.num_bytes for kind, c in client.transfer_counters().items()} == {
+        TransportKind.TCP: 8 * BLOCK
+    }
     metrics = await asyncio.to_thread(_metrics, http_port)
-    assert 'crescent_transfer_bytes_total{engine="store",side="served",transport="tcp"} ' + f"{8 * BLOCK:.1f}" in metrics
+    assert (
+        'crescent_transfer_bytes_total{engine="store",side="served",transport="tcp"} '
+        + f"{8 * BLOCK:.1f}"
+        in metrics
+    )
     assert 'transport="shm"' not in metrics
 
 
@@ -255,8 +312,21 @@ def test_store_asked_for_rdma_without_a_device_stops_with_the_reason(infra, clus
     reason = unavailable_reason()
     if reason is None:
         pytest.skip("this machine has RDMA")
-    argv = [sys.executable, "-m", "crescent.store", "--cluster", cluster_name, "--nats-url", infra.nats_url,
-            "--etcd-url", infra.etcd_url, "--node", "n1", "--transports", "rdma"]
+    argv = [
+        sys.executable,
+        "-m",
+        "crescent.store",
+        "--cluster",
+        cluster_name,
+        "--nats-url",
+        infra.nats_url,
+        "--etcd-url",
+        infra.etcd_url,
+        "--node",
+        "n1",
+        "--transports",
+        "rdma",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode != 0
     assert f"--transports rdma: transport rdma unavailable: {reason}" in done.stderr
@@ -279,8 +349,12 @@ async def test_replicate_pulls_blocks_from_another_node(stores, client_factory):
     assert await client.lookup_prefix(MODEL, hashes) == {"n1": 6, "n2": 6}
     # n2's telemetry reports the bandwidth its pull from n1 achieved (the conductor's T_transfer).
     loads = []
-    await client._bus.subscribe(client._subjects.telemetry("store", "store-n2"), InstanceLoad, loads.append)
-    await wait_until(lambda: loads and loads[-1].bandwidth.get("n1", 0) > 0, 5, "bandwidth in telemetry")
+    await client._bus.subscribe(
+        client._subjects.telemetry("store", "store-n2"), InstanceLoad, loads.append
+    )
+    await wait_until(
+        lambda: loads and loads[-1].bandwidth.get("n1", 0) > 0, 5, "bandwidth in telemetry"
+    )
 
 
 async def test_killed_store_vanishes_from_etcd_and_others_are_unaffected(stores, client_factory):
@@ -296,7 +370,9 @@ async def test_killed_store_vanishes_from_etcd_and_others_are_unaffected(stores,
     stores.processes["n1"].signal(signal.SIGKILL)
 
     async def only_n2():
-        return await client.lookup_prefix(MODEL, hashes) == {"n2": 3} and client.directory.nodes() == ["n2"]
+        return await client.lookup_prefix(MODEL, hashes) == {
+            "n2": 3
+        } and client.directory.nodes() == ["n2"]
 
     await wait_until(only_n2, 2 + 1.5, "n1's blocks and segment leaving etcd")
     count, got = await read_back(client, "n2", hashes)
@@ -321,21 +397,39 @@ async def test_two_writers_of_the_same_blocks_never_double_allocate(stores, clie
     await wait_for_segment(first, "n1")
     await wait_for_segment(second, "n1")
     hashes, data = blocks(8)
-    written = await asyncio.gather(first.put_blocks(MODEL, "n1", hashes, data),
-                                   second.put_blocks(MODEL, "n1", hashes, data))
+    written = await asyncio.gather(
+        first.put_blocks(MODEL, "n1", hashes, data), second.put_blocks(MODEL, "n1", hashes, data)
+    )
     assert sum(written) == 8
     count, got = await read_back(first, "n1", hashes)
     assert count == 8 and got == data
 
 
-async def test_prefill_job_pulls_the_planned_prefix_into_its_node(stores, client_factory, infra, cluster_name,
-                                                                  tmp_path):
+async def test_prefill_job_pulls_the_planned_prefix_into_its_node(
+    stores, client_factory, infra, cluster_name, tmp_path
+):
     """The conductor's transfer plan (pull_from_node, pull_hashes) lands in the prefill node's store."""
     stores.start("n1")
     stores.start("n2")
-    argv = [sys.executable, "-m", "crescent.prefill", "--cluster", cluster_name, "--nats-url", infra.nats_url,
-            "--etcd-url", infra.etcd_url, "--node", "n2", "--instance-id", "prefill-n2", "--model", MODEL,
-            "--emulated-time-scale", "0"]
+    argv = [
+        sys.executable,
+        "-m",
+        "crescent.prefill",
+        "--cluster",
+        cluster_name,
+        "--nats-url",
+        infra.nats_url,
+        "--etcd-url",
+        infra.etcd_url,
+        "--node",
+        "n2",
+        "--instance-id",
+        "prefill-n2",
+        "--model",
+        MODEL,
+        "--emulated-time-scale",
+        "0",
+    ]
     prefill = ManagedProcess(ProcessSpec(name="prefill-n2", argv=argv), tmp_path / "logs")
     prefill.start()
     try:
@@ -344,8 +438,13 @@ async def test_prefill_job_pulls_the_planned_prefix_into_its_node(stores, client
         await wait_for_segment(client, "n2")
         hashes, data = blocks(4)
         await client.put_blocks(MODEL, "n1", hashes, data)
-        job = PrefillJob(request_id="r1", model=MODEL, token_ids=list(range(100)), pull_from_node="n1",
-                         pull_hashes=hashes)
+        job = PrefillJob(
+            request_id="r1",
+            model=MODEL,
+            token_ids=list(range(100)),
+            pull_from_node="n1",
+            pull_hashes=hashes,
+        )
         subject = client._subjects.prefill_job("prefill-n2")
 
         async def answered():

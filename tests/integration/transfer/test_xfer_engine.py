@@ -238,7 +238,7 @@ async def test_event_loop_stays_responsive_during_a_large_batch(
 
 async def test_readme_example_runs(peer_factory) -> None:
     """The README's example, run against a peer that serves n2/kv."""
-    code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+    code = re.search(r"```python\n(.*?)```", README.read_text(), re.DOTALL).group(1)
     peer = peer_factory({"n2/kv": "1MiB"})
     namespace: dict[str, object] = {}
     exec(compile(code, str(README), "exec"), namespace)

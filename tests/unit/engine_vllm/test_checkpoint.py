@@ -10,6 +10,7 @@ import json
 import shutil
 
 import pytest
+
 from crescent.common.checkpoint import CheckpointError, KvGeometry, inspect_checkpoint
 
 
@@ -32,7 +33,9 @@ def test_missing_or_foreign_checkpoints_are_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    pytest.importorskip("transformers", reason="the tiny model builder needs transformers (make install-vllm)")
+    pytest.importorskip(
+        "transformers", reason="the tiny model builder needs transformers (make install-vllm)"
+    )
     pytest.importorskip("torch", reason="the tiny model builder needs torch (make install-vllm)")
     from crescent.engine.tiny_model import build_tiny_model
 

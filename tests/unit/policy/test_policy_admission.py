@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from policy_helpers import chain, cluster, decode, linear_predictors, prefill, request
+
 from crescent.conductor.policy import (
     Decision,
     DecodeTimeEstimator,
@@ -14,9 +18,6 @@ from crescent.conductor.policy import (
     make_policy,
 )
 from crescent.conductor.policy.decode_load import choose_by_tbt, current_loads, projected_loads
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from policy_helpers import chain, cluster, decode, linear_predictors, prefill, request
 
 P = linear_predictors()  # TBT = 10 ms + 2 ms per request + 1 µs per context token
 REQ = request(chain("q", 6))  # 97 prompt tokens, 16 output: needs 113 tokens of KV room
@@ -49,12 +50,17 @@ def early(ttft_slo, tbt_slo):
     return make_policy("kv-centric", predictors=P, admission="early", slo=Slo(ttft_slo, tbt_slo))
 
 
-@pytest.mark.parametrize(("ttft_factor", "tbt_factor", "reason"), [
-    (1.0, 1.0, None),  # exactly at both SLOs: accepted (rejection needs a strict >)
-    (0.999, 2.0, RejectReason.TTFT_SLO),
-    (2.0, 0.999, RejectReason.TBT_SLO),
-])
-def test_early_rejection_compares_predictions_with_slos_before_prefill(ttft_factor, tbt_factor, reason):
+@pytest.mark.parametrize(
+    ("ttft_factor", "tbt_factor", "reason"),
+    [
+        (1.0, 1.0, None),  # exactly at both SLOs: accepted (rejection needs a strict >)
+        (0.999, 2.0, RejectReason.TTFT_SLO),
+        (2.0, 0.999, RejectReason.TBT_SLO),
+    ],
+)
+def test_early_rejection_compares_predictions_with_slos_before_prefill(
+    ttft_factor, tbt_factor, reason
+):
     # The SLOs are the policy's own predictions, computed by the same arithmetic, times a factor.
     ttft, predicted_tbt = (97 - 0) * 0.001, P.decode_step_s(1, 97)
     policy = early(ttft * ttft_factor, predicted_tbt * tbt_factor)
@@ -62,7 +68,11 @@ def test_early_rejection_compares_predictions_with_slos_before_prefill(ttft_fact
     if reason is None:
         assert isinstance(outcome, Decision)
     else:
-        assert isinstance(outcome, Rejection) and outcome.reason is reason and outcome.retry_after_s >= 1.0
+        assert (
+            isinstance(outcome, Rejection)
+            and outcome.reason is reason
+            and outcome.retry_after_s >= 1.0
+        )
 
 
 def test_ttft_rejection_asks_to_retry_after_the_excess_queue():
@@ -80,27 +90,32 @@ def test_none_admission_accepts_what_early_rejects():
 def test_projection_drops_finished_decodes_and_adds_finished_prefills():
     d0, d1 = decode("d0", 3, 3000), decode("d1", 0, 0)
     inflight = [
-        InflightRequest("d0", 1000, decode_start_s=0.0, is_decoding=True),    # ends at 10
-        InflightRequest("d0", 1000, decode_start_s=5.0, is_decoding=True),    # ends at 15
-        InflightRequest("d1", 700, decode_start_s=11.0, is_decoding=False),   # joins at 11
-        InflightRequest("d1", 700, decode_start_s=13.0, is_decoding=False),   # joins after 12
-        InflightRequest("d1", 700, decode_start_s=0.5, is_decoding=False),    # joined and left
+        InflightRequest("d0", 1000, decode_start_s=0.0, is_decoding=True),  # ends at 10
+        InflightRequest("d0", 1000, decode_start_s=5.0, is_decoding=True),  # ends at 15
+        InflightRequest("d1", 700, decode_start_s=11.0, is_decoding=False),  # joins at 11
+        InflightRequest("d1", 700, decode_start_s=13.0, is_decoding=False),  # joins after 12
+        InflightRequest("d1", 700, decode_start_s=0.5, is_decoding=False),  # joined and left
     ]
     loads = projected_loads([d0, d1], inflight, at_s=12.0, decode_time_s=10.0)
     assert [(l.num_running, l.num_context_tokens) for l in loads] == [(2, 2000), (1, 700)]
-    assert [(l.num_running, l.num_context_tokens) for l in projected_loads([d0, d1], [], 12.0, 10.0)] \
-        == [(3, 3000), (0, 0)]
+    assert [
+        (l.num_running, l.num_context_tokens) for l in projected_loads([d0, d1], [], 12.0, 10.0)
+    ] == [(3, 3000), (0, 0)]
 
 
 def test_predictive_accepts_what_will_have_drained_and_rejects_what_will_have_filled():
     slo = Slo(30.0, tbt(4, 97))  # room for 3 running requests of no context, plus this one
     td = DecodeTimeEstimator(prior_s=10.0, prior_weight=1.0)
-    predictive = make_policy("kv-centric", predictors=P, admission="predictive", slo=slo, decode_time=td)
+    predictive = make_policy(
+        "kv-centric", predictors=P, admission="predictive", slo=slo, decode_time=td
+    )
     busy = [InflightRequest("d", 0, decode_start_s=-9.99, is_decoding=True) for _ in range(4)]
     snapshot = cluster([prefill("p")], [decode("d", 4, 0)], inflight=busy)
     assert isinstance(early(30.0, slo.tbt_s).choose(REQ, snapshot, 0.0), Rejection)
     accepted = predictive.choose(REQ, snapshot, 0.0)  # those 4 finish before this prefill does
-    assert isinstance(accepted, Decision) and accepted.decode.predicted_tbt_s == pytest.approx(tbt(1, 97))
+    assert isinstance(accepted, Decision) and accepted.decode.predicted_tbt_s == pytest.approx(
+        tbt(1, 97)
+    )
     coming = [InflightRequest("d", 0, decode_start_s=0.05, is_decoding=False) for _ in range(4)]
     snapshot = cluster([prefill("p")], [decode("d", 0, 0)], inflight=coming)
     assert isinstance(early(30.0, slo.tbt_s).choose(REQ, snapshot, 0.0), Decision)
@@ -110,11 +125,16 @@ def test_predictive_accepts_what_will_have_drained_and_rejects_what_will_have_fi
 
 def test_predictive_retry_after_waits_for_the_next_expected_departure():
     td = DecodeTimeEstimator(prior_s=10.0)
-    predictive = make_policy("kv-centric", predictors=P, admission="predictive", slo=Slo(30.0, 0.001),
-                             decode_time=td)
-    inflight = [InflightRequest("d", 0, decode_start_s=-2.0, is_decoding=True),
-                InflightRequest("d", 0, decode_start_s=-4.0, is_decoding=True)]
-    outcome = predictive.choose(REQ, cluster([prefill("p")], [decode("d", 2, 0)], inflight=inflight), 0.0)
+    predictive = make_policy(
+        "kv-centric", predictors=P, admission="predictive", slo=Slo(30.0, 0.001), decode_time=td
+    )
+    inflight = [
+        InflightRequest("d", 0, decode_start_s=-2.0, is_decoding=True),
+        InflightRequest("d", 0, decode_start_s=-4.0, is_decoding=True),
+    ]
+    outcome = predictive.choose(
+        REQ, cluster([prefill("p")], [decode("d", 2, 0)], inflight=inflight), 0.0
+    )
     assert outcome.reason is RejectReason.TBT_SLO and outcome.retry_after_s == pytest.approx(6.0)
 
 
@@ -143,12 +163,21 @@ decodes = st.lists(st.tuples(st.integers(0, 64), st.integers(0, 200_000)), min_s
 
 
 @settings(max_examples=150, deadline=None)
-@given(loads=decodes, queue=st.floats(0, 5), ttft_slo=st.floats(0.01, 6), tbt_slo=st.floats(0.01, 0.4),
-       t_d=st.floats(0.5, 100), data=st.data())
+@given(
+    loads=decodes,
+    queue=st.floats(0, 5),
+    ttft_slo=st.floats(0.01, 6),
+    tbt_slo=st.floats(0.01, 0.4),
+    t_d=st.floats(0.5, 100),
+    data=st.data(),
+)
 def test_predictive_never_accepts_what_early_rejects_when_prediction_equals_current_load(
-        loads, queue, ttft_slo, tbt_slo, t_d, data):
+    loads, queue, ttft_slo, tbt_slo, t_d, data
+):
     now = 1000.0
-    snapshots = [decode(f"d{i}", running, ctx, capacity=10**6) for i, (running, ctx) in enumerate(loads)]
+    snapshots = [
+        decode(f"d{i}", running, ctx, capacity=10**6) for i, (running, ctx) in enumerate(loads)
+    ]
     # In-flight requests that neither leave nor join before any prefill could end.
     inflight = []
     for i in range(len(loads)):
@@ -161,9 +190,16 @@ def test_predictive_never_accepts_what_early_rejects_when_prediction_equals_curr
                 inflight.append(InflightRequest(f"d{i}", 100, now + 10 + t_d * 0.6 + queue, False))
     snapshot = cluster([prefill("p", queue_s=queue)], snapshots, inflight=inflight)
     slo = Slo(ttft_slo, tbt_slo)
-    early_outcome = make_policy("kv-centric", predictors=P, admission="early", slo=slo).choose(REQ, snapshot, now)
-    predictive = make_policy("kv-centric", predictors=P, admission="predictive", slo=slo,
-                             decode_time=DecodeTimeEstimator(prior_s=t_d, prior_weight=1.0))
+    early_outcome = make_policy("kv-centric", predictors=P, admission="early", slo=slo).choose(
+        REQ, snapshot, now
+    )
+    predictive = make_policy(
+        "kv-centric",
+        predictors=P,
+        admission="predictive",
+        slo=slo,
+        decode_time=DecodeTimeEstimator(prior_s=t_d, prior_weight=1.0),
+    )
     predictive_outcome = predictive.choose(REQ, snapshot, now)
     if isinstance(early_outcome, Rejection):
         assert isinstance(predictive_outcome, Rejection)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from crescent.conductor.policy import BlockHeat, BlockIndex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_helpers import chain
+
+from crescent.conductor.policy import BlockHeat, BlockIndex
 
 A = chain("a", 6)
 

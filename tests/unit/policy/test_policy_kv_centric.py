@@ -4,10 +4,11 @@ threshold at, above and below its edge, ties, transfer sources and the §4.2 cos
 from __future__ import annotations
 
 import pytest
+from policy_helpers import BLOCK, chain, index_with, linear_predictors, prefill, request
+
 from crescent.conductor.policy import BandwidthTable, CostPredictors
 from crescent.conductor.policy.kv_centric import choose_prefill, exceeds_threshold, price_local
 from crescent.engine.cost_model import CostModel
-from policy_helpers import BLOCK, chain, index_with, linear_predictors, prefill, request
 
 H = chain("req", 6)
 P = linear_predictors()  # prefill 1 ms per uncached token; 100 B of KV per token
@@ -16,18 +17,23 @@ BW = BandwidthTable(1e6)  # so a transferred token costs 0.1 ms
 
 def choose(candidates, index, threshold=1.5, bandwidth=BW, predictors=P, req=None, **kw):
     req = req or request(H)
-    return choose_prefill(req, candidates, index.match(req.block_hashes), bandwidth, predictors, threshold, **kw)
+    return choose_prefill(
+        req, candidates, index.match(req.block_hashes), bandwidth, predictors, threshold, **kw
+    )
 
 
-@pytest.mark.parametrize(("best", "local", "threshold", "expected"), [
-    (6, 4, 1.5, False),   # exactly at the threshold: compute (line 5 is a strict >)
-    (6, 4, 1.49, True),   # just above
-    (6, 4, 1.51, False),  # just below
-    (6, 3, 1.5, True),
-    (6, 0, 1e9, True),    # holding nothing is an infinite ratio
-    (0, 0, 1.5, False),   # nothing to pull anywhere
-    (6, 6, 0.5, False),   # even a threshold below 1 never pulls what is already here
-])
+@pytest.mark.parametrize(
+    ("best", "local", "threshold", "expected"),
+    [
+        (6, 4, 1.5, False),  # exactly at the threshold: compute (line 5 is a strict >)
+        (6, 4, 1.49, True),  # just above
+        (6, 4, 1.51, False),  # just below
+        (6, 3, 1.5, True),
+        (6, 0, 1e9, True),  # holding nothing is an infinite ratio
+        (0, 0, 1.5, False),  # nothing to pull anywhere
+        (6, 6, 0.5, False),  # even a threshold below 1 never pulls what is already here
+    ],
+)
 def test_threshold_is_a_strict_ratio(best, local, threshold, expected):
     assert exceeds_threshold(best, local, threshold) is expected
 
@@ -66,7 +72,9 @@ def test_holder_wins_when_its_queue_is_short():
 
 def test_local_cache_aware_never_pulls():
     index = index_with({"na": H})
-    choice = choose([prefill("a", "na", queue_s=1.0), prefill("b", "nb")], index, allow_transfer=False)
+    choice = choose(
+        [prefill("a", "na", queue_s=1.0), prefill("b", "nb")], index, allow_transfer=False
+    )
     assert choice.instance_id == "b" and choice.prefix_tokens == 0 and choice.transfer_hashes == ()
     assert choice.predicted_ttft_s == pytest.approx(0.097)
 
@@ -100,7 +108,9 @@ def test_pull_slower_than_recompute_is_skipped_unless_following_algorithm_1_verb
     cheap = choose([prefill("x", "nx")], index, bandwidth=slow)
     assert cheap.transfer_source is None and cheap.predicted_ttft_s == pytest.approx(0.097)
     verbatim = choose([prefill("x", "nx")], index, bandwidth=slow, transfer_only_if_cheaper=False)
-    assert verbatim.transfer_source == "nb" and verbatim.predicted_ttft_s == pytest.approx(0.96 + 0.001)
+    assert verbatim.transfer_source == "nb" and verbatim.predicted_ttft_s == pytest.approx(
+        0.96 + 0.001
+    )
 
 
 def test_fully_cached_prompt_still_computes_its_last_token():
@@ -134,8 +144,13 @@ def test_paper_scale_example_with_the_emulated_cost_model():
     hashes = chain("doc", 16)
     index = index_with({"hot": hashes, "idle": hashes[:8]})
     req = request(hashes, num_prompt_tokens=16 * 512 + 100, block_size=512)
-    choice = choose([prefill("p-hot", "hot", queue_s=2.0), prefill("p-idle", "idle")], index,
-                    bandwidth=BandwidthTable(12.5e9), predictors=predictors, req=req)
+    choice = choose(
+        [prefill("p-hot", "hot", queue_s=2.0), prefill("p-idle", "idle")],
+        index,
+        bandwidth=BandwidthTable(12.5e9),
+        predictors=predictors,
+        req=req,
+    )
     n, d, layers = 16 * 512 + 100, 4096, 32
     expected_prefill = layers * (4 * (n * n - 8192**2) * d + 22 * (n - 8192) * d * d) / 100e12
     assert choice.instance_id == "p-idle" and choice.transfer_source == "hot"

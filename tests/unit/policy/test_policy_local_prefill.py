@@ -7,17 +7,21 @@ import dataclasses
 import random
 
 import pytest
-from crescent.conductor.policy import Decision, make_policy
 from policy_helpers import chain, cluster, decode, index_with, linear_predictors, prefill, request
+
+from crescent.conductor.policy import Decision, make_policy
 
 P = linear_predictors()
 PROMPT = chain("p", 8)  # 8 full blocks + 1 token: 129 tokens
 
 
-def _choose(threshold: int, decode_node_blocks: int, policy: str = "kv-centric", req=None) -> Decision:
+def _choose(
+    threshold: int, decode_node_blocks: int, policy: str = "kv-centric", req=None
+) -> Decision:
     index = index_with({"node-d": PROMPT[:decode_node_blocks]}) if decode_node_blocks else None
-    outcome = make_policy(policy, predictors=P, local_prefill_max_tokens=threshold, rng=random.Random(0)).choose(
-        req or request(PROMPT), cluster([prefill("p")], [decode("d")], index), 0.0)
+    outcome = make_policy(
+        policy, predictors=P, local_prefill_max_tokens=threshold, rng=random.Random(0)
+    ).choose(req or request(PROMPT), cluster([prefill("p")], [decode("d")], index), 0.0)
     assert isinstance(outcome, Decision)
     return outcome
 
@@ -25,7 +29,8 @@ def _choose(threshold: int, decode_node_blocks: int, policy: str = "kv-centric",
 @pytest.mark.parametrize("policy", ["kv-centric", "least-loaded", "random", "round-robin"])
 def test_off_by_default_every_prompt_goes_to_a_prefill_instance(policy):
     outcome = make_policy(policy, predictors=P, rng=random.Random(0)).choose(
-        request([], 2), cluster([prefill("p")], [decode("d")]), 0.0)
+        request([], 2), cluster([prefill("p")], [decode("d")]), 0.0
+    )
     assert isinstance(outcome, Decision) and not outcome.prefill_on_decode
     assert not _choose(0, 8, policy).prefill_on_decode
 
@@ -49,7 +54,8 @@ def test_the_decode_nodes_cached_prefix_is_not_counted_as_work():
 def test_a_prefix_on_another_node_does_not_make_a_prompt_short():
     index = index_with({"node-p": PROMPT})
     outcome = make_policy("kv-centric", predictors=P, local_prefill_max_tokens=64).choose(
-        request(PROMPT), cluster([prefill("p")], [decode("d")], index), 0.0)
+        request(PROMPT), cluster([prefill("p")], [decode("d")], index), 0.0
+    )
     assert isinstance(outcome, Decision) and not outcome.prefill_on_decode
 
 

@@ -1,5 +1,7 @@
 """The peers' scorers pick what their published formulas say, worked out by hand."""
 
+from policy_helpers import chain, cluster, decode, index_with, linear_predictors, request
+
 from crescent.common.block_index import BlockIndex
 from crescent.conductor.policy import Decision, InstanceSnapshot, make_policy
 from crescent.conductor.policy.peer_scores import (
@@ -9,13 +11,14 @@ from crescent.conductor.policy.peer_scores import (
     llmd_decode_pick,
     llmd_prefill_pick,
 )
-from policy_helpers import chain, cluster, decode, index_with, linear_predictors, request
 
 H = chain("doc", 8)  # 8 blocks of 16 tokens
 
 
 def prefill(instance_id: str, num_queued: int = 0, kv_used_tokens: int = 0) -> InstanceSnapshot:
-    return InstanceSnapshot(instance_id, f"node-{instance_id}", num_queued, 0, 0.0, kv_used_tokens, 0)
+    return InstanceSnapshot(
+        instance_id, f"node-{instance_id}", num_queued, 0, 0.0, kv_used_tokens, 0
+    )
 
 
 def test_dynamo_trades_queued_work_against_cached_blocks():
@@ -28,12 +31,19 @@ def test_dynamo_trades_queued_work_against_cached_blocks():
     a = prefill("a", kv_used_tokens=7 * 16)
     assert dynamo_prefill_pick(req, [a, b], match).instance_id == "b"
     # a larger overlap weight does not change the order here (one term), ties go to the smaller id
-    assert dynamo_prefill_pick(req, [prefill("b"), prefill("a")], BlockIndex().match(H), DynamoWeights(2.0)).instance_id == "a"
+    assert (
+        dynamo_prefill_pick(
+            req, [prefill("b"), prefill("a")], BlockIndex().match(H), DynamoWeights(2.0)
+        ).instance_id
+        == "a"
+    )
 
 
 def test_dynamo_decode_takes_the_fewest_kv_blocks():
     req = request(H)
-    picked = dynamo_decode_pick(req, [decode("d0", used=500), decode("d1", used=200), decode("d2", used=900)])
+    picked = dynamo_decode_pick(
+        req, [decode("d0", used=500), decode("d1", used=200), decode("d2", used=900)]
+    )
     assert picked.instance_id == "d1"
 
 
@@ -56,8 +66,11 @@ def test_llmd_decode_balances_queue_and_kv_utilisation():
 
 def test_peer_policies_decide_through_the_common_pipeline():
     req = request(H, num_prompt_tokens=8 * 16)
-    snapshot = cluster([prefill("a"), prefill("b", kv_used_tokens=100 * 16)], [decode("d0"), decode("d1", used=50)],
-                       index_with({"node-b": H}))
+    snapshot = cluster(
+        [prefill("a"), prefill("b", kv_used_tokens=100 * 16)],
+        [decode("d0"), decode("d1", used=50)],
+        index_with({"node-b": H}),
+    )
     for name, expected in (("dynamo-kv", "a"), ("llmd-score", "b")):
         outcome = make_policy(name, predictors=linear_predictors()).choose(req, snapshot, 0.0)
         assert isinstance(outcome, Decision) and outcome.prefill.instance_id == expected

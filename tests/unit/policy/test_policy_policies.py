@@ -5,6 +5,10 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from policy_helpers import chain, cluster, decode, index_with, linear_predictors, prefill, request
+
 from crescent.conductor.policy import (
     POLICIES,
     Decision,
@@ -15,9 +19,6 @@ from crescent.conductor.policy import (
     make_policy,
 )
 from crescent.conductor.policy.baselines import RoundRobinCursor
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from policy_helpers import chain, cluster, decode, index_with, linear_predictors, prefill, request
 
 P = linear_predictors()
 H = chain("req", 6)
@@ -29,8 +30,15 @@ def make(name, **kw):
 
 
 def test_factory_builds_every_named_policy_and_refuses_unknown_ones():
-    assert set(POLICIES) == {"kv-centric", "random", "round-robin", "least-loaded", "local-cache-aware",
-                             "dynamo-kv", "llmd-score"}
+    assert set(POLICIES) == {
+        "kv-centric",
+        "random",
+        "round-robin",
+        "least-loaded",
+        "local-cache-aware",
+        "dynamo-kv",
+        "llmd-score",
+    }
     for name in POLICIES:
         policy = make(name, admission="early", slo=Slo(30.0, 0.1))
         assert policy.name == name and policy.admission.name == "early"
@@ -56,8 +64,11 @@ def test_kv_centric_decision_carries_the_pull_as_a_replication_order():
 
 def test_least_loaded_picks_the_shortest_queue_and_still_reuses_its_local_prefix():
     index = index_with({"na": H[:2]})
-    snapshot = cluster([prefill("a", "na", queue_s=0.2), prefill("b", "nb", queue_s=0.3)],
-                       [decode("d0", num_running=3), decode("d1", num_running=1)], index)
+    snapshot = cluster(
+        [prefill("a", "na", queue_s=0.2), prefill("b", "nb", queue_s=0.3)],
+        [decode("d0", num_running=3), decode("d1", num_running=1)],
+        index,
+    )
     decision = make("least-loaded").choose(REQ, snapshot, 0.0)
     assert decision.prefill.instance_id == "a" and decision.prefill.prefix_tokens == 32
     assert decision.prefill.predicted_ttft_s == pytest.approx(0.2 + (97 - 32) * 0.001)
@@ -70,8 +81,12 @@ def test_round_robin_rotates_by_id_and_survives_membership_changes():
     prefills = [prefill("c"), prefill("a"), prefill("b")]
     decodes = [decode("y"), decode("x")]
     picks = [policy.choose(REQ, cluster(prefills, decodes), 0.0) for _ in range(4)]
-    assert [(d.prefill.instance_id, d.decode.instance_id) for d in picks] == \
-        [("a", "x"), ("b", "y"), ("c", "x"), ("a", "y")]
+    assert [(d.prefill.instance_id, d.decode.instance_id) for d in picks] == [
+        ("a", "x"),
+        ("b", "y"),
+        ("c", "x"),
+        ("a", "y"),
+    ]
     after = policy.choose(REQ, cluster([prefill("a"), prefill("c")], decodes), 0.0)  # b left
     assert after.prefill.instance_id == "c"
 
@@ -82,7 +97,12 @@ def test_round_robin_does_not_advance_on_a_rejection():
     slow = cluster([prefill("a", queue_s=5.0), prefill("b", queue_s=5.0)], [decode("x")])
     assert isinstance(policy.choose(REQ, slow, 0.0), Rejection)
     assert cursor == RoundRobinCursor()
-    assert policy.choose(REQ, cluster([prefill("a"), prefill("b")], [decode("x")]), 0.0).prefill.instance_id == "a"
+    assert (
+        policy.choose(
+            REQ, cluster([prefill("a"), prefill("b")], [decode("x")]), 0.0
+        ).prefill.instance_id
+        == "a"
+    )
 
 
 def test_random_is_reproducible_from_its_seed_and_independent_of_input_order():
@@ -90,7 +110,12 @@ def test_random_is_reproducible_from_its_seed_and_independent_of_input_order():
     runs = []
     for order in (prefills, prefills[::-1]):
         policy = make_policy("random", predictors=P, rng=random.Random(42))
-        runs.append([policy.choose(REQ, cluster(order, [decode("d")]), 0.0).prefill.instance_id for _ in range(20)])
+        runs.append(
+            [
+                policy.choose(REQ, cluster(order, [decode("d")]), 0.0).prefill.instance_id
+                for _ in range(20)
+            ]
+        )
     assert runs[0] == runs[1] and len(set(runs[0])) > 1
 
 
@@ -104,30 +129,56 @@ instance_flags = st.tuples(st.booleans(), st.booleans(), st.floats(0, 10), st.in
 
 
 @settings(max_examples=60, deadline=None)
-@given(name=st.sampled_from(sorted(POLICIES)), admission=st.sampled_from(["none", "early", "predictive"]),
-       prefills=st.lists(instance_flags, min_size=1, max_size=6),
-       decodes=st.lists(st.tuples(st.booleans(), st.booleans(), st.integers(0, 300), st.integers(0, 20)),
-                        min_size=1, max_size=6),
-       ttft_slo=st.floats(0.05, 12), seed=st.integers(0, 2**16))
+@given(
+    name=st.sampled_from(sorted(POLICIES)),
+    admission=st.sampled_from(["none", "early", "predictive"]),
+    prefills=st.lists(instance_flags, min_size=1, max_size=6),
+    decodes=st.lists(
+        st.tuples(st.booleans(), st.booleans(), st.integers(0, 300), st.integers(0, 20)),
+        min_size=1,
+        max_size=6,
+    ),
+    ttft_slo=st.floats(0.05, 12),
+    seed=st.integers(0, 2**16),
+)
 def test_no_policy_picks_a_stale_or_full_instance_and_a_rejection_has_no_prefill(
-        name, admission, prefills, decodes, ttft_slo, seed):
+    name, admission, prefills, decodes, ttft_slo, seed
+):
     holdings = {}
     prefill_snaps = []
     for i, (stale, accepting, queue, held) in enumerate(prefills):
         node = f"n{i % 3}"  # some instances share a node
         holdings.setdefault(node, H[:held])
         prefill_snaps.append(prefill(f"p{i}", node, queue, is_stale=stale, is_accepting=accepting))
-    decode_snaps = [decode(f"d{i}", running, 0, used=1000 - free, capacity=1000, is_stale=stale,
-                           is_accepting=accepting)
-                    for i, (stale, accepting, free, running) in enumerate(decodes)]
+    decode_snaps = [
+        decode(
+            f"d{i}",
+            running,
+            0,
+            used=1000 - free,
+            capacity=1000,
+            is_stale=stale,
+            is_accepting=accepting,
+        )
+        for i, (stale, accepting, free, running) in enumerate(decodes)
+    ]
     snapshot = cluster(prefill_snaps, decode_snaps, index_with(holdings))
     cursor = RoundRobinCursor()
-    policy = make_policy(name, predictors=P, admission=admission, slo=Slo(ttft_slo, 0.05),
-                         rng=random.Random(seed), cursor=cursor)
+    policy = make_policy(
+        name,
+        predictors=P,
+        admission=admission,
+        slo=Slo(ttft_slo, 0.05),
+        rng=random.Random(seed),
+        cursor=cursor,
+    )
     outcome = policy.choose(REQ, snapshot, 0.0)
     usable_prefill = {s.instance_id for s in prefill_snaps if not s.is_stale and s.is_accepting}
-    usable_decode = {s.instance_id for s in decode_snaps
-                     if not s.is_stale and s.is_accepting and s.kv_free_tokens >= REQ.num_kv_tokens}
+    usable_decode = {
+        s.instance_id
+        for s in decode_snaps
+        if not s.is_stale and s.is_accepting and s.kv_free_tokens >= REQ.num_kv_tokens
+    }
     if isinstance(outcome, Decision):
         assert outcome.prefill.instance_id in usable_prefill
         assert outcome.decode.instance_id in usable_decode

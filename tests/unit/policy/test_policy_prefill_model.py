@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from crescent.conductor.policy import PrefillTimeModel
 from crescent.engine.cost_model import CostModel
 
 
 def profile(model: CostModel) -> list[tuple[int, int, float]]:
-    return [(n, p, model.prefill_s(n, p)) for n in (512, 2048, 8192, 32768, 131072)
-            for p in (0, n // 4, n // 2, n - 1) if p <= n]
+    return [
+        (n, p, model.prefill_s(n, p))
+        for n in (512, 2048, 8192, 32768, 131072)
+        for p in (0, n // 4, n // 2, n - 1)
+        if p <= n
+    ]
 
 
 def test_degree_two_fit_reproduces_the_cost_model():
@@ -19,7 +24,9 @@ def test_degree_two_fit_reproduces_the_cost_model():
     fitted = PrefillTimeModel.fit(profile(model))
     for n, p in [(1000, 0), (16000, 8000), (100_000, 99_000), (70_000, 3)]:
         assert fitted.predict(n, p) == pytest.approx(model.prefill_s(n, p), rel=1e-6, abs=1e-9)
-    assert fitted(1000, 5000) == pytest.approx(0.0, abs=1e-9)  # a prefix longer than the input is capped
+    assert fitted(1000, 5000) == pytest.approx(
+        0.0, abs=1e-9
+    )  # a prefix longer than the input is capped
 
 
 def test_round_trip_through_json():

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import random
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from policy_helpers import chain, index_with
+
 from crescent.conductor.policy import (
     BandwidthTable,
     ClusterSnapshot,
@@ -23,9 +27,6 @@ from crescent.conductor.policy import (
     make_policy,
 )
 from crescent.conductor.policy.kv_centric import exceeds_threshold
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from policy_helpers import chain, index_with
 
 BLOCK = 16
 KV_BYTES_PER_TOKEN = 1000.0

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from policy_helpers import chain, index_with, prefill
+
 from crescent.conductor.policy import BandwidthTable, BlockHeat, PrefillChoice, ReplicationReason
 from crescent.conductor.policy.imbalance import imbalance_factor, slo_load, trimmed_mean
 from crescent.conductor.policy.replication import (
@@ -11,7 +13,6 @@ from crescent.conductor.policy.replication import (
     on_demand_order,
     rank_target_nodes,
 )
-from policy_helpers import chain, index_with, prefill
 
 SYS = chain("system-prompt", 3)
 
@@ -19,8 +20,12 @@ SYS = chain("system-prompt", 3)
 def test_on_demand_order_only_when_the_choice_pulls():
     pulled = PrefillChoice("b", "nb", 96, 0, "na", tuple(SYS), 0.01, 0.0, 0.001)
     order = on_demand_order(pulled)
-    assert (order.source_node, order.target_node, order.hashes, order.reason) == \
-        ("na", "nb", tuple(SYS), ReplicationReason.ON_DEMAND)
+    assert (order.source_node, order.target_node, order.hashes, order.reason) == (
+        "na",
+        "nb",
+        tuple(SYS),
+        ReplicationReason.ON_DEMAND,
+    )
     assert on_demand_order(PrefillChoice("a", "na", 96, 96, None, (), 0.0, 0.0, 0.001)) is None
 
 
@@ -37,11 +42,22 @@ def hot_index():
 
 def test_hot_pass_replicates_hot_prefixes_whole_onto_the_least_loaded_nodes():
     index = hot_index()
-    targets = rank_target_nodes([prefill("a", "n2", queue_s=0.5), prefill("b", "n1", queue_s=0.1),
-                                 prefill("c", "n3", queue_s=0.1), prefill("d", "n4", is_stale=True)])
+    targets = rank_target_nodes(
+        [
+            prefill("a", "n2", queue_s=0.5),
+            prefill("b", "n1", queue_s=0.1),
+            prefill("c", "n3", queue_s=0.1),
+            prefill("d", "n4", is_stale=True),
+        ]
+    )
     assert targets == ["n1", "n3", "n2"]
-    orders = hot_spot_orders(index, targets, BandwidthTable(1e9, {("n1", "n3"): 2e9}), now=9.0,
-                             config=HotSpotConfig(num_hottest=10, replica_cap=3, min_hits=5.0))
+    orders = hot_spot_orders(
+        index,
+        targets,
+        BandwidthTable(1e9, {("n1", "n3"): 2e9}),
+        now=9.0,
+        config=HotSpotConfig(num_hottest=10, replica_cap=3, min_hits=5.0),
+    )
     summary = [(o.source_node, o.target_node, o.hashes, o.reason) for o in orders]
     assert summary == [
         ("n0", "n1", tuple(SYS[1:]), ReplicationReason.HOT_SPOT),  # n1 already has block 0
@@ -52,9 +68,20 @@ def test_hot_pass_replicates_hot_prefixes_whole_onto_the_least_loaded_nodes():
 
 def test_hot_pass_respects_the_cap_and_the_hit_floor():
     index = hot_index()
-    assert hot_spot_orders(index, ["n1", "n3"], BandwidthTable(), 9.0, HotSpotConfig(replica_cap=1)) == []
-    assert hot_spot_orders(index, ["n1", "n3"], BandwidthTable(), 9.0, HotSpotConfig(min_hits=100)) == []
-    assert hot_spot_orders(index, ["n1", "n3"], BandwidthTable(), 9.0 + 3600, HotSpotConfig(min_hits=1)) == []
+    assert (
+        hot_spot_orders(index, ["n1", "n3"], BandwidthTable(), 9.0, HotSpotConfig(replica_cap=1))
+        == []
+    )
+    assert (
+        hot_spot_orders(index, ["n1", "n3"], BandwidthTable(), 9.0, HotSpotConfig(min_hits=100))
+        == []
+    )
+    assert (
+        hot_spot_orders(
+            index, ["n1", "n3"], BandwidthTable(), 9.0 + 3600, HotSpotConfig(min_hits=1)
+        )
+        == []
+    )
 
 
 def test_trimmed_mean_drops_a_tenth_from_each_end():

@@ -4,6 +4,7 @@ time (emulated), and a cancelled waiter never keeps the line blocked."""
 import asyncio
 
 import pytest
+
 from crescent.prefill.compute_gate import ComputeGate
 
 

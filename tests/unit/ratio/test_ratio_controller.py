@@ -4,6 +4,9 @@ keeps a skewed, noisy signal from making it oscillate."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from crescent.conductor.ratio import (
     Action,
     Bounds,
@@ -15,8 +18,6 @@ from crescent.conductor.ratio import (
     RatioWindow,
     propose,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 CONFIG = RatioConfig(bounds=Bounds(1, 4, 1, 4), persist_windows=3, cooldown_windows=2)
 PREFILL_HEAVY = RatioSignal(

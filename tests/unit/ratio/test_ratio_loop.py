@@ -5,6 +5,7 @@ message say so, draining instances do not count as running, and rejections count
 from __future__ import annotations
 
 import prometheus_client
+
 from crescent.common.codec import decode, encode
 from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import DesiredInstances, InstanceInfo, InstanceLoad

@@ -8,6 +8,7 @@ import json
 
 import pytest
 from aiohttp import web
+
 from crescent.bench.replay.client import ReplayOptions, replay
 from crescent.bench.replay.prompts import PromptShape
 from crescent.bench.replay.records import summarize
@@ -24,8 +25,11 @@ async def stream(request: web.Request) -> web.StreamResponse:
     body = await request.json()
     mode = MODE["value"]
     if mode == "reject":
-        return web.json_response({"error": {"message": "too busy", "type": "x"}}, status=429,
-                                 headers={"Retry-After": "3"})
+        return web.json_response(
+            {"error": {"message": "too busy", "type": "x"}},
+            status=429,
+            headers={"Retry-After": "3"},
+        )
     if mode == "html":
         return web.Response(text="<html>hello</html>", content_type="text/html")
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -68,10 +72,16 @@ async def server():
 
 async def test_streamed_tokens_are_timed_and_the_report_adds_up(server):
     url = server
-    records, wall_s, hit_rate = await replay(TRACE, ReplayOptions(url, speed=1.0, shape=PromptShape()))
+    records, wall_s, hit_rate = await replay(
+        TRACE, ReplayOptions(url, speed=1.0, shape=PromptShape())
+    )
     assert hit_rate == 0.25 and wall_s > 0
     for record in records:
-        assert record.status == "ok" and record.num_output_tokens == 4 and record.num_prompt_tokens == 600
+        assert (
+            record.status == "ok"
+            and record.num_output_tokens == 4
+            and record.num_prompt_tokens == 600
+        )
         assert len(record.intervals_s) == 3 and record.ttft_s > 0
         assert record.tbt_s == max(record.intervals_s) >= 0.04  # the slow third token
     report = summarize(records, SloTargets(30, 0.1), wall_s, hit_rate)
@@ -79,11 +89,14 @@ async def test_streamed_tokens_are_timed_and_the_report_adds_up(server):
     assert summarize(records, SloTargets(30, 0.01), wall_s, hit_rate)["effective_capacity"] == 0.0
 
 
-@pytest.mark.parametrize(("mode", "status", "detail"), [
-    ("reject", "http-429", "too busy"),
-    ("html", "bad-response", "text/html"),
-    ("garbage", "bad-response", "not JSON"),
-])
+@pytest.mark.parametrize(
+    ("mode", "status", "detail"),
+    [
+        ("reject", "http-429", "too busy"),
+        ("html", "bad-response", "text/html"),
+        ("garbage", "bad-response", "not JSON"),
+    ],
+)
 async def test_failures_are_counted_with_what_the_server_said(server, mode, status, detail):
     url = server
     MODE["value"] = mode
@@ -97,5 +110,7 @@ async def test_failures_are_counted_with_what_the_server_said(server, mode, stat
 
 
 async def test_an_endpoint_that_is_down_is_counted_not_fatal(unused_tcp_port):
-    records, _, hit_rate = await replay(TRACE, ReplayOptions(f"http://127.0.0.1:{unused_tcp_port}", model="m"))
+    records, _, hit_rate = await replay(
+        TRACE, ReplayOptions(f"http://127.0.0.1:{unused_tcp_port}", model="m")
+    )
     assert {r.status for r in records} == {"connection-error"} and hit_rate is None

@@ -19,7 +19,9 @@ def req(hash_ids, input_length=None, output_length=10):
 def test_same_id_same_tokens_and_different_ids_differ():
     assert (block_of(7, 512, 32000) == block_of(7, 512, 32000)).all()
     assert (block_of(7, 512, 32000) != block_of(8, 512, 32000)).mean() > 0.99
-    assert not (block_of(7, 64, 32000) == block_of(7, 512, 32000)[:64]).all()  # size is part of the key
+    assert not (
+        block_of(7, 64, 32000) == block_of(7, 512, 32000)[:64]
+    ).all()  # size is part of the key
     tokens = block_of(123456789, 512, 1000)
     assert tokens.min() >= 100 and tokens.max() < 1000
 

@@ -1,10 +1,11 @@
 """What the simulated engines do, on traces small enough to work out by hand."""
 
 import pytest
+from sim_helpers import item
+
 from crescent.bench.sim.config import SimConfig
 from crescent.bench.sim.request import Status
 from crescent.bench.sim.run import SimRun
-from sim_helpers import item
 
 
 def costs(config):
@@ -26,7 +27,10 @@ def test_decode_tbt_is_the_step_time_and_ttft_the_prefill_time():
 def test_a_coupled_prefill_stalls_the_running_batch():
     """vLLM without chunking: a long prompt's prefill step sits between two tokens of a running
     request, so that request's TBT is at least the prefill time; chunking bounds it."""
-    trace = [item(0, 0.0, [1], output_length=10), item(1, 0.02, list(range(10, 50)), output_length=2)]
+    trace = [
+        item(0, 0.0, [1], output_length=10),
+        item(1, 0.02, list(range(10, 50)), output_length=2),
+    ]
     plain = SimRun(SimConfig(num_prefill=1, num_decode=0 + 1, coupled="vllm"), trace)
     plain.cluster.instances = plain.cluster.instances[:1]  # both requests on one instance
     plain.run()
@@ -52,7 +56,10 @@ def test_baseline_admission_wastes_prefill_work_that_early_rejection_saves():
     only when a request reaches decode, so the second one is placed while the first is still in
     prefill, is prefilled, and then finds no room; early rejection reserves at placement and
     turns the second one away before any prefill."""
-    trace = [item(0, 0.0, list(range(40)), output_length=400), item(1, 0.5, [100, 101], output_length=400)]
+    trace = [
+        item(0, 0.0, list(range(40)), output_length=400),
+        item(1, 0.5, [100, 101], output_length=400),
+    ]
     common = {"num_prefill": 1, "num_decode": 1, "decode_kv_tokens": 21_000}
     baseline = SimRun(SimConfig(admission="baseline", **common), trace).run()
     early = SimRun(SimConfig(admission="early", **common), trace).run()
@@ -66,10 +73,16 @@ def test_global_cache_pulls_a_prefix_that_local_scope_recomputes():
     """Two prefill nodes; the second request shares a long prefix with the first but arrives
     while the first node is busy with a third request, so it lands on the other node."""
     shared = list(range(100, 130))
-    trace = [item(0, 0.0, shared + [1]), item(1, 20.0, list(range(300, 340))), item(2, 20.1, shared + [2])]
+    trace = [
+        item(0, 0.0, shared + [1]),
+        item(1, 20.0, list(range(300, 340))),
+        item(2, 20.1, shared + [2]),
+    ]
     glob = SimRun(SimConfig(num_prefill=2, num_decode=1), trace).run()
-    local = SimRun(SimConfig(num_prefill=2, num_decode=1, policy="local-cache-aware", cache_scope="local"),
-                   trace).run()
+    local = SimRun(
+        SimConfig(num_prefill=2, num_decode=1, policy="local-cache-aware", cache_scope="local"),
+        trace,
+    ).run()
     assert glob.requests[2].cached_tokens == 30 * 512
     assert glob.summary("g")["hit_rate"] > local.summary("l")["hit_rate"]
 
@@ -93,7 +106,14 @@ def test_a_pull_takes_only_the_blocks_its_source_still_holds():
     prefill.queue.append(request)
     cluster._start_prefill(prefill)
     assert request.cached_tokens == 2 * 512
-    assert [cluster.stores["p0"].holds(b) for b in blocks] == [True, True, False, False, False, False]
+    assert [cluster.stores["p0"].holds(b) for b in blocks] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
+    ]
 
 
 def test_a_profile_file_times_prefill_and_decode(tmp_path):
@@ -103,10 +123,18 @@ def test_a_profile_file_times_prefill_and_decode(tmp_path):
 
     from crescent.bench.sim.config import SimConfigError
 
-    profile = {"format": "crescent.prefill_poly.v1", "degree": 1, "scale": 1000.0,
-               "coefficients": [0.05, 1.0, -1.0],  # 0.05 + (n − p)/1000 s
-               "decode": {"format": "crescent.decode_linear.v1", "base_s": 0.02, "per_request_s": 0.001,
-                          "per_context_token_s": 0.0}}
+    profile = {
+        "format": "crescent.prefill_poly.v1",
+        "degree": 1,
+        "scale": 1000.0,
+        "coefficients": [0.05, 1.0, -1.0],  # 0.05 + (n − p)/1000 s
+        "decode": {
+            "format": "crescent.decode_linear.v1",
+            "base_s": 0.02,
+            "per_request_s": 0.001,
+            "per_context_token_s": 0.0,
+        },
+    }
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
     config = SimConfig(num_prefill=1, num_decode=1, profile=path)

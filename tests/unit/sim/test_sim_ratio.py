@@ -3,12 +3,13 @@ prefill-heavy to decode-heavy, and stay put without the controller; drained inst
 only once they hold no work, so every admitted request completes."""
 
 import pytest
+from sim_helpers import item
+
 from crescent.bench.sim.config import SimConfig, SimConfigError
 from crescent.bench.sim.ratio_experiment import phase_of, shifting_mix
 from crescent.bench.sim.request import Status
 from crescent.bench.sim.run import SimRun
 from crescent.conductor.ratio import Bounds, InstanceCounts, RatioConfig
-from sim_helpers import item
 
 PHASE_S = 240.0
 # Prefill-heavy: a 16k-token prompt of new blocks every 0.4 s, two output tokens. Decode-heavy:

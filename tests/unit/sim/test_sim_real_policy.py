@@ -3,6 +3,8 @@ conductor.scheduler.Scheduler over conductor.cluster_view.ClusterView, its polic
 conductor.policy.make_policy, and replacing a policy function changes what it simulates."""
 
 import pytest
+from sim_helpers import item
+
 from crescent.bench.sim.config import SimConfig
 from crescent.bench.sim.request import Status
 from crescent.bench.sim.run import SimRun
@@ -10,7 +12,6 @@ from crescent.conductor import scheduler as conductor_scheduler
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.policy import kv_centric, policies
 from crescent.conductor.policy.decision import Rejection, RejectReason
-from sim_helpers import item
 
 TRACE = [item(i, i * 2.0, [100 + i % 3, 200 + i], output_length=4) for i in range(12)]
 
@@ -54,7 +55,11 @@ def test_a_policy_that_rejects_everything_rejects_everything_in_the_simulation(m
 
 @pytest.mark.parametrize("name", sorted(policies.POLICIES))
 def test_every_policy_runs_a_trace_to_completion(name):
-    config = SimConfig(num_prefill=3, num_decode=2, policy=name,
-                       cache_scope="global" if name == "kv-centric" else "local")
+    config = SimConfig(
+        num_prefill=3,
+        num_decode=2,
+        policy=name,
+        cache_scope="global" if name == "kv-centric" else "local",
+    )
     run = SimRun(config, TRACE).run()
     assert all(r.status is Status.OK and r.ttft_s > 0 for r in run.requests)

@@ -2,6 +2,7 @@
 request capacity counts rejected requests in the denominator."""
 
 import pytest
+
 from crescent.bench.slo import SloTargets, effective_capacity, percentile, tbt_of
 
 
@@ -16,16 +17,22 @@ def test_tbt_is_the_mean_of_the_longest_tenth_of_the_intervals():
 
 def test_effective_capacity_counts_requests_meeting_both_slos_among_all_sent():
     slo = SloTargets(ttft_s=30, tbt_s=0.1)
-    outcomes = [(True, 1.0, 0.05),  # effective
-                (True, 31.0, 0.05),  # TTFT missed
-                (True, 1.0, 0.2),  # TBT missed
-                (False, None, None),  # rejected
-                (True, 30.0, 0.1)]  # exactly at both SLOs: effective
+    outcomes = [
+        (True, 1.0, 0.05),  # effective
+        (True, 31.0, 0.05),  # TTFT missed
+        (True, 1.0, 0.2),  # TBT missed
+        (False, None, None),  # rejected
+        (True, 30.0, 0.1),
+    ]  # exactly at both SLOs: effective
     assert effective_capacity(outcomes, slo) == pytest.approx(2 / 5)
     assert effective_capacity([], slo) == 0.0
 
 
 def test_percentile_is_nearest_rank():
     values = list(range(1, 11))
-    assert percentile(values, 0.9) == 9 and percentile(values, 1.0) == 10 and percentile(values, 0.0) == 1
+    assert (
+        percentile(values, 0.9) == 9
+        and percentile(values, 1.0) == 10
+        and percentile(values, 0.0) == 1
+    )
     assert percentile([], 0.5) == 0.0

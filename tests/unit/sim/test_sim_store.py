@@ -9,8 +9,12 @@ def b(i: int) -> bytes:
 
 def test_lru_evicts_the_least_recently_used_and_reports_it():
     events = []
-    store = NodeStore("n0", 3, on_add=lambda h, n: events.append(("+", h, n)),
-                      on_remove=lambda h, n: events.append(("-", h, n)))
+    store = NodeStore(
+        "n0",
+        3,
+        on_add=lambda h, n: events.append(("+", h, n)),
+        on_remove=lambda h, n: events.append(("-", h, n)),
+    )
     store.write([b(1), b(2), b(3)])
     store.read([b(1)])  # 2 is now the least recently used
     store.write([b(4)])

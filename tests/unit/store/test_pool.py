@@ -87,15 +87,20 @@ def test_promotion_brings_an_ssd_block_back_and_demotes_another():
     pool = BlockPool(1, num_ssd_slots=2)
     put(pool, 0)
     put(pool, 1)  # 0 → SSD
-    plan, ssd_slot = pool.promote(key(0), 0)
+    plan, _ssd_slot = pool.promote(key(0), 0)
     assert [m.key for m in plan.moves] == [key(1)]
     pool.finish_promote(key(0), plan.slot)
     assert pool.get(key(0)).tier is Tier.DRAM and pool.get(key(1)).tier is Tier.SSD
     assert pool.num_free(Tier.SSD) == 1
 
 
-ops = st.lists(st.tuples(st.sampled_from(["put", "pin", "unpin", "touch", "evict", "alloc", "expire"]),
-                         st.integers(min_value=0, max_value=11)), max_size=80)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "pin", "unpin", "touch", "evict", "alloc", "expire"]),
+        st.integers(min_value=0, max_value=11),
+    ),
+    max_size=80,
+)
 
 
 @settings(max_examples=300, deadline=None)

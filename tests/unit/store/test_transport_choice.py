@@ -2,6 +2,7 @@
 configuration error at start, naming the flag and the reason."""
 
 import pytest
+
 from crescent.common.errors import ConfigError
 from crescent.engine.settings import EngineSettings
 from crescent.store.settings import StoreSettings
@@ -24,5 +25,7 @@ def test_rdma_without_a_device_stops_the_store_at_start():
     reason = unavailable_reason()
     if reason is None:
         pytest.skip("this machine has RDMA")
-    with pytest.raises(ConfigError, match=f"--transports rdma: transport rdma unavailable: {reason}"):
+    with pytest.raises(
+        ConfigError, match=f"--transports rdma: transport rdma unavailable: {reason}"
+    ):
         StoreSettings(transports="rdma").validate()

@@ -1,6 +1,7 @@
 """An explicit transport choice: parsed strictly, and refused at start where it cannot run."""
 
 import pytest
+
 from crescent.transfer import TransportKind, TransportUnavailable, parse_transports
 from crescent.transfer.transports import check_transports
 from crescent.transfer.transports.rdma import unavailable_reason
@@ -12,8 +13,10 @@ def test_names_parse_in_the_order_given():
     assert parse_transports("") is None
 
 
-@pytest.mark.parametrize(("text", "error"), [("udp", "unknown transport udp: choose from shm, tcp, rdma"),
-                                             ("tcp,tcp", "named twice")])
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [("udp", "unknown transport udp: choose from shm, tcp, rdma"), ("tcp,tcp", "named twice")],
+)
 def test_bad_names_are_refused_with_the_reason(text, error):
     with pytest.raises(ValueError, match=error):
         parse_transports(text)

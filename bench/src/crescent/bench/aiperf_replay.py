@@ -31,7 +31,11 @@ from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
 HUB_NAME = "local/tiny-llama"
 HASH_BLOCK_TOKENS = 512  # the Mooncake traces' block size
-METRICS = {"ttft_ms": "time_to_first_token", "itl_ms": "inter_token_latency", "latency_ms": "request_latency"}
+METRICS = {
+    "ttft_ms": "time_to_first_token",
+    "itl_ms": "inter_token_latency",
+    "latency_ms": "request_latency",
+}
 
 
 class AiperfError(RuntimeError):
@@ -47,7 +51,9 @@ def cut_trace(trace: Path, out: Path, limit: int, max_input_tokens: int) -> int:
                 break
             request = json.loads(line)
             request["input_length"] = min(request["input_length"], max_input_tokens)
-            request["hash_ids"] = request["hash_ids"][:math.ceil(request["input_length"] / HASH_BLOCK_TOKENS)]
+            request["hash_ids"] = request["hash_ids"][
+                : math.ceil(request["input_length"] / HASH_BLOCK_TOKENS)
+            ]
             sink.write(json.dumps(request) + "\n")
             count += 1
     return count
@@ -66,16 +72,39 @@ def hub_cache(model_dir: Path, hf_home: Path) -> None:
     (repo / "refs" / "main").write_text(revision)
 
 
-def run_aiperf(aiperf: str, url: str, model: str, trace: Path, out_dir: Path, hf_home: Path) -> dict:
-    argv = [aiperf, "profile", "--model", model, "--tokenizer", HUB_NAME, "--url", url,
-            "--endpoint-type", "completions", "--streaming", "--custom-dataset-type", "mooncake_trace",
-            "--input-file", str(trace), "--fixed-schedule", "--artifact-dir", str(out_dir)]
+def run_aiperf(
+    aiperf: str, url: str, model: str, trace: Path, out_dir: Path, hf_home: Path
+) -> dict:
+    argv = [
+        aiperf,
+        "profile",
+        "--model",
+        model,
+        "--tokenizer",
+        HUB_NAME,
+        "--url",
+        url,
+        "--endpoint-type",
+        "completions",
+        "--streaming",
+        "--custom-dataset-type",
+        "mooncake_trace",
+        "--input-file",
+        str(trace),
+        "--fixed-schedule",
+        "--artifact-dir",
+        str(out_dir),
+    ]
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     with (out_dir.parent / f"{out_dir.name}.log").open("w") as log:
-        done = subprocess.run(argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1800)
+        done = subprocess.run(
+            argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1800, check=False
+        )
     export = out_dir / "profile_export_aiperf.json"
     if done.returncode != 0 or not export.exists():
-        raise AiperfError(f"aiperf exited with {done.returncode}; see {out_dir.parent / out_dir.name}.log")
+        raise AiperfError(
+            f"aiperf exited with {done.returncode}; see {out_dir.parent / out_dir.name}.log"
+        )
     return summarize(json.loads(export.read_text()))
 
 
@@ -90,13 +119,25 @@ def summarize(export: dict) -> dict:
     return row
 
 
-LOCAL_PREFILL_MAX_TOKENS = 512  # crescent-1p1d-cond: prompts with this few uncached tokens stay on decode
+LOCAL_PREFILL_MAX_TOKENS = (
+    512  # crescent-1p1d-cond: prompts with this few uncached tokens stay on decode
+)
 CASES = ("crescent-1p1d", "crescent-1p1d-cond", "vllm", "vllm-2x-rr")
 
 
-def _crescent(model_dir: Path, workdir: Path, run: callable, conductor_args: tuple[str, ...] = ()) -> dict:
-    spec = ClusterSpec(workdir=workdir, api_port=free_port(), engine="vllm", model_dir=model_dir, env=ENV,
-                       store_dram_bytes=256 << 20, store_ssd_bytes=256 << 20, conductor_args=list(conductor_args))
+def _crescent(
+    model_dir: Path, workdir: Path, run: callable, conductor_args: tuple[str, ...] = ()
+) -> dict:
+    spec = ClusterSpec(
+        workdir=workdir,
+        api_port=free_port(),
+        engine="vllm",
+        model_dir=model_dir,
+        env=ENV,
+        store_dram_bytes=256 << 20,
+        store_ssd_bytes=256 << 20,
+        conductor_args=list(conductor_args),
+    )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=300)
     try:
@@ -107,11 +148,30 @@ def _crescent(model_dir: Path, workdir: Path, run: callable, conductor_args: tup
 
 def _vllm_server(model_dir: Path, workdir: Path, name: str) -> tuple[ManagedProcess, str]:
     port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", model_dir.name, "--host", "127.0.0.1", "--port", str(port),
-            "--dtype", "float32", "--block-size", "32", "--enforce-eager", "--max-model-len", "8192"]
-    server = ManagedProcess(ProcessSpec(name=name, argv=argv, env={**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"},
-                                        port=port), workdir / "logs")
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        model_dir.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--block-size",
+        "32",
+        "--enforce-eager",
+        "--max-model-len",
+        "8192",
+    ]
+    server = ManagedProcess(
+        ProcessSpec(name=name, argv=argv, env={**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}, port=port),
+        workdir / "logs",
+    )
     return server, f"http://127.0.0.1:{port}"
 
 
@@ -122,9 +182,19 @@ def _plain_vllm(model_dir: Path, workdir: Path, run: callable, num_servers: int 
     url = servers[0][1]
     if num_servers > 1:
         port = free_port()
-        argv = [sys.executable, "-m", "crescent.bench.rr_proxy", "--port", str(port),
-                *(arg for _, backend in servers for arg in ("--backend", backend))]
-        processes.append(ManagedProcess(ProcessSpec(name="rr-proxy", argv=argv, env={}, port=port), workdir / "logs"))
+        argv = [
+            sys.executable,
+            "-m",
+            "crescent.bench.rr_proxy",
+            "--port",
+            str(port),
+            *(arg for _, backend in servers for arg in ("--backend", backend)),
+        ]
+        processes.append(
+            ManagedProcess(
+                ProcessSpec(name="rr-proxy", argv=argv, env={}, port=port), workdir / "logs"
+            )
+        )
         url = f"http://127.0.0.1:{port}"
     try:
         for process in processes:
@@ -137,16 +207,26 @@ def _plain_vllm(model_dir: Path, workdir: Path, run: callable, num_servers: int 
             process.stop()
 
 
-def run_aiperf_bench(trace: Path, limit: int = 200, max_input_tokens: int = 2048, aiperf: str = "aiperf",
-                     model_dir: Path | None = None, workdir: Path | None = None,
-                     cases: tuple[str, ...] = CASES) -> dict:
+def run_aiperf_bench(
+    trace: Path,
+    limit: int = 200,
+    max_input_tokens: int = 2048,
+    aiperf: str = "aiperf",
+    model_dir: Path | None = None,
+    workdir: Path | None = None,
+    cases: tuple[str, ...] = CASES,
+) -> dict:
     """The cases in turn; aiperf's artifacts and the servers' logs stay in `workdir` when given."""
     unknown = set(cases) - set(CASES)
     if unknown:
-        raise AiperfError(f"unknown cases {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}")
+        raise AiperfError(
+            f"unknown cases {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}"
+        )
     if shutil.which(aiperf) is None:
-        raise AiperfError(f"{aiperf!r} not found: pip install aiperf (in a virtual environment of its own) "
-                          "and pass --aiperf PATH")
+        raise AiperfError(
+            f"{aiperf!r} not found: pip install aiperf (in a virtual environment of its own) "
+            "and pass --aiperf PATH"
+        )
     with tempfile.TemporaryDirectory(prefix="crescent-aiperf-") as tmp:
         workdir = workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -163,16 +243,31 @@ def run_aiperf_bench(trace: Path, limit: int = 200, max_input_tokens: int = 2048
             return lambda url: run_aiperf(aiperf, url, model_dir.name, cut, workdir / name, hf_home)
 
         runners = {
-            "crescent-1p1d": lambda: _crescent(model_dir, workdir / "crescent", replay("crescent-1p1d")),
+            "crescent-1p1d": lambda: _crescent(
+                model_dir, workdir / "crescent", replay("crescent-1p1d")
+            ),
             "crescent-1p1d-cond": lambda: _crescent(
-                model_dir, workdir / "crescent-cond", replay("crescent-1p1d-cond"),
-                ("--local-prefill-max-tokens", str(LOCAL_PREFILL_MAX_TOKENS))),
+                model_dir,
+                workdir / "crescent-cond",
+                replay("crescent-1p1d-cond"),
+                ("--local-prefill-max-tokens", str(LOCAL_PREFILL_MAX_TOKENS)),
+            ),
             "vllm": lambda: _plain_vllm(model_dir, workdir, replay("vllm")),
-            "vllm-2x-rr": lambda: _plain_vllm(model_dir, workdir, replay("vllm-2x-rr"), num_servers=2),
+            "vllm-2x-rr": lambda: _plain_vllm(
+                model_dir, workdir, replay("vllm-2x-rr"), num_servers=2
+            ),
         }
         rows = {name: runners[name]() for name in cases}
     cases = [{"case": name, **row} for name, row in rows.items()]
-    return {"bench": "aiperf", "cases": cases,
-            "config": {"trace": str(trace), "requests": num_requests, "max_input_tokens": max_input_tokens,
-                       "local_prefill_max_tokens": LOCAL_PREFILL_MAX_TOKENS,
-                       "model": model_dir.name, "cpu_threads": os.cpu_count()}}
+    return {
+        "bench": "aiperf",
+        "cases": cases,
+        "config": {
+            "trace": str(trace),
+            "requests": num_requests,
+            "max_input_tokens": max_input_tokens,
+            "local_prefill_max_tokens": LOCAL_PREFILL_MAX_TOKENS,
+            "model": model_dir.name,
+            "cpu_threads": os.cpu_count(),
+        },
+    }

@@ -132,8 +132,9 @@ async def _run_cases(cluster: LocalCluster, load: SteadyLoad) -> list[CaseWindow
             await _inject(cluster, fault)
             windows.append(CaseWindow(fault, started_at, fault_at))
             if not await _wait_whole(cluster, load, time.monotonic()):
-                log.warning("%s: the cluster was not whole again within %ss", fault.case,
-                            CASE_TIMEOUT_S)
+                log.warning(
+                    "%s: the cluster was not whole again within %ss", fault.case, CASE_TIMEOUT_S
+                )
         stop.set()
         await clients  # requests in flight finish or time out
         windows[-1] = _closed(windows[-1], time.monotonic())
@@ -156,13 +157,21 @@ def case_result(window: CaseWindow, outcomes: list[Outcome]) -> dict:
     mine = [o for o in outcomes if window.started_at <= o.started_at < window.ended_at]
     counts = Counter(o.status for o in mine)
     back_from = max([window.fault_at, *(o.started_at for o in mine if o.status is not Status.OK)])
-    first_ok = min((o.ended_at for o in mine
-                    if o.status is Status.OK and o.started_at >= back_from), default=None)
-    return {"case": window.fault.case, "sent": len(mine), "ok": counts[Status.OK],
-            "rejected_before_work": counts[Status.REJECTED], "failed": counts[Status.FAILED],
-            "wrong": counts[Status.WRONG], "retried": sum(1 for o in mine if o.num_attempts > 1),
-            "max_latency_s": round(max((o.latency_s for o in mine), default=0.0), 3),
-            "recovery_s": None if first_ok is None else round(first_ok - window.fault_at, 3)}
+    first_ok = min(
+        (o.ended_at for o in mine if o.status is Status.OK and o.started_at >= back_from),
+        default=None,
+    )
+    return {
+        "case": window.fault.case,
+        "sent": len(mine),
+        "ok": counts[Status.OK],
+        "rejected_before_work": counts[Status.REJECTED],
+        "failed": counts[Status.FAILED],
+        "wrong": counts[Status.WRONG],
+        "retried": sum(1 for o in mine if o.num_attempts > 1),
+        "max_latency_s": round(max((o.latency_s for o in mine), default=0.0), 3),
+        "recovery_s": None if first_ok is None else round(first_ok - window.fault_at, 3),
+    }
 
 
 def _causes(window: CaseWindow, outcomes: list[Outcome]) -> dict[str, int]:
@@ -170,14 +179,20 @@ def _causes(window: CaseWindow, outcomes: list[Outcome]) -> dict[str, int]:
     return dict(Counter(f"{o.status.value}: {o.cause}" for o in mine).most_common(8))
 
 
-def run_chaos_bench(concurrency: int = 4, max_tokens: int = 48, time_scale: float = 0.5,
-                    workdir: Path | None = None) -> dict:
+def run_chaos_bench(
+    concurrency: int = 4, max_tokens: int = 48, time_scale: float = 0.5, workdir: Path | None = None
+) -> dict:
     """Run every fault case once on a fresh cluster; the cluster's logs stay in `workdir` when
     one is given."""
     with tempfile.TemporaryDirectory(prefix="crescent-chaos-") as scratch:
-        spec = ClusterSpec(workdir=workdir or Path(scratch), api_port=free_port(), num_prefill=2,
-                           num_decode=2, num_conductors=2,
-                           engine_args=["--emulated-time-scale", str(time_scale)])
+        spec = ClusterSpec(
+            workdir=workdir or Path(scratch),
+            api_port=free_port(),
+            num_prefill=2,
+            num_decode=2,
+            num_conductors=2,
+            engine_args=["--emulated-time-scale", str(time_scale)],
+        )
         cluster = LocalCluster(spec)
         cluster.start(timeout_s=120)
         load = SteadyLoad(cluster.conductor_urls, concurrency=concurrency, max_tokens=max_tokens)
@@ -185,9 +200,18 @@ def run_chaos_bench(concurrency: int = 4, max_tokens: int = 48, time_scale: floa
             windows = asyncio.run(_run_cases(cluster, load))
         finally:
             cluster.stop()
-    return {"bench": "chaos",
-            "cases": [case_result(w, load.outcomes) for w in windows],
-            "causes": {w.fault.case: _causes(w, load.outcomes) for w in windows},
-            "config": {"concurrency": concurrency, "max_tokens": max_tokens,
-                       "emulated_time_scale": time_scale, "pause_s": PAUSE_S,
-                       "prefill": 2, "decode": 2, "stores": 1, "conductors": 2}}
+    return {
+        "bench": "chaos",
+        "cases": [case_result(w, load.outcomes) for w in windows],
+        "causes": {w.fault.case: _causes(w, load.outcomes) for w in windows},
+        "config": {
+            "concurrency": concurrency,
+            "max_tokens": max_tokens,
+            "emulated_time_scale": time_scale,
+            "pause_s": PAUSE_S,
+            "prefill": 2,
+            "decode": 2,
+            "stores": 1,
+            "conductors": 2,
+        },
+    }

@@ -85,8 +85,9 @@ class SteadyLoad:
 
     def ok_since(self, since: float) -> int:
         """Successive ok answers, counting back from the latest, of requests sent after `since`."""
-        recent = sorted((o for o in self.outcomes if o.started_at >= since),
-                        key=lambda o: o.ended_at)
+        recent = sorted(
+            (o for o in self.outcomes if o.started_at >= since), key=lambda o: o.ended_at
+        )
         count = 0
         for outcome in reversed(recent):
             if outcome.status is not Status.OK:
@@ -122,11 +123,17 @@ class SteadyLoad:
             try:
                 text = json.loads(payload)["choices"][0]["text"]
             except (ValueError, KeyError, IndexError, TypeError):
-                return Outcome(started, ended, Status.FAILED, "200 with no completion in its body", attempt + 1)
+                return Outcome(
+                    started, ended, Status.FAILED, "200 with no completion in its body", attempt + 1
+                )
             is_right = text == expected_text(prompt, self.max_tokens)
-            return Outcome(started, ended, Status.OK if is_right else Status.WRONG, num_attempts=attempt + 1)
+            return Outcome(
+                started, ended, Status.OK if is_right else Status.WRONG, num_attempts=attempt + 1
+            )
         status = Status.REJECTED if status_code in (429, 503) else Status.FAILED
-        return Outcome(started, ended, status, f"{status_code}: {_error_message(payload)}", attempt + 1)
+        return Outcome(
+            started, ended, status, f"{status_code}: {_error_message(payload)}", attempt + 1
+        )
 
 
 def _error_message(payload: bytes) -> str:

@@ -12,52 +12,128 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from crescent.bench.aiperf_replay import CASES
 
     benches = parser.add_subparsers(dest="bench", required=True)
-    control = benches.add_parser("control-plane", help="requests/s and latency the control path adds (emulated, zero compute)")
-    control.add_argument("--requests", type=int, default=400, help="requests per case (default 400)")
-    control.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
+    control = benches.add_parser(
+        "control-plane",
+        help="requests/s and latency the control path adds (emulated, zero compute)",
+    )
+    control.add_argument(
+        "--requests", type=int, default=400, help="requests per case (default 400)"
+    )
+    control.add_argument(
+        "--concurrency", type=int, default=16, help="requests in flight (default 16)"
+    )
     control.add_argument("--max-tokens", type=int, default=8, help="tokens per request (default 8)")
-    transfer = benches.add_parser("transfer", help="shm and tcp GB/s against memcpy and loopback limits")
-    store = benches.add_parser("store", help="store put/get GB/s against Mooncake Store, client and store in separate processes")
-    store.add_argument("--repeat", type=int, default=5, help="timed rounds per case; the median is reported (default 5)")
-    store.add_argument("--batch-mib", type=int, default=16, help="MiB per put/get batch (default 16)")
+    transfer = benches.add_parser(
+        "transfer", help="shm and tcp GB/s against memcpy and loopback limits"
+    )
+    store = benches.add_parser(
+        "store",
+        help="store put/get GB/s against Mooncake Store, client and store in separate processes",
+    )
+    store.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="timed rounds per case; the median is reported (default 5)",
+    )
+    store.add_argument(
+        "--batch-mib", type=int, default=16, help="MiB per put/get batch (default 16)"
+    )
     store.add_argument("--skip-mooncake", action="store_true", help="measure Crescent only")
-    prefix = benches.add_parser("prefix-reuse", help="TTFT with 0 %% and 90 %% of the prompt cached: Crescent vs plain vLLM")
-    prefix.add_argument("--model", type=Path, default=None, help="checkpoint directory (default: the tiny test model)")
-    prefix.add_argument("--repeat", type=int, default=3, help="prompts per case; the median is reported (default 3)")
-    schedule = benches.add_parser("schedule", help="scheduling decision time per request (kv-centric vs least-loaded)")
+    prefix = benches.add_parser(
+        "prefix-reuse", help="TTFT with 0 %% and 90 %% of the prompt cached: Crescent vs plain vLLM"
+    )
+    prefix.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="checkpoint directory (default: the tiny test model)",
+    )
+    prefix.add_argument(
+        "--repeat", type=int, default=3, help="prompts per case; the median is reported (default 3)"
+    )
+    schedule = benches.add_parser(
+        "schedule", help="scheduling decision time per request (kv-centric vs least-loaded)"
+    )
     schedule.add_argument("--repeat", type=int, default=200, help="requests per case (default 200)")
-    chaos = benches.add_parser("chaos", help="what clients see while processes of an emulated cluster are "
-                                             "killed, restarted and paused, one fault at a time")
+    chaos = benches.add_parser(
+        "chaos",
+        help="what clients see while processes of an emulated cluster are "
+        "killed, restarted and paused, one fault at a time",
+    )
     chaos.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
     chaos.add_argument("--max-tokens", type=int, default=48, help="tokens per answer (default 48)")
-    chaos.add_argument("--workdir", type=Path, default=None,
-                       help="keep the cluster's logs here (default: a temporary directory)")
-    aiperf = benches.add_parser("aiperf", help="aiperf's Mooncake trace replay: Crescent 1P1D vs plain vLLM "
-                                               "(tiny model)")
+    chaos.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep the cluster's logs here (default: a temporary directory)",
+    )
+    aiperf = benches.add_parser(
+        "aiperf", help="aiperf's Mooncake trace replay: Crescent 1P1D vs plain vLLM (tiny model)"
+    )
     aiperf.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (JSONL)")
     aiperf.add_argument("--limit", type=int, default=200, help="requests replayed (default 200)")
-    aiperf.add_argument("--max-input-tokens", type=int, default=2048, help="prompts cut to this (default 2048)")
-    aiperf.add_argument("--aiperf", default="aiperf", help="the aiperf command (default: aiperf on PATH)")
-    aiperf.add_argument("--workdir", type=Path, default=None,
-                        help="keep aiperf's artifacts and the servers' logs here (default: a temporary directory)")
-    aiperf.add_argument("--cases", default=",".join(CASES),
-                        help=f"comma-separated cases to run (default: all of {','.join(CASES)})")
-    lag = benches.add_parser("replay-lag", help="crescent replay's own scheduling lag at 50 requests/s")
-    lag.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (sped up to 50 req/s)")
+    aiperf.add_argument(
+        "--max-input-tokens", type=int, default=2048, help="prompts cut to this (default 2048)"
+    )
+    aiperf.add_argument(
+        "--aiperf", default="aiperf", help="the aiperf command (default: aiperf on PATH)"
+    )
+    aiperf.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep aiperf's artifacts and the servers' logs here (default: a temporary directory)",
+    )
+    aiperf.add_argument(
+        "--cases",
+        default=",".join(CASES),
+        help=f"comma-separated cases to run (default: all of {','.join(CASES)})",
+    )
+    lag = benches.add_parser(
+        "replay-lag", help="crescent replay's own scheduling lag at 50 requests/s"
+    )
+    lag.add_argument(
+        "--trace", type=Path, required=True, help="Mooncake-format trace (sped up to 50 req/s)"
+    )
     lag.add_argument("--limit", type=int, default=1000, help="requests to replay (default 1000)")
-    lag.add_argument("--max-output-tokens", type=int, default=64, help="tokens streamed per request (default 64)")
-    predict = benches.add_parser("predict", help="TTFT and TBT prediction error before and after the online "
-                                                 "correction: trace replay on a 2P1D tiny-model vLLM cluster")
+    lag.add_argument(
+        "--max-output-tokens", type=int, default=64, help="tokens streamed per request (default 64)"
+    )
+    predict = benches.add_parser(
+        "predict",
+        help="TTFT and TBT prediction error before and after the online "
+        "correction: trace replay on a 2P1D tiny-model vLLM cluster",
+    )
     predict.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (JSONL)")
-    predict.add_argument("--limit", type=int, default=80, help="requests replayed and counted (default 80)")
-    predict.add_argument("--warmup", type=int, default=16,
-                         help="the trace's first requests, replayed first and not counted (default 16)")
-    predict.add_argument("--speed", type=float, default=0.25,
-                         help="arrivals at the trace's times × 1/speed (default 0.25: a quarter of its rate)")
-    predict.add_argument("--max-input-tokens", type=int, default=2048, help="prompts cut to this (default 2048)")
-    predict.add_argument("--max-output-tokens", type=int, default=16, help="answers cut to this (default 16)")
-    predict.add_argument("--workdir", type=Path, default=None,
-                         help="keep the cluster's logs and measured profiles here (default: a temporary directory)")
+    predict.add_argument(
+        "--limit", type=int, default=80, help="requests replayed and counted (default 80)"
+    )
+    predict.add_argument(
+        "--warmup",
+        type=int,
+        default=16,
+        help="the trace's first requests, replayed first and not counted (default 16)",
+    )
+    predict.add_argument(
+        "--speed",
+        type=float,
+        default=0.25,
+        help="arrivals at the trace's times × 1/speed (default 0.25: a quarter of its rate)",
+    )
+    predict.add_argument(
+        "--max-input-tokens", type=int, default=2048, help="prompts cut to this (default 2048)"
+    )
+    predict.add_argument(
+        "--max-output-tokens", type=int, default=16, help="answers cut to this (default 16)"
+    )
+    predict.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep the cluster's logs and measured profiles here (default: a temporary directory)",
+    )
     for sub in (control, transfer, store, prefix, schedule, chaos, aiperf, lag, predict):
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
@@ -70,8 +146,11 @@ def run(args: argparse.Namespace) -> int:
     elif args.bench == "store":
         from crescent.bench.store_bench import run_store_bench
 
-        result = run_store_bench(repeat=args.repeat, batch_bytes=args.batch_mib << 20,
-                                 include_mooncake=not args.skip_mooncake)
+        result = run_store_bench(
+            repeat=args.repeat,
+            batch_bytes=args.batch_mib << 20,
+            include_mooncake=not args.skip_mooncake,
+        )
     elif args.bench == "prefix-reuse":
         from crescent.bench.prefix_reuse import run_prefix_reuse_bench
 
@@ -88,8 +167,14 @@ def run(args: argparse.Namespace) -> int:
         from crescent.bench.aiperf_replay import AiperfError, run_aiperf_bench
 
         try:
-            result = run_aiperf_bench(args.trace, args.limit, args.max_input_tokens, args.aiperf,
-                                      workdir=args.workdir, cases=tuple(args.cases.split(",")))
+            result = run_aiperf_bench(
+                args.trace,
+                args.limit,
+                args.max_input_tokens,
+                args.aiperf,
+                workdir=args.workdir,
+                cases=tuple(args.cases.split(",")),
+            )
         except AiperfError as exc:
             print(f"crescent bench aiperf: error: {exc}", file=sys.stderr)
             return 2
@@ -98,15 +183,24 @@ def run(args: argparse.Namespace) -> int:
         from crescent.bench.trace import TraceError
 
         try:
-            result = run_predict_bench(args.trace, args.limit, args.speed, args.max_input_tokens,
-                                       args.max_output_tokens, args.warmup, workdir=args.workdir)
+            result = run_predict_bench(
+                args.trace,
+                args.limit,
+                args.speed,
+                args.max_input_tokens,
+                args.max_output_tokens,
+                args.warmup,
+                workdir=args.workdir,
+            )
         except (TraceError, ValueError) as exc:
             print(f"crescent bench predict: error: {exc}", file=sys.stderr)
             return 2
     elif args.bench == "chaos":
         from crescent.bench.chaos import run_chaos_bench
 
-        result = run_chaos_bench(concurrency=args.concurrency, max_tokens=args.max_tokens, workdir=args.workdir)
+        result = run_chaos_bench(
+            concurrency=args.concurrency, max_tokens=args.max_tokens, workdir=args.workdir
+        )
     else:
         from crescent.bench.transfer_bench import run_transfer_bench
 
@@ -122,7 +216,9 @@ def format_table(result: dict) -> str:
     metrics = list(dict.fromkeys(k for case in cases for k in case if k != "case"))
     lines = [f"{result['bench']}", "  ".join(["case".ljust(16)] + [m.rjust(13) for m in metrics])]
     for case in cases:
-        cells = [f"{case[m]:13.3f}" if isinstance(case.get(m), float) else str(case.get(m, "")).rjust(13)
-                 for m in metrics]
+        cells = [
+            f"{case[m]:13.3f}" if isinstance(case.get(m), float) else str(case.get(m, "")).rjust(13)
+            for m in metrics
+        ]
         lines.append("  ".join([case["case"].ljust(16)] + cells))
     return "\n".join(lines)

@@ -37,8 +37,14 @@ def _cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _measure(url: str, num_requests: int, concurrency: int, max_tokens: int, pids: list[int]) -> dict:
-    body = {"model": MODEL, "prompt": "Benchmark the control path of Crescent. " * 4, "max_tokens": max_tokens}
+def _measure(
+    url: str, num_requests: int, concurrency: int, max_tokens: int, pids: list[int]
+) -> dict:
+    body = {
+        "model": MODEL,
+        "prompt": "Benchmark the control path of Crescent. " * 4,
+        "max_tokens": max_tokens,
+    }
     asyncio.run(run_load(url, body, WARMUP_REQUESTS, 1))
     serial = asyncio.run(run_load(url, body, max(num_requests // 4, 50), 1))
     cpu_before = _cpu_seconds(pids)
@@ -46,23 +52,34 @@ def _measure(url: str, num_requests: int, concurrency: int, max_tokens: int, pid
     cpu_s = _cpu_seconds(pids) - cpu_before
     if serial.num_errors or loaded.num_errors:
         raise RuntimeError(f"{url}: {serial.num_errors + loaded.num_errors} requests failed")
-    return {"rps": round(loaded.requests_per_s, 1), "p50_ms": round(serial.percentile_ms(50), 3),
-            "p99_ms": round(serial.percentile_ms(99), 3),
-            "loaded_p50_ms": round(loaded.percentile_ms(50), 3), "loaded_p99_ms": round(loaded.percentile_ms(99), 3),
-            "cpu_ms_per_request": round(cpu_s * 1000 / num_requests, 3)}
+    return {
+        "rps": round(loaded.requests_per_s, 1),
+        "p50_ms": round(serial.percentile_ms(50), 3),
+        "p99_ms": round(serial.percentile_ms(99), 3),
+        "loaded_p50_ms": round(loaded.percentile_ms(50), 3),
+        "loaded_p99_ms": round(loaded.percentile_ms(99), 3),
+        "cpu_ms_per_request": round(cpu_s * 1000 / num_requests, 3),
+    }
 
 
 def _baseline(num_requests: int, concurrency: int, max_tokens: int) -> dict:
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "crescent.bench.echo_server", "--port", str(port)])
+    server = subprocess.Popen(
+        [sys.executable, "-m", "crescent.bench.echo_server", "--port", str(port)]
+    )
     try:
         deadline = time.monotonic() + 20
         while not is_port_open(port):
             if time.monotonic() > deadline or server.poll() is not None:
                 raise RuntimeError("the baseline server did not start")
             time.sleep(0.05)
-        return _measure(f"http://127.0.0.1:{port}/v1/completions", num_requests, concurrency, max_tokens,
-                        [server.pid])
+        return _measure(
+            f"http://127.0.0.1:{port}/v1/completions",
+            num_requests,
+            concurrency,
+            max_tokens,
+            [server.pid],
+        )
     finally:
         server.terminate()
         server.wait(10)
@@ -70,19 +87,31 @@ def _baseline(num_requests: int, concurrency: int, max_tokens: int) -> dict:
 
 def _cluster(num_instances: int, num_requests: int, concurrency: int, max_tokens: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="crescent-bench-") as workdir:
-        spec = ClusterSpec(workdir=Path(workdir), api_port=free_port(), num_prefill=num_instances,
-                           num_decode=num_instances, engine_args=["--emulated-time-scale", "0"],
-                           env={"CRESCENT_LOG_LEVEL": "WARNING"})
+        spec = ClusterSpec(
+            workdir=Path(workdir),
+            api_port=free_port(),
+            num_prefill=num_instances,
+            num_decode=num_instances,
+            engine_args=["--emulated-time-scale", "0"],
+            env={"CRESCENT_LOG_LEVEL": "WARNING"},
+        )
         cluster = LocalCluster(spec)
         cluster.start(timeout_s=120)
         try:
-            return _measure(f"{cluster.api_url}/v1/completions", num_requests, concurrency, max_tokens,
-                            cluster.pids())
+            return _measure(
+                f"{cluster.api_url}/v1/completions",
+                num_requests,
+                concurrency,
+                max_tokens,
+                cluster.pids(),
+            )
         finally:
             cluster.stop()
 
 
-def run_control_plane_bench(num_requests: int = 400, concurrency: int = 16, max_tokens: int = 8) -> dict:
+def run_control_plane_bench(
+    num_requests: int = 400, concurrency: int = 16, max_tokens: int = 8
+) -> dict:
     baseline = _baseline(num_requests, concurrency, max_tokens)
     cases = [{"case": "http-direct", **baseline}]
     for num_instances in (1, 4):
@@ -90,5 +119,8 @@ def run_control_plane_bench(num_requests: int = 400, concurrency: int = 16, max_
         result["added_p50_ms"] = round(result["p50_ms"] - baseline["p50_ms"], 3)
         result["added_p99_ms"] = round(result["p99_ms"] - baseline["p99_ms"], 3)
         cases.append({"case": f"{num_instances}P{num_instances}D", **result})
-    return {"bench": "control-plane", "cases": cases,
-            "config": {"requests": num_requests, "concurrency": concurrency, "max_tokens": max_tokens}}
+    return {
+        "bench": "control-plane",
+        "cases": cases,
+        "config": {"requests": num_requests, "concurrency": concurrency, "max_tokens": max_tokens},
+    }

@@ -13,11 +13,22 @@ from aiohttp import web
 async def completions(request: web.Request) -> web.Response:
     body = await request.json()
     num_tokens = int(body.get("max_tokens", 16))
-    return web.json_response({
-        "id": "cmpl-echo", "object": "text_completion", "created": int(time.time()), "model": body["model"],
-        "choices": [{"index": 0, "text": "a" * num_tokens, "logprobs": None, "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": num_tokens, "total_tokens": num_tokens + 1},
-    })
+    return web.json_response(
+        {
+            "id": "cmpl-echo",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": body["model"],
+            "choices": [
+                {"index": 0, "text": "a" * num_tokens, "logprobs": None, "finish_reason": "length"}
+            ],
+            "usage": {
+                "prompt_tokens": 1,
+                "completion_tokens": num_tokens,
+                "total_tokens": num_tokens + 1,
+            },
+        }
+    )
 
 
 def main() -> None:

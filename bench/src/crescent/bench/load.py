@@ -26,7 +26,9 @@ class LoadResult:
         return float(np.percentile(self.latencies_s, q) * 1000)
 
 
-async def run_load(url: str, body: dict, num_requests: int, concurrency: int, timeout_s: float = 30) -> LoadResult:
+async def run_load(
+    url: str, body: dict, num_requests: int, concurrency: int, timeout_s: float = 30
+) -> LoadResult:
     latencies: list[float] = []
     errors = 0
     remaining = num_requests
@@ -43,7 +45,9 @@ async def run_load(url: str, body: dict, num_requests: int, concurrency: int, ti
             latencies.append(time.perf_counter() - started)
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)) as session:
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=concurrency)
+    ) as session:
         started = time.perf_counter()
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
         seconds = time.perf_counter() - started

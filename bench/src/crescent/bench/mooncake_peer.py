@@ -63,10 +63,14 @@ def _address(buffer: bytearray) -> int:
 def _check(op: str, codes: list[int], expected: int) -> None:
     bad = [code for code in codes if code != expected]
     if bad:
-        raise RuntimeError(f"{op}: {len(bad)} of {len(codes)} blocks failed (first result {bad[0]})")
+        raise RuntimeError(
+            f"{op}: {len(bad)} of {len(codes)} blocks failed (first result {bad[0]})"
+        )
 
 
-def run_client(master: str, num_blocks: int, block_bytes: int, batch_blocks: int, repeat: int) -> dict:
+def run_client(
+    master: str, num_blocks: int, block_bytes: int, batch_blocks: int, repeat: int
+) -> dict:
     """Same rounds as Crescent's side: one warm-up round, then `repeat` timed ones, each with
     new keys that are removed (untimed) afterwards; bytes are verified in the warm-up round."""
     store = _connect(master, 0)
@@ -76,20 +80,29 @@ def run_client(master: str, num_blocks: int, block_bytes: int, batch_blocks: int
     for address, size in ((src_at, len(src)), (dst_at, len(dst))):
         if store.register_buffer(address, size) != 0:
             raise RuntimeError("register_buffer failed")
-    batches = [range(start, min(start + batch_blocks, num_blocks)) for start in range(0, num_blocks, batch_blocks)]
+    batches = [
+        range(start, min(start + batch_blocks, num_blocks))
+        for start in range(0, num_blocks, batch_blocks)
+    ]
     timings: dict[str, list[float]] = {"put_s": [], "get_s": []}
     for round_ in range(repeat + 1):
         keys = [f"r{round_}/b{i}" for i in range(num_blocks)]
         started = time.perf_counter()
         for batch in batches:
-            codes = store.batch_put_from([keys[i] for i in batch], [src_at + i * block_bytes for i in batch],
-                                         [block_bytes] * len(batch))
+            codes = store.batch_put_from(
+                [keys[i] for i in batch],
+                [src_at + i * block_bytes for i in batch],
+                [block_bytes] * len(batch),
+            )
             _check("batch_put_from", codes, 0)
         put_s = time.perf_counter() - started
         started = time.perf_counter()
         for batch in batches:
-            sizes = store.batch_get_into([keys[i] for i in batch], [dst_at + i * block_bytes for i in batch],
-                                         [block_bytes] * len(batch))
+            sizes = store.batch_get_into(
+                [keys[i] for i in batch],
+                [dst_at + i * block_bytes for i in batch],
+                [block_bytes] * len(batch),
+            )
             _check("batch_get_into", sizes, block_bytes)
         get_s = time.perf_counter() - started
         if round_ == 0:
@@ -106,12 +119,16 @@ def run_client(master: str, num_blocks: int, block_bytes: int, batch_blocks: int
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--master", required=True, help="mooncake_master's host:port")
     roles = parser.add_subparsers(dest="role", required=True)
     segment = roles.add_parser("segment")
     segment.add_argument("--segment-bytes", type=int, required=True)
-    segment.add_argument("--ready", type=Path, required=True, help="written once the segment is mounted")
+    segment.add_argument(
+        "--ready", type=Path, required=True, help="written once the segment is mounted"
+    )
     client = roles.add_parser("client")
     for name in ("--num-blocks", "--block-bytes", "--batch-blocks", "--repeat"):
         client.add_argument(name, type=int, required=True)
@@ -122,7 +139,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.role == "segment":
         serve_segment(args.master, args.segment_bytes, args.ready)
     else:
-        timings = run_client(args.master, args.num_blocks, args.block_bytes, args.batch_blocks, args.repeat)
+        timings = run_client(
+            args.master, args.num_blocks, args.block_bytes, args.batch_blocks, args.repeat
+        )
         _write_atomically(args.out, json.dumps(timings))
 
 

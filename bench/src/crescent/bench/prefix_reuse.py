@@ -28,8 +28,12 @@ from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
 
 LENGTHS = (1024, 2048, 4096, 8000)
 CACHED_SHARES = (0, 90)
-ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING",
-       "VLLM_CPU_KVCACHE_SPACE": "2"}
+ENV = {
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "VLLM_CPU_KVCACHE_SPACE": "2",
+}
 
 
 def prompt(length: int, seed: int) -> list[int]:
@@ -37,7 +41,9 @@ def prompt(length: int, seed: int) -> list[int]:
     return [3 + (i * 7919 + seed * 104729) % 1000 for i in range(length)]
 
 
-async def ttft_s(session: aiohttp.ClientSession, url: str, model: str, token_ids: list[int]) -> float:
+async def ttft_s(
+    session: aiohttp.ClientSession, url: str, model: str, token_ids: list[int]
+) -> float:
     body = {"model": model, "prompt": token_ids, "max_tokens": 2, "stream": True, "temperature": 0}
     started = time.perf_counter()
     async with session.post(f"{url}/v1/completions", json=body) as response:
@@ -51,8 +57,9 @@ async def ttft_s(session: aiohttp.ClientSession, url: str, model: str, token_ids
     return first
 
 
-async def measure(url: str, model: str, lengths: tuple[int, ...], repeat: int,
-                  seed_base: int) -> dict[tuple[int, int], float]:
+async def measure(
+    url: str, model: str, lengths: tuple[int, ...], repeat: int, seed_base: int
+) -> dict[tuple[int, int], float]:
     results = {}
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -65,15 +72,27 @@ async def measure(url: str, model: str, lengths: tuple[int, ...], repeat: int,
                     tokens = prompt(length, seed)
                     if share:
                         cut = length * share // 100
-                        await ttft_s(session, url, model, tokens[:cut] + prompt(length - cut, seed + 7))
+                        await ttft_s(
+                            session, url, model, tokens[:cut] + prompt(length - cut, seed + 7)
+                        )
                     samples.append(await ttft_s(session, url, model, tokens))
                 results[(length, share)] = statistics.median(samples)
     return results
 
 
-def _crescent(model_dir: Path, workdir: Path, lengths: tuple[int, ...], repeat: int, engine_args: list[str]) -> dict:
-    spec = ClusterSpec(workdir=workdir, api_port=free_port(), engine="vllm", model_dir=model_dir, env=ENV,
-                       store_dram_bytes=256 << 20, store_ssd_bytes=256 << 20, engine_args=engine_args)
+def _crescent(
+    model_dir: Path, workdir: Path, lengths: tuple[int, ...], repeat: int, engine_args: list[str]
+) -> dict:
+    spec = ClusterSpec(
+        workdir=workdir,
+        api_port=free_port(),
+        engine="vllm",
+        model_dir=model_dir,
+        env=ENV,
+        store_dram_bytes=256 << 20,
+        store_ssd_bytes=256 << 20,
+        engine_args=engine_args,
+    )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=300)
     try:
@@ -82,14 +101,37 @@ def _crescent(model_dir: Path, workdir: Path, lengths: tuple[int, ...], repeat: 
         cluster.stop()
 
 
-def _plain_vllm(model_dir: Path, workdir: Path, lengths: tuple[int, ...], repeat: int, prefix_cache: bool) -> dict:
+def _plain_vllm(
+    model_dir: Path, workdir: Path, lengths: tuple[int, ...], repeat: int, prefix_cache: bool
+) -> dict:
     port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", model_dir.name, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-            "--block-size", "32", "--enforce-eager", "--max-model-len", "8192",
-            "--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching"]
-    server = ManagedProcess(ProcessSpec(name=f"vllm-{'pc' if prefix_cache else 'plain'}", argv=argv, env=ENV,
-                                        port=port), workdir / "logs")
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        model_dir.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--block-size",
+        "32",
+        "--enforce-eager",
+        "--max-model-len",
+        "8192",
+        "--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching",
+    ]
+    server = ManagedProcess(
+        ProcessSpec(
+            name=f"vllm-{'pc' if prefix_cache else 'plain'}", argv=argv, env=ENV, port=port
+        ),
+        workdir / "logs",
+    )
     server.start()
     try:
         server.wait_ready(300)
@@ -98,20 +140,38 @@ def _plain_vllm(model_dir: Path, workdir: Path, lengths: tuple[int, ...], repeat
         server.stop()
 
 
-def run_prefix_reuse_bench(model_dir: Path | None = None, repeat: int = 3,
-                           lengths: tuple[int, ...] = LENGTHS) -> dict:
+def run_prefix_reuse_bench(
+    model_dir: Path | None = None, repeat: int = 3, lengths: tuple[int, ...] = LENGTHS
+) -> dict:
     with tempfile.TemporaryDirectory(prefix="crescent-prefix-") as tmp:
         workdir = Path(tmp)
         if model_dir is None:
             from crescent.engine.tiny_model import build_tiny_model
 
             model_dir = build_tiny_model(workdir / "tiny-llama")
-        systems = {"crescent": _crescent(model_dir, workdir / "crescent", lengths, repeat, []),
-                   "crescent-store": _crescent(model_dir, workdir / "crescent-store", lengths, repeat,
-                                               ["--no-vllm-prefix-caching"]),
-                   "vllm": _plain_vllm(model_dir, workdir, lengths, repeat, prefix_cache=False),
-                   "vllm-prefix-cache": _plain_vllm(model_dir, workdir, lengths, repeat, prefix_cache=True)}
-    cases = [{"case": f"{system}-{length}-{share}", "ttft_ms": round(results[(length, share)] * 1000, 2)}
-             for system, results in systems.items() for length in lengths for share in CACHED_SHARES]
-    return {"bench": "prefix-reuse", "cases": cases,
-            "config": {"model": str(model_dir), "repeat": repeat, "statistic": "median", "cpu_threads": os.cpu_count()}}
+        systems = {
+            "crescent": _crescent(model_dir, workdir / "crescent", lengths, repeat, []),
+            "crescent-store": _crescent(
+                model_dir, workdir / "crescent-store", lengths, repeat, ["--no-vllm-prefix-caching"]
+            ),
+            "vllm": _plain_vllm(model_dir, workdir, lengths, repeat, prefix_cache=False),
+            "vllm-prefix-cache": _plain_vllm(
+                model_dir, workdir, lengths, repeat, prefix_cache=True
+            ),
+        }
+    cases = [
+        {"case": f"{system}-{length}-{share}", "ttft_ms": round(results[(length, share)] * 1000, 2)}
+        for system, results in systems.items()
+        for length in lengths
+        for share in CACHED_SHARES
+    ]
+    return {
+        "bench": "prefix-reuse",
+        "cases": cases,
+        "config": {
+            "model": str(model_dir),
+            "repeat": repeat,
+            "statistic": "median",
+            "cpu_threads": os.cpu_count(),
+        },
+    }

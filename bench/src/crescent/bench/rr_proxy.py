@@ -23,14 +23,18 @@ def build_app(backends: list[str]) -> web.Application:
     app = web.Application(client_max_size=64 << 20)
 
     async def start_session(app: web.Application):
-        app["session"] = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+        app["session"] = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
+        )
         yield
         await app["session"].close()
 
     async def health(_: web.Request) -> web.Response:
         for backend in backends:
             try:
-                async with app["session"].get(f"{backend}/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                async with app["session"].get(
+                    f"{backend}/health", timeout=aiohttp.ClientTimeout(total=5)
+                ) as r:
                     if r.status != 200:
                         return web.Response(status=503, text=f"{backend}: {r.status}")
             except aiohttp.ClientError as exc:
@@ -40,10 +44,16 @@ def build_app(backends: list[str]) -> web.Application:
     async def forward(request: web.Request) -> web.StreamResponse:
         backend = next(turns)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        async with app["session"].request(request.method, f"{backend}{request.rel_url}", headers=headers,
-                                          data=await request.read()) as upstream:
-            response = web.StreamResponse(status=upstream.status, headers={
-                k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP})
+        async with app["session"].request(
+            request.method,
+            f"{backend}{request.rel_url}",
+            headers=headers,
+            data=await request.read(),
+        ) as upstream:
+            response = web.StreamResponse(
+                status=upstream.status,
+                headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},
+            )
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
@@ -59,7 +69,9 @@ def build_app(backends: list[str]) -> web.Application:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--backend", action="append", required=True, help="a backend's base URL (repeat)")
+    parser.add_argument(
+        "--backend", action="append", required=True, help="a backend's base URL (repeat)"
+    )
     args = parser.parse_args()
     web.run_app(build_app(args.backend), host="127.0.0.1", port=args.port, print=None)
 

@@ -53,19 +53,22 @@ KV_BYTES_PER_TOKEN = 32 * 2 * 4096 * 2
 
 
 def _eq1_prefill_s(n: int, p: int) -> float:
-    return _LAYERS * (4 * (n * n - p * p) * _HIDDEN + 22 * (n - p) * _HIDDEN ** 2) / _FLOPS
+    return _LAYERS * (4 * (n * n - p * p) * _HIDDEN + 22 * (n - p) * _HIDDEN**2) / _FLOPS
 
 
 def _decode_step_s(batch: int, context: int) -> float:
-    flops = _LAYERS * (22 * batch * _HIDDEN ** 2 + 4 * context * _HIDDEN) / _FLOPS
-    memory = (12 * _LAYERS * _HIDDEN ** 2 * 2 + context * KV_BYTES_PER_TOKEN) / 1.5e12
+    flops = _LAYERS * (22 * batch * _HIDDEN**2 + 4 * context * _HIDDEN) / _FLOPS
+    memory = (12 * _LAYERS * _HIDDEN**2 * 2 + context * KV_BYTES_PER_TOKEN) / 1.5e12
     return max(flops, memory)
 
 
 def predictors() -> CostPredictors:
     """A fitted polynomial, as the conductor would load from `crescent profile`."""
-    samples = [(n, p, _eq1_prefill_s(n, p)) for n in (512, 4096, 32768, 262144, 524288)
-               for p in (0, n // 4, n // 2, n - 1)]
+    samples = [
+        (n, p, _eq1_prefill_s(n, p))
+        for n in (512, 4096, 32768, 262144, 524288)
+        for p in (0, n // 4, n // 2, n - 1)
+    ]
     return CostPredictors(PrefillTimeModel.fit(samples), _decode_step_s, KV_BYTES_PER_TOKEN)
 
 
@@ -73,7 +76,9 @@ def _hashes(rng: random.Random, count: int) -> list[bytes]:
     return [rng.randbytes(16) for _ in range(count)]
 
 
-def build_case(num_instances: int, num_blocks: int, seed: int = 0) -> tuple[ClusterSnapshot, list[ScheduleRequest]]:
+def build_case(
+    num_instances: int, num_blocks: int, seed: int = 0
+) -> tuple[ClusterSnapshot, list[ScheduleRequest]]:
     rng = random.Random(seed)
     nodes = [f"node-{i:03d}" for i in range(num_instances)]
     system = _hashes(rng, max(4, num_blocks // 8))
@@ -83,26 +88,49 @@ def build_case(num_instances: int, num_blocks: int, seed: int = 0) -> tuple[Clus
         index.add_many(system, node)
     for node in nodes:
         for session in rng.sample(sessions, SESSIONS_PER_NODE):
-            index.add_many(session[:rng.randint(len(system), num_blocks)], node)
+            index.add_many(session[: rng.randint(len(system), num_blocks)], node)
         index.add_many(_hashes(rng, UNRELATED_BLOCKS_PER_NODE), node)
     bandwidth = BandwidthTable(12.5e9)
     for _ in range(num_instances * 4):  # some links measured slower or faster than the default
         bandwidth.set(rng.choice(nodes), rng.choice(nodes), rng.uniform(3e9, 25e9))
-    prefill = [InstanceSnapshot(f"prefill-{i:03d}", node, rng.randint(0, 8), 1, rng.uniform(0.0, 3.0), 0, 0)
-               for i, node in enumerate(nodes)]
-    decode = [InstanceSnapshot(f"decode-{i:03d}", f"dnode-{i:03d}", 0, rng.randint(0, 64), 0.0,
-                               used, 2**22, context_tokens=used)
-              for i in range(num_instances) for used in [rng.randint(0, 2**21)]]
+    prefill = [
+        InstanceSnapshot(
+            f"prefill-{i:03d}", node, rng.randint(0, 8), 1, rng.uniform(0.0, 3.0), 0, 0
+        )
+        for i, node in enumerate(nodes)
+    ]
+    decode = [
+        InstanceSnapshot(
+            f"decode-{i:03d}",
+            f"dnode-{i:03d}",
+            0,
+            rng.randint(0, 64),
+            0.0,
+            used,
+            2**22,
+            context_tokens=used,
+        )
+        for i in range(num_instances)
+        for used in [rng.randint(0, 2**21)]
+    ]
     requests = []
     for r in range(NUM_REQUESTS):
         chain = rng.choice(sessions) if r % 5 else system + _hashes(rng, num_blocks - len(system))
-        requests.append(ScheduleRequest(f"r{r}", tuple(chain), num_blocks * BLOCK_SIZE + rng.randint(1, 511),
-                                        BLOCK_SIZE, max_tokens=256))
+        requests.append(
+            ScheduleRequest(
+                f"r{r}",
+                tuple(chain),
+                num_blocks * BLOCK_SIZE + rng.randint(1, 511),
+                BLOCK_SIZE,
+                max_tokens=256,
+            )
+        )
     return ClusterSnapshot(prefill, decode, index, bandwidth), requests
 
 
-def time_policy(policy: Policy, snapshot: ClusterSnapshot, requests: list[ScheduleRequest],
-                repeat: int) -> dict:
+def time_policy(
+    policy: Policy, snapshot: ClusterSnapshot, requests: list[ScheduleRequest], repeat: int
+) -> dict:
     for request in requests[:8]:  # warm caches and code paths
         policy.choose(request, snapshot, 0.0)
     gc.collect()
@@ -114,8 +142,12 @@ def time_policy(policy: Policy, snapshot: ClusterSnapshot, requests: list[Schedu
         cpu.append(time.thread_time_ns() - start_cpu)
         wall.append(time.perf_counter_ns() - start)
     # CPU time beside wall time tells the code's own cost from time spent preempted on a busy host.
-    return {"p50_us": _percentile(wall, 0.50), "p99_us": _percentile(wall, 0.99),
-            "cpu_p50_us": _percentile(cpu, 0.50), "cpu_p99_us": _percentile(cpu, 0.99)}
+    return {
+        "p50_us": _percentile(wall, 0.50),
+        "p99_us": _percentile(wall, 0.99),
+        "cpu_p50_us": _percentile(cpu, 0.50),
+        "cpu_p99_us": _percentile(cpu, 0.99),
+    }
 
 
 def _percentile(samples_ns: list[int], q: float) -> float:
@@ -123,8 +155,9 @@ def _percentile(samples_ns: list[int], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))] / 1e3
 
 
-def run_schedule_bench(repeat: int = 200, instances: tuple[int, ...] = INSTANCES,
-                       blocks: tuple[int, ...] = BLOCKS) -> dict:
+def run_schedule_bench(
+    repeat: int = 200, instances: tuple[int, ...] = INSTANCES, blocks: tuple[int, ...] = BLOCKS
+) -> dict:
     """Every (instances, blocks) case for kv-centric, then least-loaded on the same snapshots."""
     costs = predictors()
     slo = Slo(ttft_s=30.0, tbt_s=0.1)
@@ -136,31 +169,46 @@ def run_schedule_bench(repeat: int = 200, instances: tuple[int, ...] = INSTANCES
             kv = make_policy("kv-centric", predictors=costs, admission="early", slo=slo)
             kv_cases.append({"case": name, **time_policy(kv, snapshot, requests, repeat)})
             least = make_policy("least-loaded", predictors=costs, admission="early", slo=slo)
-            baseline_cases.append({"case": f"least-loaded-{name}", **time_policy(least, snapshot, requests, repeat)})
+            baseline_cases.append(
+                {"case": f"least-loaded-{name}", **time_policy(least, snapshot, requests, repeat)}
+            )
             del snapshot, requests
-    return {"bench": "schedule", "repeat": repeat, "block_size": BLOCK_SIZE, "cases": kv_cases + baseline_cases}
+    return {
+        "bench": "schedule",
+        "repeat": repeat,
+        "block_size": BLOCK_SIZE,
+        "cases": kv_cases + baseline_cases,
+    }
 
 
 def format_table(result: dict) -> str:
-    lines = [f"{result['bench']} (decision time per request, {result['repeat']} requests per case)",
-             f"{'case':<28}{'p50 µs':>10}{'p99 µs':>10}{'cpu p50 µs':>12}{'cpu p99 µs':>12}"]
+    lines = [
+        f"{result['bench']} (decision time per request, {result['repeat']} requests per case)",
+        f"{'case':<28}{'p50 µs':>10}{'p99 µs':>10}{'cpu p50 µs':>12}{'cpu p99 µs':>12}",
+    ]
     for case in result["cases"]:
-        lines.append(f"{case['case']:<28}{case['p50_us']:>10.1f}{case['p99_us']:>10.1f}"
-                     f"{case['cpu_p50_us']:>12.1f}{case['cpu_p99_us']:>12.1f}")
+        lines.append(
+            f"{case['case']:<28}{case['p50_us']:>10.1f}{case['p99_us']:>10.1f}"
+            f"{case['cpu_p50_us']:>12.1f}{case['cpu_p99_us']:>12.1f}"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--repeat", type=int, default=200, help="timed decisions per case (default 200)")
+    parser.add_argument(
+        "--repeat", type=int, default=200, help="timed decisions per case (default 200)"
+    )
     args = parser.parse_args(argv)
     result = run_schedule_bench(args.repeat)
     print(format_table(result))
     target = next((c for c in result["cases"] if c["case"] == TARGET_CASE), None)
     if target is not None:
         verdict = "meets" if target["p99_us"] < TARGET_P99_US else "MISSES"
-        print(f"{TARGET_CASE}: p99 {target['p99_us']:.1f} µs {verdict} the {TARGET_P99_US:.0f} µs target")
+        print(
+            f"{TARGET_CASE}: p99 {target['p99_us']:.1f} µs {verdict} the {TARGET_P99_US:.0f} µs target"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -38,7 +38,9 @@ def is_effective(ok: bool, ttft_s: float | None, tbt_s: float | None, slo: SloTa
     return ok and ttft_s is not None and ttft_s <= slo.ttft_s and (tbt_s or 0.0) <= slo.tbt_s
 
 
-def effective_capacity(outcomes: Iterable[tuple[bool, float | None, float | None]], slo: SloTargets) -> float:
+def effective_capacity(
+    outcomes: Iterable[tuple[bool, float | None, float | None]], slo: SloTargets
+) -> float:
     """Share of (ok, ttft, tbt) outcomes that met both SLOs; 0 for no requests."""
     flags = [is_effective(ok, ttft, tbt, slo) for ok, ttft, tbt in outcomes]
     return sum(flags) / len(flags) if flags else 0.0

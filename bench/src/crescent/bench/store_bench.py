@@ -40,6 +40,7 @@ from pathlib import Path
 
 import aetcd
 import numpy as np
+
 from crescent.cluster.infra import etcd_spec, nats_spec
 from crescent.cluster.processes import ManagedProcess, ProcessError, ProcessSpec, free_port
 from crescent.common.bus import Bus
@@ -62,7 +63,9 @@ MOONCAKE_DIST = "mooncake-transfer-engine-non-cuda"
 MOONCAKE_VERSION = "0.3.13.post1"
 MOONCAKE_VENV = Path.home() / ".cache" / "crescent-bench" / "mooncake-venv"
 MOONCAKE_ENV = {"MC_TCP_BIND_ADDRESS": "127.0.0.1"}
-MOONCAKE_LIBS = "Debian's libibverbs1, libnl-3-200 and libnl-route-3-200 (`make bench-deps` installs them)"
+MOONCAKE_LIBS = (
+    "Debian's libibverbs1, libnl-3-200 and libnl-route-3-200 (`make bench-deps` installs them)"
+)
 INSTALL_TIMEOUT_S = 600.0
 
 
@@ -83,7 +86,11 @@ class Shape:
     def label(self) -> str:
         if self.block_bytes % MiB == 0:
             return f"{self.block_bytes // MiB}MiB"
-        return f"{self.block_bytes // KiB}KiB" if self.block_bytes % KiB == 0 else f"{self.block_bytes}B"
+        return (
+            f"{self.block_bytes // KiB}KiB"
+            if self.block_bytes % KiB == 0
+            else f"{self.block_bytes}B"
+        )
 
     def batch_blocks(self, batch_bytes: int) -> int:
         return max(1, min(self.num_blocks, batch_bytes // self.block_bytes))
@@ -108,9 +115,14 @@ def run_store_bench(
     that both systems of a case run close together in time on a shared machine; returns
     {"bench": "store", "cases": [{"case": "put-1MiB", "gbps": ..., ...}, ...], "config": ...}."""
     measured = [Shape(*shape) for shape in shapes]
-    python = ensure_mooncake(mooncake_venv) if include_mooncake else None  # fail before starting anything
+    python = (
+        ensure_mooncake(mooncake_venv) if include_mooncake else None
+    )  # fail before starting anything
     cases = []
-    with tempfile.TemporaryDirectory(prefix="crescent-store-bench-") as workdir, ExitStack() as stack:
+    with (
+        tempfile.TemporaryDirectory(prefix="crescent-store-bench-") as workdir,
+        ExitStack() as stack,
+    ):
         crescent = _CrescentSide(stack, Path(workdir))
         mooncake = _MooncakeSide(stack, Path(workdir), python, measured) if python else None
         for shape in measured:
@@ -123,10 +135,16 @@ def run_store_bench(
                     case["mooncake_gbps"] = _gbps(shape, theirs, op)
                 case["tcp_gbps"] = _gbps(shape, ours["tcp"], op)
                 cases.append(case)
-    config = {"repeat": repeat, "statistic": "median", "batch_bytes": batch_bytes,
-              "shapes": [[shape.num_blocks, shape.block_bytes] for shape in measured]}
+    config = {
+        "repeat": repeat,
+        "statistic": "median",
+        "batch_bytes": batch_bytes,
+        "shapes": [[shape.num_blocks, shape.block_bytes] for shape in measured],
+    }
     if include_mooncake:
-        config["mooncake"] = f"{MOONCAKE_DIST}=={MOONCAKE_VERSION}, tcp, batch_put_from/batch_get_into"
+        config["mooncake"] = (
+            f"{MOONCAKE_DIST}=={MOONCAKE_VERSION}, tcp, batch_put_from/batch_get_into"
+        )
     return {"bench": "store", "cases": cases, "config": config}
 
 
@@ -143,14 +161,20 @@ def _start(stack: ExitStack, spec: ProcessSpec, log_dir: Path) -> ManagedProcess
     return process
 
 
-async def _until(predicate: Callable[[], bool], process: ManagedProcess, timeout_s: float, what: str) -> None:
+async def _until(
+    predicate: Callable[[], bool], process: ManagedProcess, timeout_s: float, what: str
+) -> None:
     """Poll `predicate` until true; fail early, with its log, if `process` dies meanwhile."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if not process.is_running and not predicate():  # it may have finished since the first look
-            raise ProcessError(process.spec.name, f"exited while waiting for {what}", process.log_tail())
+            raise ProcessError(
+                process.spec.name, f"exited while waiting for {what}", process.log_tail()
+            )
         if time.monotonic() > deadline:
-            raise ProcessError(process.spec.name, f"no {what} within {timeout_s}s", process.log_tail())
+            raise ProcessError(
+                process.spec.name, f"no {what} within {timeout_s}s", process.log_tail()
+            )
         await asyncio.sleep(0.05)
 
 
@@ -173,10 +197,17 @@ class _CrescentSide:
         """Timings of the mapped road ("mapped") and of the data plane forced onto tcp ("tcp")."""
         with ExitStack() as stack:
             store = _start(stack, _store_spec(shape, self._urls, self._cluster), self._logs)
-            return {mode: asyncio.run(asyncio.wait_for(
-                        _crescent_rounds(self._urls, self._cluster, store, shape, batch_blocks, repeat,
-                                         mode), CASE_TIMEOUT_S))
-                    for mode in ("mapped", "tcp")}
+            return {
+                mode: asyncio.run(
+                    asyncio.wait_for(
+                        _crescent_rounds(
+                            self._urls, self._cluster, store, shape, batch_blocks, repeat, mode
+                        ),
+                        CASE_TIMEOUT_S,
+                    )
+                )
+                for mode in ("mapped", "tcp")
+            }
 
 
 def _store_spec(shape: Shape, urls: tuple[str, str], cluster: str) -> ProcessSpec:
@@ -184,28 +215,64 @@ def _store_spec(shape: Shape, urls: tuple[str, str], cluster: str) -> ProcessSpe
     Ready once its HTTP port is open: the store publishes its segment before it serves its
     control subject, and only opens HTTP after both."""
     http_port = free_port()
-    argv = [sys.executable, "-m", "crescent.store", "--cluster", cluster, "--nats-url", urls[0],
-            "--etcd-url", urls[1], "--node", STORE_NODE, "--instance-id", f"store-{shape.label}",
-            "--http-port", str(http_port), "--block-bytes", str(shape.block_bytes),
-            "--dram-bytes", str(shape.num_bytes)]
-    return ProcessSpec(name=f"store-{shape.label}", argv=argv, env={"CRESCENT_LOG_LEVEL": "WARNING"},
-                       port=http_port)
+    argv = [
+        sys.executable,
+        "-m",
+        "crescent.store",
+        "--cluster",
+        cluster,
+        "--nats-url",
+        urls[0],
+        "--etcd-url",
+        urls[1],
+        "--node",
+        STORE_NODE,
+        "--instance-id",
+        f"store-{shape.label}",
+        "--http-port",
+        str(http_port),
+        "--block-bytes",
+        str(shape.block_bytes),
+        "--dram-bytes",
+        str(shape.num_bytes),
+    ]
+    return ProcessSpec(
+        name=f"store-{shape.label}",
+        argv=argv,
+        env={"CRESCENT_LOG_LEVEL": "WARNING"},
+        port=http_port,
+    )
 
 
-async def _crescent_rounds(urls: tuple[str, str], cluster: str, store: ManagedProcess, shape: Shape,
-                           batch_blocks: int, repeat: int, mode: str) -> Timings:
+async def _crescent_rounds(
+    urls: tuple[str, str],
+    cluster: str,
+    store: ManagedProcess,
+    shape: Shape,
+    batch_blocks: int,
+    repeat: int,
+    mode: str,
+) -> Timings:
     bus = await Bus.connect(urls[0], "store-bench")
     etcd = await connect_etcd(urls[1])
     if mode == "mapped":
         config = ClientConfig(node="bench-client")
     else:
-        config = ClientConfig(node="bench-client", transfer=TransferConfig(node="bench-client",
-                                                                           transports=(TransportKind.TCP,)))
+        config = ClientConfig(
+            node="bench-client",
+            transfer=TransferConfig(node="bench-client", transports=(TransportKind.TCP,)),
+        )
     try:
         async with StoreClient(bus, etcd, cluster, config) as client:
-            await _until(lambda: STORE_NODE in client.directory.nodes(), store, START_TIMEOUT_S,
-                         "segment in etcd")
-            timings = await _rounds(client, shape, batch_blocks, repeat, lambda: _settle(etcd, cluster))
+            await _until(
+                lambda: STORE_NODE in client.directory.nodes(),
+                store,
+                START_TIMEOUT_S,
+                "segment in etcd",
+            )
+            timings = await _rounds(
+                client, shape, batch_blocks, repeat, lambda: _settle(etcd, cluster)
+            )
             if mode == "mapped":
                 _check_mappable(client)
             else:
@@ -216,26 +283,39 @@ async def _crescent_rounds(urls: tuple[str, str], cluster: str, store: ManagedPr
         await etcd.close()
 
 
-async def _rounds(client: StoreClient, shape: Shape, batch_blocks: int, repeat: int,
-                  settle: Callable[[], Awaitable[None]]) -> Timings:
+async def _rounds(
+    client: StoreClient,
+    shape: Shape,
+    batch_blocks: int,
+    repeat: int,
+    settle: Callable[[], Awaitable[None]],
+) -> Timings:
     src = np.frombuffer(np.random.default_rng(0).bytes(shape.num_bytes), dtype=np.uint8)
     dst = np.zeros(shape.num_bytes, dtype=np.uint8)
     size = shape.block_bytes
-    blocks = [src[i * size:(i + 1) * size] for i in range(shape.num_blocks)]
-    outs = [dst[i * size:(i + 1) * size] for i in range(shape.num_blocks)]
-    batches = [slice(start, start + batch_blocks) for start in range(0, shape.num_blocks, batch_blocks)]
+    blocks = [src[i * size : (i + 1) * size] for i in range(shape.num_blocks)]
+    outs = [dst[i * size : (i + 1) * size] for i in range(shape.num_blocks)]
+    batches = [
+        slice(start, start + batch_blocks) for start in range(0, shape.num_blocks, batch_blocks)
+    ]
     timings = Timings([], [])
     for round_ in range(repeat + 1):
         hashes = [_hash(round_, i) for i in range(shape.num_blocks)]
         started = time.perf_counter()
         for batch in batches:
-            _check("put_blocks", await client.put_blocks(MODEL, STORE_NODE, hashes[batch], blocks[batch]),
-                   len(hashes[batch]))
+            _check(
+                "put_blocks",
+                await client.put_blocks(MODEL, STORE_NODE, hashes[batch], blocks[batch]),
+                len(hashes[batch]),
+            )
         put_s = time.perf_counter() - started
         started = time.perf_counter()
         for batch in batches:
-            _check("get_blocks", await client.get_blocks(MODEL, STORE_NODE, hashes[batch], outs[batch]),
-                   len(hashes[batch]))
+            _check(
+                "get_blocks",
+                await client.get_blocks(MODEL, STORE_NODE, hashes[batch], outs[batch]),
+                len(hashes[batch]),
+            )
         get_s = time.perf_counter() - started
         if round_ == 0:
             if not np.array_equal(src, dst):
@@ -257,7 +337,9 @@ async def _settle(etcd: aetcd.Client, cluster: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while (await etcd.get_prefix(prefix, keys_only=True)).count:
         if time.monotonic() > deadline:
-            raise StoreBenchError(f"the store left block metadata in etcd for {START_TIMEOUT_S}s after eviction")
+            raise StoreBenchError(
+                f"the store left block metadata in etcd for {START_TIMEOUT_S}s after eviction"
+            )
         await asyncio.sleep(0.01)
 
 
@@ -266,8 +348,13 @@ def _check_mappable(client: StoreClient) -> None:
     something removed the store's /dev/shm file); `gbps` would then be mislabelled."""
     descriptor = client.directory(f"{STORE_NODE}.store")
     endpoint = descriptor.endpoint(ShmEndpoint) if descriptor else None
-    if endpoint is None or shm_file_identity(endpoint.shm_name) != (endpoint.device, endpoint.inode):
-        raise StoreBenchError("the store's shared-memory file is gone, so the mapped road was not measured")
+    if endpoint is None or shm_file_identity(endpoint.shm_name) != (
+        endpoint.device,
+        endpoint.inode,
+    ):
+        raise StoreBenchError(
+            "the store's shared-memory file is gone, so the mapped road was not measured"
+        )
 
 
 def _check_moved_by_tcp(client: StoreClient, num_bytes: int) -> None:
@@ -275,7 +362,9 @@ def _check_moved_by_tcp(client: StoreClient, num_bytes: int) -> None:
     counters = client.transfer_counters()
     moved = {kind.value: c.num_bytes for kind, c in counters.items()}
     if set(moved) != {"tcp"} or moved["tcp"] != num_bytes:
-        raise StoreBenchError(f"the tcp case moved {moved} bytes by transport, not {num_bytes} over tcp alone")
+        raise StoreBenchError(
+            f"the tcp case moved {moved} bytes by transport, not {num_bytes} over tcp alone"
+        )
 
 
 def _hash(round_: int, index: int) -> bytes:
@@ -296,20 +385,49 @@ def ensure_mooncake(venv: Path = MOONCAKE_VENV) -> Path:
     if _mooncake_version(python) != MOONCAKE_VERSION:
         try:
             if not python.exists():
-                subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True,
-                               text=True, timeout=INSTALL_TIMEOUT_S)
-            subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                            f"{MOONCAKE_DIST}=={MOONCAKE_VERSION}"], check=True, capture_output=True, text=True,
-                           timeout=INSTALL_TIMEOUT_S)
+                subprocess.run(
+                    [sys.executable, "-m", "venv", str(venv)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    timeout=INSTALL_TIMEOUT_S,
+                )
+            subprocess.run(
+                [
+                    str(python),
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    f"{MOONCAKE_DIST}=={MOONCAKE_VERSION}",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=INSTALL_TIMEOUT_S,
+            )
         except subprocess.CalledProcessError as exc:
-            raise StoreBenchError(f"cannot install {MOONCAKE_DIST}=={MOONCAKE_VERSION} into {venv}: "
-                                  f"{_last_line(exc.stderr)} (include_mooncake=False measures Crescent alone)") from exc
+            raise StoreBenchError(
+                f"cannot install {MOONCAKE_DIST}=={MOONCAKE_VERSION} into {venv}: "
+                f"{_last_line(exc.stderr)} (include_mooncake=False measures Crescent alone)"
+            ) from exc
         except subprocess.TimeoutExpired as exc:
-            raise StoreBenchError(f"installing {MOONCAKE_DIST} into {venv} took over {INSTALL_TIMEOUT_S}s") from exc
-    probe = subprocess.run([str(python), "-c", "import mooncake.store"], check=False, capture_output=True,
-                           text=True, timeout=START_TIMEOUT_S, env={**os.environ, **MOONCAKE_ENV})
+            raise StoreBenchError(
+                f"installing {MOONCAKE_DIST} into {venv} took over {INSTALL_TIMEOUT_S}s"
+            ) from exc
+    probe = subprocess.run(
+        [str(python), "-c", "import mooncake.store"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+        env={**os.environ, **MOONCAKE_ENV},
+    )
     if probe.returncode != 0:
-        raise StoreBenchError(f"Mooncake Store does not load ({_last_line(probe.stderr)}); it needs {MOONCAKE_LIBS}")
+        raise StoreBenchError(
+            f"Mooncake Store does not load ({_last_line(probe.stderr)}); it needs {MOONCAKE_LIBS}"
+        )
     return python
 
 
@@ -322,8 +440,13 @@ def _mooncake_version(python: Path) -> str | None:
     if not python.exists():
         return None
     script = f"import importlib.metadata as m; print(m.version({MOONCAKE_DIST!r}))"
-    probe = subprocess.run([str(python), "-c", script], check=False, capture_output=True, text=True,
-                           timeout=START_TIMEOUT_S)
+    probe = subprocess.run(
+        [str(python), "-c", script],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+    )
     return probe.stdout.strip() if probe.returncode == 0 else None
 
 
@@ -337,23 +460,67 @@ class _MooncakeSide:
         self._peer = [str(python), str(Path(__file__).with_name("mooncake_peer.py"))]
         port = free_port()
         self._master = f"127.0.0.1:{port}"
-        _start(stack, ProcessSpec("mooncake-master", env=MOONCAKE_ENV, port=port, argv=[
-            str(python.parent / "mooncake_master"), f"--rpc_port={port}", "--rpc_address=127.0.0.1",
-            f"--metrics_port={free_port()}", "--metrics_host=127.0.0.1"]), self._work)
+        _start(
+            stack,
+            ProcessSpec(
+                "mooncake-master",
+                env=MOONCAKE_ENV,
+                port=port,
+                argv=[
+                    str(python.parent / "mooncake_master"),
+                    f"--rpc_port={port}",
+                    "--rpc_address=127.0.0.1",
+                    f"--metrics_port={free_port()}",
+                    "--metrics_host=127.0.0.1",
+                ],
+            ),
+            self._work,
+        )
         # Twice the largest round, so that no round comes near Mooncake's eviction mark
         # (90% full); Mooncake refuses segments under 16 MiB.
         segment_bytes = max(2 * max(shape.num_bytes for shape in shapes), 16 * MiB)
         ready = self._work / "segment.ready"
-        segment = _start(stack, ProcessSpec("mooncake-segment", env=MOONCAKE_ENV, argv=self._peer + [
-            "--master", self._master, "segment", "--segment-bytes", str(segment_bytes), "--ready", str(ready)]),
-            self._work)
+        segment = _start(
+            stack,
+            ProcessSpec(
+                "mooncake-segment",
+                env=MOONCAKE_ENV,
+                argv=self._peer
+                + [
+                    "--master",
+                    self._master,
+                    "segment",
+                    "--segment-bytes",
+                    str(segment_bytes),
+                    "--ready",
+                    str(ready),
+                ],
+            ),
+            self._work,
+        )
         asyncio.run(_until(ready.exists, segment, START_TIMEOUT_S, "mounted segment"))
 
     def measure(self, shape: Shape, batch_blocks: int, repeat: int) -> Timings:
         out = self._work / f"client-{shape.label}.json"
-        argv = self._peer + ["--master", self._master, "client", "--num-blocks", str(shape.num_blocks),
-                             "--block-bytes", str(shape.block_bytes), "--batch-blocks", str(batch_blocks),
-                             "--repeat", str(repeat), "--out", str(out)]
-        client = _start(self._stack, ProcessSpec(f"mooncake-client-{shape.label}", argv, MOONCAKE_ENV), self._work)
+        argv = self._peer + [
+            "--master",
+            self._master,
+            "client",
+            "--num-blocks",
+            str(shape.num_blocks),
+            "--block-bytes",
+            str(shape.block_bytes),
+            "--batch-blocks",
+            str(batch_blocks),
+            "--repeat",
+            str(repeat),
+            "--out",
+            str(out),
+        ]
+        client = _start(
+            self._stack,
+            ProcessSpec(f"mooncake-client-{shape.label}", argv, MOONCAKE_ENV),
+            self._work,
+        )
         asyncio.run(_until(out.exists, client, CASE_TIMEOUT_S, "timings"))
         return Timings(**json.loads(out.read_text()))

@@ -54,16 +54,21 @@ def parse_line(line: str, where: str) -> tuple[int, int, int, tuple[int, ...]]:
     input_length = _field(record, "input_length", where)
     output_length = _field(record, "output_length", where)
     if timestamp < 0 or input_length < 1 or output_length < 1:
-        raise TraceError(f"{where}: timestamp must be >= 0 and lengths >= 1, got timestamp {timestamp}, "
-                         f"input_length {input_length}, output_length {output_length}")
+        raise TraceError(
+            f"{where}: timestamp must be >= 0 and lengths >= 1, got timestamp {timestamp}, "
+            f"input_length {input_length}, output_length {output_length}"
+        )
     hash_ids = record.get("hash_ids")
-    if not isinstance(hash_ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
-                                                 for h in hash_ids):
+    if not isinstance(hash_ids, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in hash_ids
+    ):
         raise TraceError(f"{where}: 'hash_ids' must be a list of non-negative integers")
     expected = math.ceil(input_length / TRACE_BLOCK_TOKENS)
     if len(hash_ids) != expected:
-        raise TraceError(f"{where}: {len(hash_ids)} hash_ids contradict input_length {input_length} "
-                         f"({expected} blocks of {TRACE_BLOCK_TOKENS} tokens)")
+        raise TraceError(
+            f"{where}: {len(hash_ids)} hash_ids contradict input_length {input_length} "
+            f"({expected} blocks of {TRACE_BLOCK_TOKENS} tokens)"
+        )
     return timestamp, input_length, output_length, tuple(hash_ids)
 
 
@@ -83,12 +88,21 @@ def load_trace(path: Path, limit: int | None = None) -> list[TraceRequest]:
         where = f"{path}:{number}"
         timestamp, input_length, output_length, hash_ids = parse_line(line, where)
         if previous_ms is not None and timestamp < previous_ms:
-            raise TraceError(f"{where}: timestamp {timestamp} is before the previous line's {previous_ms}")
+            raise TraceError(
+                f"{where}: timestamp {timestamp} is before the previous line's {previous_ms}"
+            )
         if first_ms is None:
             first_ms = timestamp
         previous_ms = timestamp
-        requests.append(TraceRequest(len(requests), (timestamp - first_ms) / 1000.0, input_length,
-                                     output_length, hash_ids))
+        requests.append(
+            TraceRequest(
+                len(requests),
+                (timestamp - first_ms) / 1000.0,
+                input_length,
+                output_length,
+                hash_ids,
+            )
+        )
         if limit is not None and len(requests) >= limit:
             break
     if not requests:

@@ -10,8 +10,10 @@ def main(argv: list[str] | None = None) -> None:
     from vllm.benchmarks.serve import main as serve
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser(prog="python -m crescent.bench.vllm_bench_serve",
-                                    description="vLLM's online serving benchmark (vllm bench serve)")
+    parser = FlexibleArgumentParser(
+        prog="python -m crescent.bench.vllm_bench_serve",
+        description="vLLM's online serving benchmark (vllm bench serve)",
+    )
     add_cli_args(parser)
     serve(parser.parse_args(argv))
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
+
 from crescent.bench.replay.prompts import PromptShape, output_tokens, prompt_tokens
 from crescent.bench.replay.records import OK, RequestRecord
 from crescent.bench.trace import TraceRequest
@@ -52,10 +53,19 @@ async def discover_model(session: aiohttp.ClientSession, base_url: str) -> str:
         async with session.get(f"{base_url}/v1/models") as response:
             body = await response.json(content_type=None)
     except (TimeoutError, aiohttp.ClientError, json.JSONDecodeError) as exc:
-        raise ReplayError(f"cannot list models at {base_url}/v1/models: {exc or type(exc).__name__}") from exc
+        raise ReplayError(
+            f"cannot list models at {base_url}/v1/models: {exc or type(exc).__name__}"
+        ) from exc
     models = body.get("data") if isinstance(body, dict) else None
-    if not models or not isinstance(models, list) or not isinstance(models[0], dict) or "id" not in models[0]:
-        raise ReplayError(f"{base_url}/v1/models lists no model (answered {str(body)[:200]!r}); pass --model")
+    if (
+        not models
+        or not isinstance(models, list)
+        or not isinstance(models[0], dict)
+        or "id" not in models[0]
+    ):
+        raise ReplayError(
+            f"{base_url}/v1/models lists no model (answered {str(body)[:200]!r}); pass --model"
+        )
     return str(models[0]["id"])
 
 
@@ -96,7 +106,9 @@ class BadResponse(Exception):
     """The endpoint answered 200 with something that is not an OpenAI completion stream."""
 
 
-async def _read_stream(response: aiohttp.ClientResponse, record: RequestRecord, started: float) -> None:
+async def _read_stream(
+    response: aiohttp.ClientResponse, record: RequestRecord, started: float
+) -> None:
     content_type = response.headers.get("Content-Type", "")
     if "text/event-stream" not in content_type:
         raise BadResponse(f"expected an SSE stream, got Content-Type {content_type!r}")
@@ -135,10 +147,14 @@ async def _read_stream(response: aiohttp.ClientResponse, record: RequestRecord, 
         raise BadResponse("the stream ended without a token")
 
 
-async def send(session: aiohttp.ClientSession, url: str, body: bytes, record: RequestRecord) -> None:
+async def send(
+    session: aiohttp.ClientSession, url: str, body: bytes, record: RequestRecord
+) -> None:
     started = time.perf_counter()
     try:
-        async with session.post(url, data=body, headers={"Content-Type": "application/json"}) as response:
+        async with session.post(
+            url, data=body, headers={"Content-Type": "application/json"}
+        ) as response:
             if response.status != 200:
                 record.status = f"http-{response.status}"
                 record.retry_after_s = _retry_after(response.headers.get("Retry-After"))
@@ -158,14 +174,24 @@ async def send(session: aiohttp.ClientSession, url: str, body: bytes, record: Re
         record.e2e_s = time.perf_counter() - started
 
 
-def build_requests(trace: Sequence[TraceRequest], options: ReplayOptions, model: str
-                   ) -> list[tuple[RequestRecord, bytes]]:
+def build_requests(
+    trace: Sequence[TraceRequest], options: ReplayOptions, model: str
+) -> list[tuple[RequestRecord, bytes]]:
     requests = []
     for item in trace:
         tokens = prompt_tokens(item, options.shape)
-        body = {"model": model, "prompt": tokens, "max_tokens": output_tokens(item, options.shape), "stream": True,
-                "stream_options": {"include_usage": True}, "ignore_eos": True, "temperature": 0.0}
-        record = RequestRecord(item.index, item.arrival_s / options.speed, num_prompt_tokens=len(tokens))
+        body = {
+            "model": model,
+            "prompt": tokens,
+            "max_tokens": output_tokens(item, options.shape),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+            "temperature": 0.0,
+        }
+        record = RequestRecord(
+            item.index, item.arrival_s / options.speed, num_prompt_tokens=len(tokens)
+        )
         requests.append((record, json.dumps(body).encode()))
     return requests
 
@@ -173,18 +199,23 @@ def build_requests(trace: Sequence[TraceRequest], options: ReplayOptions, model:
 Progress = Callable[[Sequence[RequestRecord], int], None]
 
 
-async def replay(trace: Sequence[TraceRequest], options: ReplayOptions, progress: Progress | None = None
-                 ) -> tuple[list[RequestRecord], float, float | None]:
+async def replay(
+    trace: Sequence[TraceRequest], options: ReplayOptions, progress: Progress | None = None
+) -> tuple[list[RequestRecord], float, float | None]:
     """(records, wall seconds, the endpoint's cache hit rate if it reports one)."""
     timeout = aiohttp.ClientTimeout(total=options.timeout_s, sock_connect=options.connect_timeout_s)
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with aiohttp.ClientSession(
+        timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
+    ) as session:
         model = options.model
         if model is None:
             try:
                 model = await discover_model(session, options.base_url)
             except ReplayError as exc:
-                print(f"crescent replay: {exc}; sending with model 'default', failures are counted",
-                      file=sys.stderr)
+                print(
+                    f"crescent replay: {exc}; sending with model 'default', failures are counted",
+                    file=sys.stderr,
+                )
                 model = "default"
         requests = build_requests(trace, options, model)
         records = [record for record, _ in requests]

@@ -28,10 +28,17 @@ def _cdf(path: Path, values: Sequence[float], xlabel: str, slo: float) -> None:
     plt.close(fig)
 
 
-def plot_cdfs(records: Sequence[RequestRecord], out: Path, ttft_slo_s: float, tbt_slo_s: float) -> list[Path]:
+def plot_cdfs(
+    records: Sequence[RequestRecord], out: Path, ttft_slo_s: float, tbt_slo_s: float
+) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     ok = [r for r in records if r.status == OK]
     ttft, tbt = out / "ttft_cdf.png", out / "tbt_cdf.png"
     _cdf(ttft, [r.ttft_s for r in ok if r.ttft_s is not None], "TTFT (s)", ttft_slo_s)
-    _cdf(tbt, [r.tbt_s for r in ok if r.intervals_s], "TBT: mean of the longest 10 % of intervals (s)", tbt_slo_s)
+    _cdf(
+        tbt,
+        [r.tbt_s for r in ok if r.intervals_s],
+        "TBT: mean of the longest 10 % of intervals (s)",
+        tbt_slo_s,
+    )
     return [ttft, tbt]

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from crescent.bench.trace import TRACE_BLOCK_TOKENS, TraceRequest
 
 FIRST_TOKEN_ID = 100  # leave the low ids (special tokens of most vocabularies) out
@@ -50,7 +51,9 @@ def prompt_length(request: TraceRequest, shape: PromptShape) -> int:
 def prompt_tokens(request: TraceRequest, shape: PromptShape) -> list[int]:
     length = prompt_length(request, shape)
     num_blocks = math.ceil(length / shape.block_tokens)
-    blocks = [block_of(h, shape.block_tokens, shape.vocab_size) for h in request.hash_ids[:num_blocks]]
+    blocks = [
+        block_of(h, shape.block_tokens, shape.vocab_size) for h in request.hash_ids[:num_blocks]
+    ]
     return np.concatenate(blocks)[:length].tolist()
 
 

@@ -34,19 +34,32 @@ class RequestRecord:
         return self.sent_s - self.scheduled_s
 
     def as_dict(self) -> dict:
-        return {"index": self.index, "status": self.status, "detail": self.detail, "scheduled_s": self.scheduled_s,
-                "lag_s": self.lag_s, "num_prompt_tokens": self.num_prompt_tokens,
-                "num_output_tokens": self.num_output_tokens, "ttft_s": self.ttft_s, "tbt_s": self.tbt_s,
-                "e2e_s": self.e2e_s, "retry_after_s": self.retry_after_s, "intervals_s": self.intervals_s}
+        return {
+            "index": self.index,
+            "status": self.status,
+            "detail": self.detail,
+            "scheduled_s": self.scheduled_s,
+            "lag_s": self.lag_s,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "num_output_tokens": self.num_output_tokens,
+            "ttft_s": self.ttft_s,
+            "tbt_s": self.tbt_s,
+            "e2e_s": self.e2e_s,
+            "retry_after_s": self.retry_after_s,
+            "intervals_s": self.intervals_s,
+        }
 
 
-def summarize(records: Sequence[RequestRecord], slo: SloTargets, wall_s: float,
-              cache_hit_rate: float | None) -> dict:
+def summarize(
+    records: Sequence[RequestRecord], slo: SloTargets, wall_s: float, cache_hit_rate: float | None
+) -> dict:
     ok = [r for r in records if r.status == OK]
     ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
     tbts = [r.tbt_s for r in ok if r.intervals_s]
     lags = [r.lag_s for r in records if r.status != "pending"]
-    num_effective = sum(1 for r in ok if r.ttft_s is not None and r.ttft_s <= slo.ttft_s and r.tbt_s <= slo.tbt_s)
+    num_effective = sum(
+        1 for r in ok if r.ttft_s is not None and r.ttft_s <= slo.ttft_s and r.tbt_s <= slo.tbt_s
+    )
     span_s = max((r.scheduled_s for r in records), default=0.0)
     statuses = Counter(r.status for r in records if r.status != OK)
     return {
@@ -55,13 +68,20 @@ def summarize(records: Sequence[RequestRecord], slo: SloTargets, wall_s: float,
         "completed": len(ok),
         "failed": sum(statuses.values()),
         "failures_by_status": dict(sorted(statuses.items())),
-        "effective_capacity": effective_capacity(((r.status == OK, r.ttft_s, r.tbt_s) for r in records), slo),
+        "effective_capacity": effective_capacity(
+            ((r.status == OK, r.ttft_s, r.tbt_s) for r in records), slo
+        ),
         "goodput_rps": num_effective / max(span_s, wall_s) if records else 0.0,
-        "mean_ttft_s": mean(ttfts), "p50_ttft_s": percentile(ttfts, 0.5), "p90_ttft_s": percentile(ttfts, 0.9),
+        "mean_ttft_s": mean(ttfts),
+        "p50_ttft_s": percentile(ttfts, 0.5),
+        "p90_ttft_s": percentile(ttfts, 0.9),
         "p99_ttft_s": percentile(ttfts, 0.99),
-        "mean_tbt_s": mean(tbts), "p50_tbt_s": percentile(tbts, 0.5), "p90_tbt_s": percentile(tbts, 0.9),
+        "mean_tbt_s": mean(tbts),
+        "p50_tbt_s": percentile(tbts, 0.5),
+        "p90_tbt_s": percentile(tbts, 0.9),
         "p99_tbt_s": percentile(tbts, 0.99),
         "cache_hit_rate": cache_hit_rate,
-        "p50_lag_ms": percentile(lags, 0.5) * 1000, "p99_lag_ms": percentile(lags, 0.99) * 1000,
+        "p50_lag_ms": percentile(lags, 0.5) * 1000,
+        "p99_lag_ms": percentile(lags, 0.99) * 1000,
         "wall_s": wall_s,
     }

@@ -10,7 +10,11 @@ import json
 
 from aiohttp import web
 
-_CHUNK = b"data: " + json.dumps({"choices": [{"index": 0, "text": "a", "finish_reason": None}]}).encode() + b"\n\n"
+_CHUNK = (
+    b"data: "
+    + json.dumps({"choices": [{"index": 0, "text": "a", "finish_reason": None}]}).encode()
+    + b"\n\n"
+)
 
 
 def make_app(token_gap_s: float) -> web.Application:
@@ -25,7 +29,9 @@ def make_app(token_gap_s: float) -> web.Application:
         return response
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
+        return web.json_response(
+            {"object": "list", "data": [{"id": "stand-in", "object": "model"}]}
+        )
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
@@ -38,7 +44,13 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--token-gap-ms", type=float, default=20.0)
     args = parser.parse_args()
-    web.run_app(make_app(args.token_gap_ms / 1000), host="127.0.0.1", port=args.port, access_log=None, print=None)
+    web.run_app(
+        make_app(args.token_gap_ms / 1000),
+        host="127.0.0.1",
+        port=args.port,
+        access_log=None,
+        print=None,
+    )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ class Batch:
 
     def tbt_of(self, request: SimRequest) -> float:
         """The paper's TBT of a request that has left: mean of its longest 10 % of intervals."""
-        times = self.emissions[request.first_emission:request.last_emission + 1]
+        times = self.emissions[request.first_emission : request.last_emission + 1]
         previous = request.first_token_s
         intervals = []
         for time_s in times:

@@ -45,14 +45,23 @@ def conductor_settings(config: SimConfig) -> ConductorSettings:
     conductor without one) and SLOs, and the cost model it predicts with."""
     dims = config.model_dims
     return ConductorSettings(
-        policy=config.policy, admission="none" if config.admission == "baseline" else config.admission,
-        ttft_slo_s=config.ttft_slo_s, tbt_slo_s=config.tbt_slo_s, block_size=TRACE_BLOCK_TOKENS,
+        policy=config.policy,
+        admission="none" if config.admission == "baseline" else config.admission,
+        ttft_slo_s=config.ttft_slo_s,
+        tbt_slo_s=config.tbt_slo_s,
+        block_size=TRACE_BLOCK_TOKENS,
         kv_bytes_per_block=int(TRACE_BLOCK_TOKENS * config.kv_bytes_per_token()),
         kvcache_balancing_threshold=config.kvcache_balancing_threshold,
-        prefill_model=str(config.profile or ""), hot_spot_period_s=config.hot_spot_period_s, seed=config.seed,
-        emulated_layers=dims.num_layers, emulated_hidden_size=dims.hidden_size, emulated_gqa=dims.gqa,
-        emulated_tflops=config.tflops, emulated_memory_gbps=config.memory_gbps,
-        telemetry_period_s=config.telemetry_period_s)
+        prefill_model=str(config.profile or ""),
+        hot_spot_period_s=config.hot_spot_period_s,
+        seed=config.seed,
+        emulated_layers=dims.num_layers,
+        emulated_hidden_size=dims.hidden_size,
+        emulated_gqa=dims.gqa,
+        emulated_tflops=config.tflops,
+        emulated_memory_gbps=config.memory_gbps,
+        telemetry_period_s=config.telemetry_period_s,
+    )
 
 
 class DisaggregatedCluster:
@@ -68,21 +77,42 @@ class DisaggregatedCluster:
         self.replicas: dict[bytes, int] = {}
         self.max_replicas = 0
         self.num_replication_orders = 0
-        self.prefills = {f"prefill-{i}": PrefillInstance(f"prefill-{i}", f"p{i}") for i in range(config.num_prefill)}
-        self.decodes = {f"decode-{i}": DecodeInstance(f"decode-{i}", f"d{i}", config.kv_capacity_tokens())
-                        for i in range(config.num_decode)}
-        capacity = None if config.cache_tokens_per_node is None else config.cache_tokens_per_node // TRACE_BLOCK_TOKENS
+        self.prefills = {
+            f"prefill-{i}": PrefillInstance(f"prefill-{i}", f"p{i}")
+            for i in range(config.num_prefill)
+        }
+        self.decodes = {
+            f"decode-{i}": DecodeInstance(f"decode-{i}", f"d{i}", config.kv_capacity_tokens())
+            for i in range(config.num_decode)
+        }
+        capacity = (
+            None
+            if config.cache_tokens_per_node is None
+            else config.cache_tokens_per_node // TRACE_BLOCK_TOKENS
+        )
         ssd = config.ssd_tokens_per_node // TRACE_BLOCK_TOKENS
         nodes = [p.node for p in self.prefills.values()] + [d.node for d in self.decodes.values()]
-        self.stores = {node: NodeStore(node, capacity, ssd, self._on_block_added, self._on_block_removed)
-                       for node in nodes}
+        self.stores = {
+            node: NodeStore(node, capacity, ssd, self._on_block_added, self._on_block_removed)
+            for node in nodes
+        }
         self.num_open = 0
         self._num_made = {"prefill": config.num_prefill, "decode": config.num_decode}
         self._num_starting = {"prefill": 0, "decode": 0}
-        self.ratio = None if config.ratio is None else SimRatio(
-            config.ratio, config.ttft_slo_s, config.tbt_slo_s, InstanceCounts(config.num_prefill, config.num_decode))
+        self.ratio = (
+            None
+            if config.ratio is None
+            else SimRatio(
+                config.ratio,
+                config.ttft_slo_s,
+                config.tbt_slo_s,
+                InstanceCounts(config.num_prefill, config.num_decode),
+            )
+        )
         self.imbalance_samples: list[float] = []
-        self.load_timeline: list[tuple[float, float, float]] = []  # (time, prefill load, decode load)
+        self.load_timeline: list[
+            tuple[float, float, float]
+        ] = []  # (time, prefill load, decode load)
         for instance in [*self.prefills.values(), *self.decodes.values()]:
             self._register(instance)
 
@@ -91,9 +121,17 @@ class DisaggregatedCluster:
     def _register(self, instance: PrefillInstance | DecodeInstance) -> None:
         role = "prefill" if isinstance(instance, PrefillInstance) else "decode"
         capacity = instance.kv_capacity_tokens if role == "decode" else 0
-        info = InstanceInfo(role=role, instance_id=instance.instance_id, node=instance.node, model=MODEL,
-                            max_model_len=MAX_SEQUENCE_TOKENS, kv_capacity_tokens=capacity)
-        self.view.apply_registry(MirrorEvent(f"/crescent/sim/instances/{role}/{instance.instance_id}", encode(info)))
+        info = InstanceInfo(
+            role=role,
+            instance_id=instance.instance_id,
+            node=instance.node,
+            model=MODEL,
+            max_model_len=MAX_SEQUENCE_TOKENS,
+            kv_capacity_tokens=capacity,
+        )
+        self.view.apply_registry(
+            MirrorEvent(f"/crescent/sim/instances/{role}/{instance.instance_id}", encode(info))
+        )
 
     def _on_block_added(self, block: bytes, node: str) -> None:
         self.scheduler.apply_block_event(MirrorEvent(f"{_BLOCK_KEY}{block.hex()}/{node}", b"1"))
@@ -122,8 +160,12 @@ class DisaggregatedCluster:
             self.loop.at(self.config.ratio_window_s, self._ratio_tick)
 
     def _telemetry(self, instance: PrefillInstance | DecodeInstance) -> None:
-        if instance.is_draining and not instance.holds_work and instance.drain_announced_s is not None \
-                and self.loop.now - instance.drain_announced_s > self.config.telemetry_delay_s:
+        if (
+            instance.is_draining
+            and not instance.holds_work
+            and instance.drain_announced_s is not None
+            and self.loop.now - instance.drain_announced_s > self.config.telemetry_delay_s
+        ):
             self._retire(instance)  # the conductor knows it takes no work: it can go
             return
         load = instance.load(self.loop.now, self.config.telemetry_period_s)
@@ -143,7 +185,9 @@ class DisaggregatedCluster:
 
     def serving(self) -> InstanceCounts:
         """Instances that take work (not draining, not still starting)."""
-        return InstanceCounts(*(sum(not i.is_draining for i in self._instances(role).values()) for role in ROLES))
+        return InstanceCounts(
+            *(sum(not i.is_draining for i in self._instances(role).values()) for role in ROLES)
+        )
 
     def _ratio_tick(self, _: object) -> None:
         serving = self.serving()
@@ -167,11 +211,18 @@ class DisaggregatedCluster:
             instance = PrefillInstance(instance_id, f"p{index}")
         else:
             instance = DecodeInstance(instance_id, f"d{index}", self.config.kv_capacity_tokens())
-        capacity = None if self.config.cache_tokens_per_node is None \
+        capacity = (
+            None
+            if self.config.cache_tokens_per_node is None
             else self.config.cache_tokens_per_node // TRACE_BLOCK_TOKENS
-        self.stores[instance.node] = NodeStore(instance.node, capacity,
-                                               self.config.ssd_tokens_per_node // TRACE_BLOCK_TOKENS,
-                                               self._on_block_added, self._on_block_removed)
+        )
+        self.stores[instance.node] = NodeStore(
+            instance.node,
+            capacity,
+            self.config.ssd_tokens_per_node // TRACE_BLOCK_TOKENS,
+            self._on_block_added,
+            self._on_block_removed,
+        )
         self._instances(role)[instance_id] = instance
         self._register(instance)
         self._telemetry(instance)
@@ -185,7 +236,9 @@ class DisaggregatedCluster:
     def _retire(self, instance: PrefillInstance | DecodeInstance) -> None:
         role = "prefill" if isinstance(instance, PrefillInstance) else "decode"
         del self._instances(role)[instance.instance_id]
-        self.view.apply_registry(MirrorEvent(f"/crescent/sim/instances/{role}/{instance.instance_id}", None))
+        self.view.apply_registry(
+            MirrorEvent(f"/crescent/sim/instances/{role}/{instance.instance_id}", None)
+        )
 
     def _sample_imbalance(self, _: object) -> None:
         """Each period: the conductor's f_im, and each side's true mean SLO load for a timeline
@@ -197,9 +250,13 @@ class DisaggregatedCluster:
             self.imbalance_samples.append(factor)
         now = self.loop.now
         prefill = sum(p.queue_time_s(now) for p in self.prefills.values()) / len(self.prefills)
-        decode = sum(self.decode_step_s(d.batch.num_running, d.batch.context_tokens)
-                     for d in self.decodes.values()) / len(self.decodes)
-        self.load_timeline.append((now, prefill / self.config.ttft_slo_s, decode / self.config.tbt_slo_s))
+        decode = sum(
+            self.decode_step_s(d.batch.num_running, d.batch.context_tokens)
+            for d in self.decodes.values()
+        ) / len(self.decodes)
+        self.load_timeline.append(
+            (now, prefill / self.config.ttft_slo_s, decode / self.config.tbt_slo_s)
+        )
         if self.num_open:
             self.loop.after(self.config.telemetry_period_s, self._sample_imbalance)
 
@@ -209,7 +266,9 @@ class DisaggregatedCluster:
             held = [h for h in order.hashes if source.holds(h)]
             if held:
                 self.num_replication_orders += 1
-                done = self.network.transfer(source.node, target.node, len(held) * self.block_bytes, self.loop.now)
+                done = self.network.transfer(
+                    source.node, target.node, len(held) * self.block_bytes, self.loop.now
+                )
                 self.loop.at(done, target.write, held)
         if self.num_open:
             self.loop.after(self.config.hot_spot_period_s, self._hot_spot)
@@ -223,8 +282,13 @@ class DisaggregatedCluster:
     def _arrive(self, request: SimRequest) -> None:
         """conductor/flow.py's place(): ask, record, reserve; a refused reservation is forgotten
         and the policy asked again without that decode instance."""
-        scheduled = ScheduleRequest(request.request_id, request.blocks, request.num_prompt, TRACE_BLOCK_TOKENS,
-                                    request.num_output)
+        scheduled = ScheduleRequest(
+            request.request_id,
+            request.blocks,
+            request.num_prompt,
+            TRACE_BLOCK_TOKENS,
+            request.num_output,
+        )
         is_baseline = self.config.admission == "baseline"
         refused: list[str] = []
         while True:
@@ -245,7 +309,11 @@ class DisaggregatedCluster:
         request.decode_id = outcome.decode.instance_id
         request.predicted_prefill_s = outcome.prefill.prefill_s
         prefill = self.prefills[outcome.prefill.instance_id]
-        if is_baseline and prefill.queue_time_s(self.loop.now) + outcome.prefill.prefill_s > self.config.ttft_slo_s:
+        if (
+            is_baseline
+            and prefill.queue_time_s(self.loop.now) + outcome.prefill.prefill_s
+            > self.config.ttft_slo_s
+        ):
             # The baseline's prefill-side load check: the instance refuses a job it cannot finish in time.
             self.scheduler.on_finished(request.request_id, False)
             self._finish(request, Status.REJECTED, "prefill-load")
@@ -270,7 +338,9 @@ class DisaggregatedCluster:
                 pulled.append(block)
             if pulled:
                 source.read(pulled)
-                ready = self.network.transfer(source.node, store.node, len(pulled) * self.block_bytes, now)
+                ready = self.network.transfer(
+                    source.node, store.node, len(pulled) * self.block_bytes, now
+                )
                 store.write(pulled)
         run = store.prefix_run(request.blocks)
         num_from_ssd = store.read(request.blocks[:run])
@@ -294,7 +364,9 @@ class DisaggregatedCluster:
         decode = self.decodes[request.decode_id]
         if request.num_output <= 1:
             decode.release(request.request_id, was_waiting=True)
-            self.scheduler.on_finished(request.request_id, False)  # as flow.py: finished on the first token
+            self.scheduler.on_finished(
+                request.request_id, False
+            )  # as flow.py: finished on the first token
             self._finish(request, Status.OK)
         elif self.config.admission == "baseline" and not self._decode_admits(decode, request):
             self.scheduler.on_finished(request.request_id, False)
@@ -312,7 +384,11 @@ class DisaggregatedCluster:
         """Host-to-device load of the prompt's KV on the decode node, pipelined with the
         prefill layer by layer (each layer's KV lands in the decode node's DRAM as prefill
         finishes it): what is left after the prefill ends is the last layer's share."""
-        load_s = request.num_prompt * self.config.model_dims.kv_bytes_per_token / (self.config.h2d_gbps * 1e9)
+        load_s = (
+            request.num_prompt
+            * self.config.model_dims.kv_bytes_per_token
+            / (self.config.h2d_gbps * 1e9)
+        )
         return load_s / self.config.model_dims.num_layers
 
     def _decode_admits(self, decode: DecodeInstance, request: SimRequest) -> bool:
@@ -320,8 +396,9 @@ class DisaggregatedCluster:
         if not decode.can_reserve(request.num_prompt + request.num_output):
             return False
         batch = decode.batch
-        tbt = self.costs.decode_step_s(batch.num_running + len(decode.joining) + 1,
-                                       batch.context_tokens + request.num_prompt)
+        tbt = self.costs.decode_step_s(
+            batch.num_running + len(decode.joining) + 1, batch.context_tokens + request.num_prompt
+        )
         return tbt <= self.config.tbt_slo_s
 
     def _join_decode(self, request: SimRequest) -> None:
@@ -348,7 +425,11 @@ class DisaggregatedCluster:
             decode.joining.clear()
         decode.is_stepping = batch.num_running > 0
         if decode.is_stepping:
-            self.loop.at(now + self.decode_step_s(batch.num_running, batch.context_tokens), self._step_done, decode)
+            self.loop.at(
+                now + self.decode_step_s(batch.num_running, batch.context_tokens),
+                self._step_done,
+                decode,
+            )
 
     def _finish(self, request: SimRequest, status: Status, reason: str = "") -> None:
         request.status = status

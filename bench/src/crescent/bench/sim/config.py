@@ -66,7 +66,9 @@ class SimConfig:
     memory_gbps: float = A800_X8_MEMORY_GBPS
     decode_kv_tokens: int | None = None  # None: what the HBM holds after the weights
     profile: Path | None = None
-    kv_bytes_per_token_stored: float | None = None  # KV bytes per token a store holds and moves (default: the model's)
+    kv_bytes_per_token_stored: float | None = (
+        None  # KV bytes per token a store holds and moves (default: the model's)
+    )
     kvcache_balancing_threshold: float = 1.5
     chunk_tokens: int = 512  # vllm-chunked: tokens per step (vLLM 0.5's default budget)
     max_num_seqs: int = 256  # coupled instances: most requests in one batch (vLLM's default)
@@ -78,12 +80,18 @@ class SimConfig:
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
-            raise SimConfigError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
-        for name, value, allowed in (("admission", self.admission, ADMISSIONS),
-                                     ("cache scope", self.cache_scope, CACHE_SCOPES),
-                                     ("coupled", self.coupled, COUPLED)):
+            raise SimConfigError(
+                f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}"
+            )
+        for name, value, allowed in (
+            ("admission", self.admission, ADMISSIONS),
+            ("cache scope", self.cache_scope, CACHE_SCOPES),
+            ("coupled", self.coupled, COUPLED),
+        ):
             if value not in allowed:
-                raise SimConfigError(f"unknown {name} {value!r}; choose one of {', '.join(allowed)}")
+                raise SimConfigError(
+                    f"unknown {name} {value!r}; choose one of {', '.join(allowed)}"
+                )
         if self.num_prefill < 1 or self.num_decode < 1:
             raise SimConfigError("a cluster needs at least one prefill and one decode instance")
         if not self.speed > 0 or not self.telemetry_period_s > 0 or self.telemetry_delay_s < 0:
@@ -95,19 +103,27 @@ class SimConfig:
         if min(self.nic_gbps, self.h2d_gbps, self.ssd_gbps, self.tflops, self.memory_gbps) <= 0:
             raise SimConfigError("bandwidths and device speeds must be > 0")
         if self.cache_scope == "local" and self.policy == "kv-centric" and self.coupled == "none":
-            raise SimConfigError("kv-centric pulls prefixes across nodes, which a local cache scope forbids: "
-                                 "use --cache-scope global or --policy local-cache-aware")
+            raise SimConfigError(
+                "kv-centric pulls prefixes across nodes, which a local cache scope forbids: "
+                "use --cache-scope global or --policy local-cache-aware"
+            )
         if not (self.ttft_slo_s > 0 and self.tbt_slo_s > 0):
-            raise SimConfigError(f"SLOs must be > 0, got TTFT {self.ttft_slo_s} s, TBT {self.tbt_slo_s} s")
+            raise SimConfigError(
+                f"SLOs must be > 0, got TTFT {self.ttft_slo_s} s, TBT {self.tbt_slo_s} s"
+            )
         if not self.kvcache_balancing_threshold > 0:
             raise SimConfigError("the KV-cache balancing threshold must be > 0")
         if self.chunk_tokens < 1 or self.max_num_seqs < 1:
             raise SimConfigError("chunk tokens and max_num_seqs must be >= 1")
         if self.ratio is not None:
             if self.coupled != "none":
-                raise SimConfigError("the P/D ratio controller sizes a disaggregated cluster, not a coupled one")
+                raise SimConfigError(
+                    "the P/D ratio controller sizes a disaggregated cluster, not a coupled one"
+                )
             if not self.ratio_window_s > 0 or self.instance_start_s < 0:
-                raise SimConfigError("the ratio window must be > 0 s and the instance start time >= 0 s")
+                raise SimConfigError(
+                    "the ratio window must be > 0 s and the instance start time >= 0 s"
+                )
             try:
                 self.ratio.validate()
             except RatioConfigError as exc:
@@ -118,8 +134,11 @@ class SimConfig:
         return self.num_prefill + self.num_decode
 
     def cost_model(self) -> CostModel:
-        return CostModel(dims=self.model_dims, flops_per_s=self.tflops * 1e12,
-                         memory_bytes_per_s=self.memory_gbps * 1e9)
+        return CostModel(
+            dims=self.model_dims,
+            flops_per_s=self.tflops * 1e12,
+            memory_bytes_per_s=self.memory_gbps * 1e9,
+        )
 
     def kv_bytes_per_token(self) -> float:
         """What a block's bytes in the stores and on the wire are counted as. An emulated cluster
@@ -147,16 +166,22 @@ def roofline_decode(cost: CostModel) -> Callable[[int, int], float]:
     """CostModel.decode_step_s with its constants folded: the simulator calls it once per decode
     step of every instance, hundreds of thousands of times a run."""
     dims = cost.dims
-    per_request_s = cost.time_scale * dims.num_layers * dims.b * dims.hidden_size ** 2 / cost.flops_per_s
-    per_context_flops_s = cost.time_scale * dims.num_layers * dims.a * dims.hidden_size / cost.flops_per_s
+    per_request_s = (
+        cost.time_scale * dims.num_layers * dims.b * dims.hidden_size**2 / cost.flops_per_s
+    )
+    per_context_flops_s = (
+        cost.time_scale * dims.num_layers * dims.a * dims.hidden_size / cost.flops_per_s
+    )
     weights_s = cost.time_scale * dims.weight_bytes / cost.memory_bytes_per_s
     per_context_bytes_s = cost.time_scale * dims.kv_bytes_per_token / cost.memory_bytes_per_s
 
     def decode_step_s(batch_size: int, total_context: int) -> float:
         if batch_size == 0:
             return 0.0
-        return max(per_request_s * batch_size + per_context_flops_s * total_context,
-                   weights_s + per_context_bytes_s * total_context)
+        return max(
+            per_request_s * batch_size + per_context_flops_s * total_context,
+            weights_s + per_context_bytes_s * total_context,
+        )
 
     return decode_step_s
 
@@ -167,11 +192,17 @@ def load_profile(path: Path) -> tuple[PrefillTimeModel, Callable[[int, int], flo
         data = json.loads(Path(path).read_text())
         prefill = PrefillTimeModel.from_dict(data)
         decode = data["decode"]
-        base, per_request, per_token = (float(decode[k]) for k in ("base_s", "per_request_s", "per_context_token_s"))
+        base, per_request, per_token = (
+            float(decode[k]) for k in ("base_s", "per_request_s", "per_context_token_s")
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SimConfigError(f"cannot use profile {path}: {exc}") from exc
 
     def decode_step_s(batch_size: int, total_context: int) -> float:
-        return 0.0 if batch_size == 0 else max(0.0, base + per_request * batch_size + per_token * total_context)
+        return (
+            0.0
+            if batch_size == 0
+            else max(0.0, base + per_request * batch_size + per_token * total_context)
+        )
 
     return prefill, decode_step_s

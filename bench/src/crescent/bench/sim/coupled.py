@@ -28,7 +28,9 @@ from crescent.bench.trace import TRACE_BLOCK_TOKENS
 
 
 class CoupledInstance:
-    def __init__(self, instance_id: str, kv_capacity_tokens: int, with_prefix_cache: bool, max_num_seqs: int) -> None:
+    def __init__(
+        self, instance_id: str, kv_capacity_tokens: int, with_prefix_cache: bool, max_num_seqs: int
+    ) -> None:
         self.instance_id = instance_id
         self.max_num_seqs = max_num_seqs
         self.kv_capacity_tokens = kv_capacity_tokens
@@ -38,11 +40,18 @@ class CoupledInstance:
         self.prefilling: SimRequest | None = None  # chunked: the prompt being computed
         self.num_prefilled = 0  # chunked: its tokens done so far (cached ones included)
         self.is_stepping = False
-        self.cache = NodeStore(instance_id, kv_capacity_tokens // TRACE_BLOCK_TOKENS) if with_prefix_cache else None
+        self.cache = (
+            NodeStore(instance_id, kv_capacity_tokens // TRACE_BLOCK_TOKENS)
+            if with_prefix_cache
+            else None
+        )
 
     def can_admit(self, request: SimRequest) -> bool:
-        return (self.batch.num_running + (self.prefilling is not None) < self.max_num_seqs
-                and self.kv_used_tokens + request.num_prompt + request.num_output <= self.kv_capacity_tokens)
+        return (
+            self.batch.num_running + (self.prefilling is not None) < self.max_num_seqs
+            and self.kv_used_tokens + request.num_prompt + request.num_output
+            <= self.kv_capacity_tokens
+        )
 
     def admit(self, request: SimRequest) -> None:
         self.kv_used_tokens += request.num_prompt + request.num_output
@@ -54,7 +63,9 @@ class CoupledInstance:
 
     def _resize_cache(self) -> None:
         if self.cache is not None:
-            self.cache.set_capacity(max(0, self.kv_capacity_tokens - self.kv_used_tokens) // TRACE_BLOCK_TOKENS)
+            self.cache.set_capacity(
+                max(0, self.kv_capacity_tokens - self.kv_used_tokens) // TRACE_BLOCK_TOKENS
+            )
 
 
 class CoupledCluster:
@@ -64,8 +75,12 @@ class CoupledCluster:
         self.costs = config.costs()
         self.is_chunked = config.coupled == "vllm-chunked"
         with_cache = config.coupled == "vllm-prefix-cache"
-        self.instances = [CoupledInstance(f"vllm-{i}", config.kv_capacity_tokens(), with_cache, config.max_num_seqs)
-                          for i in range(config.num_nodes)]
+        self.instances = [
+            CoupledInstance(
+                f"vllm-{i}", config.kv_capacity_tokens(), with_cache, config.max_num_seqs
+            )
+            for i in range(config.num_nodes)
+        ]
         self._next = 0
         self.num_open = 0
         self.max_replicas = 1 if with_cache else 0
@@ -104,14 +119,21 @@ class CoupledCluster:
             self.loop.after(request.compute_s, self._prefill_done, (instance, request))
         elif batch.num_running:
             instance.is_stepping = True
-            self.loop.after(self.costs.decode_step_s(batch.num_running, batch.context_tokens),
-                            self._decode_done, instance)
+            self.loop.after(
+                self.costs.decode_step_s(batch.num_running, batch.context_tokens),
+                self._decode_done,
+                instance,
+            )
         else:
             instance.is_stepping = False
 
     def _step_chunked(self, instance: CoupledInstance) -> None:
         batch = instance.batch
-        if instance.prefilling is None and instance.waiting and instance.can_admit(instance.waiting[0]):
+        if (
+            instance.prefilling is None
+            and instance.waiting
+            and instance.can_admit(instance.waiting[0])
+        ):
             instance.prefilling = instance.waiting.popleft()
             instance.admit(instance.prefilling)
             instance.num_prefilled = 0
@@ -122,7 +144,11 @@ class CoupledCluster:
         if not batch.num_running and not chunk:
             instance.is_stepping = False
             return
-        duration = self.costs.decode_step_s(batch.num_running, batch.context_tokens) if batch.num_running else 0.0
+        duration = (
+            self.costs.decode_step_s(batch.num_running, batch.context_tokens)
+            if batch.num_running
+            else 0.0
+        )
         if chunk:
             done = instance.num_prefilled
             chunk_s = self.costs.prefill_s(done + chunk, done)

@@ -19,8 +19,25 @@ from crescent.bench.slo import SloTargets
 from crescent.bench.trace import TraceRequest
 
 Trace = Sequence[TraceRequest]
-CAPACITIES = (500_000, 1_000_000, 2_000_000, 3_000_000, 5_000_000, 10_000_000, 20_000_000, 50_000_000, None)
-PREFILL_POLICIES = ("random", "least-loaded", "local-cache-aware", "kv-centric", "dynamo-kv", "llmd-score")
+CAPACITIES = (
+    500_000,
+    1_000_000,
+    2_000_000,
+    3_000_000,
+    5_000_000,
+    10_000_000,
+    20_000_000,
+    50_000_000,
+    None,
+)
+PREFILL_POLICIES = (
+    "random",
+    "least-loaded",
+    "local-cache-aware",
+    "kv-centric",
+    "dynamo-kv",
+    "llmd-score",
+)
 TBT_SLOS = (0.1, 0.2, 0.3)
 COUPLED_SYSTEMS = ("vllm", "vllm-prefix-cache", "vllm-chunked")
 # Cache experiments have outputs of 1, which never decode; the conductor still reserves their
@@ -35,7 +52,7 @@ def theoretical_hit_rate(trace: Trace) -> float:
     seen: set[int] = set()
     hit = total = 0
     for item in trace:
-        full = item.hash_ids[:item.num_full_blocks]
+        full = item.hash_ids[: item.num_full_blocks]
         run = 0
         for block in full:
             if block not in seen:
@@ -51,8 +68,16 @@ def fig16(trace: Trace, args: argparse.Namespace) -> list[dict]:
     """Hit rate of one global LRU pool of each capacity: a single prefill node, outputs of 1."""
     cases = []
     for capacity in CAPACITIES:
-        config = config_from(args, num_prefill=1, num_decode=1, output_limit=1, cache_tokens_per_node=capacity,
-                             hot_spot_period_s=0, policy="local-cache-aware", decode_kv_tokens=UNBOUNDED_DECODE_KV)
+        config = config_from(
+            args,
+            num_prefill=1,
+            num_decode=1,
+            output_limit=1,
+            cache_tokens_per_node=capacity,
+            hot_spot_period_s=0,
+            policy="local-cache-aware",
+            decode_kv_tokens=UNBOUNDED_DECODE_KV,
+        )
         label = "inf" if capacity is None else f"{capacity / 1e6:g}M"
         cases.append({**simulate(config, trace, f"lru-{label}"), "cache_tokens": capacity})
     cases.append({"case": "theoretical-max", "hit_rate": theoretical_hit_rate(trace)})
@@ -62,10 +87,23 @@ def fig16(trace: Trace, args: argparse.Namespace) -> list[dict]:
 def fig17(trace: Trace, args: argparse.Namespace) -> list[dict]:
     """10 prefill nodes × 3M tokens, outputs of 1: local cache-aware on local caches vs
     KV-centric on the global pool."""
-    common = {"num_prefill": 10, "num_decode": 2, "output_limit": 1, "cache_tokens_per_node": 3_000_000,
-              "decode_kv_tokens": UNBOUNDED_DECODE_KV}
-    return [simulate(config_from(args, policy="local-cache-aware", cache_scope="local", **common), trace, "local"),
-            simulate(config_from(args, policy="kv-centric", cache_scope="global", **common), trace, "global")]
+    common = {
+        "num_prefill": 10,
+        "num_decode": 2,
+        "output_limit": 1,
+        "cache_tokens_per_node": 3_000_000,
+        "decode_kv_tokens": UNBOUNDED_DECODE_KV,
+    }
+    return [
+        simulate(
+            config_from(args, policy="local-cache-aware", cache_scope="local", **common),
+            trace,
+            "local",
+        ),
+        simulate(
+            config_from(args, policy="kv-centric", cache_scope="global", **common), trace, "global"
+        ),
+    ]
 
 
 def fig5(trace: Trace, args: argparse.Namespace) -> list[dict]:
@@ -80,7 +118,12 @@ def table4(trace: Trace, args: argparse.Namespace) -> list[dict]:
     for name in ("baseline", "early", "predictive"):
         run = SimRun(config_from(args, admission=name), trace).run()
         per_second = {int(t): (round(p, 4), round(d, 4)) for t, p, d in run.cluster.load_timeline}
-        cases.append({**run.summary(name), "load_timeline": [[t, *loads] for t, loads in sorted(per_second.items())]})
+        cases.append(
+            {
+                **run.summary(name),
+                "load_timeline": [[t, *loads] for t, loads in sorted(per_second.items())],
+            }
+        )
     return cases
 
 
@@ -88,16 +131,28 @@ def fig23(trace: Trace, args: argparse.Namespace) -> list[dict]:
     """P/D ratio on 16 nodes, TTFT SLO 10 s, TBT SLO 100 ms."""
     cases = []
     for num_prefill in (4, 6, 8, 10, 12):
-        config = config_from(args, num_prefill=num_prefill, num_decode=16 - num_prefill, ttft_slo_s=10.0,
-                             tbt_slo_s=0.1)
-        cases.append({**simulate(config, trace, f"{num_prefill}P{16 - num_prefill}D"), "num_prefill": num_prefill})
+        config = config_from(
+            args,
+            num_prefill=num_prefill,
+            num_decode=16 - num_prefill,
+            ttft_slo_s=10.0,
+            tbt_slo_s=0.1,
+        )
+        cases.append(
+            {
+                **simulate(config, trace, f"{num_prefill}P{16 - num_prefill}D"),
+                "num_prefill": num_prefill,
+            }
+        )
     return cases
 
 
 def fig1(trace: Trace, args: argparse.Namespace) -> list[dict]:
     """Effective request capacity on 16 nodes under TBT SLOs of 100/200/300 ms (TTFT 30 s):
     Crescent (8P+8D, kv-centric) against the coupled vLLM baselines."""
-    systems = [("crescent", config_from(args))] + [(name, config_from(args, coupled=name)) for name in COUPLED_SYSTEMS]
+    systems = [("crescent", config_from(args))] + [
+        (name, config_from(args, coupled=name)) for name in COUPLED_SYSTEMS
+    ]
     cases = []
     for name, config in systems:
         run = SimRun(config, trace).run()
@@ -108,15 +163,29 @@ def fig1(trace: Trace, args: argparse.Namespace) -> list[dict]:
 
 
 EXPERIMENTS: dict[str, Callable[[Trace, argparse.Namespace], list[dict]]] = {
-    "fig16": fig16, "fig17": fig17, "fig5": fig5, "table4": table4, "fig23": fig23, "fig1": fig1, "ratio": ratio}
+    "fig16": fig16,
+    "fig17": fig17,
+    "fig5": fig5,
+    "table4": table4,
+    "fig23": fig23,
+    "fig1": fig1,
+    "ratio": ratio,
+}
 
 
-def run_experiment(name: str, trace: Trace, trace_name: str, args: argparse.Namespace, out: Path) -> dict:
+def run_experiment(
+    name: str, trace: Trace, trace_name: str, args: argparse.Namespace, out: Path
+) -> dict:
     from crescent.bench.sim.plots import plot_experiment
 
     cases = EXPERIMENTS[name](trace, args)
-    result = {"bench": f"sim-{name}", "trace": trace_name, "speed": args.speed, "limit": args.limit,
-              "cases": cases}
+    result = {
+        "bench": f"sim-{name}",
+        "trace": trace_name,
+        "speed": args.speed,
+        "limit": args.limit,
+        "cases": cases,
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     plot_experiment(name, result, out / f"{name}.png")

@@ -38,10 +38,17 @@ class PrefillInstance:
 
     def load(self, now: float, period_s: float) -> InstanceLoad:
         # kv_used_tokens: the prompt tokens of the jobs it holds (queued prompt work).
-        return InstanceLoad(role="prefill", instance_id=self.instance_id, node=self.node, sent_at=now,
-                            period_s=period_s, num_queued=len(self.queue) + (self.running is not None),
-                            queue_time_s=self.queue_time_s(now), kv_used_tokens=self.num_queued_tokens,
-                            **_accepting(self.is_draining))
+        return InstanceLoad(
+            role="prefill",
+            instance_id=self.instance_id,
+            node=self.node,
+            sent_at=now,
+            period_s=period_s,
+            num_queued=len(self.queue) + (self.running is not None),
+            queue_time_s=self.queue_time_s(now),
+            kv_used_tokens=self.num_queued_tokens,
+            **_accepting(self.is_draining),
+        )
 
 
 class DecodeInstance:
@@ -83,10 +90,19 @@ class DecodeInstance:
             self.num_waiting -= 1
 
     def load(self, now: float, period_s: float) -> InstanceLoad:
-        return InstanceLoad(role="decode", instance_id=self.instance_id, node=self.node, sent_at=now,
-                            period_s=period_s, num_queued=self.num_waiting, num_running=self.batch.num_running,
-                            kv_used_tokens=self.kv_used_tokens, kv_capacity_tokens=self.kv_capacity_tokens,
-                            num_context_tokens=self.batch.context_tokens, **_accepting(self.is_draining))
+        return InstanceLoad(
+            role="decode",
+            instance_id=self.instance_id,
+            node=self.node,
+            sent_at=now,
+            period_s=period_s,
+            num_queued=self.num_waiting,
+            num_running=self.batch.num_running,
+            kv_used_tokens=self.kv_used_tokens,
+            kv_capacity_tokens=self.kv_capacity_tokens,
+            num_context_tokens=self.batch.context_tokens,
+            **_accepting(self.is_draining),
+        )
 
 
 def _accepting(is_draining: bool) -> dict:

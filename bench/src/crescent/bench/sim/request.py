@@ -15,12 +15,34 @@ class Status(enum.Enum):
 
 
 class SimRequest:
-    __slots__ = ("arrival_s", "blocks", "cached_tokens", "compute_s", "decision", "decode_id", "first_emission",
-                 "first_token_s", "index", "last_emission", "num_output", "num_prompt", "predicted_prefill_s",
-                 "reject_reason", "request_id", "status", "tbt_s")
+    __slots__ = (
+        "arrival_s",
+        "blocks",
+        "cached_tokens",
+        "compute_s",
+        "decision",
+        "decode_id",
+        "first_emission",
+        "first_token_s",
+        "index",
+        "last_emission",
+        "num_output",
+        "num_prompt",
+        "predicted_prefill_s",
+        "reject_reason",
+        "request_id",
+        "status",
+        "tbt_s",
+    )
 
-    def __init__(self, index: int, arrival_s: float, num_prompt: int, num_output: int,
-                 blocks: tuple[bytes, ...]) -> None:
+    def __init__(
+        self,
+        index: int,
+        arrival_s: float,
+        num_prompt: int,
+        num_output: int,
+        blocks: tuple[bytes, ...],
+    ) -> None:
         self.index = index
         self.request_id = f"r{index}"
         self.arrival_s = arrival_s

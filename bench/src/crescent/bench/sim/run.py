@@ -24,10 +24,20 @@ def sim_requests(trace: Sequence[TraceRequest], config: SimConfig) -> list[SimRe
     keys: dict[int, bytes] = {}
     requests = []
     for item in trace:
-        blocks = tuple(keys.get(h) or keys.setdefault(h, block_key(h)) for h in item.hash_ids[:item.num_full_blocks])
-        num_output = item.output_length if config.output_limit is None else min(item.output_length,
-                                                                               config.output_limit)
-        requests.append(SimRequest(item.index, item.arrival_s / config.speed, item.input_length, num_output, blocks))
+        blocks = tuple(
+            keys.get(h) or keys.setdefault(h, block_key(h))
+            for h in item.hash_ids[: item.num_full_blocks]
+        )
+        num_output = (
+            item.output_length
+            if config.output_limit is None
+            else min(item.output_length, config.output_limit)
+        )
+        requests.append(
+            SimRequest(
+                item.index, item.arrival_s / config.speed, item.input_length, num_output, blocks
+            )
+        )
     return requests
 
 
@@ -38,8 +48,11 @@ class SimRun:
         config.validate()
         self.config = config
         self.loop = EventLoop()
-        self.cluster = (DisaggregatedCluster(config, self.loop) if config.coupled == "none"
-                        else CoupledCluster(config, self.loop))
+        self.cluster = (
+            DisaggregatedCluster(config, self.loop)
+            if config.coupled == "none"
+            else CoupledCluster(config, self.loop)
+        )
         self.requests = sim_requests(trace, config)
         self.wall_s = 0.0
 
@@ -75,14 +88,17 @@ class SimRun:
             "mean_tbt_s": mean(tbts),
             "p90_tbt_s": percentile(tbts, 0.9),
             "effective_capacity": effective_capacity(
-                ((r.status is Status.OK, r.ttft_s, r.tbt_s) for r in requests), slo),
+                ((r.status is Status.OK, r.ttft_s, r.tbt_s) for r in requests), slo
+            ),
             "prefill_compute_s": mean([r.compute_s for r in prefilled]),
             "max_replicas": self.cluster.max_replicas,
             "wall_s": self.wall_s,
             "rejected_after_prefill": statuses[Status.REJECTED_AFTER_PREFILL],
             "rejected_by_reason": dict(sorted(reasons.items())),
             "goodput_rps": sum(1 for r in done if r.ttft_s <= slo.ttft_s and r.tbt_s <= slo.tbt_s)
-                           / span_s if span_s else 0.0,
+            / span_s
+            if span_s
+            else 0.0,
             "simulated_s": self.loop.now,
             "requests_per_wall_s": len(requests) / self.wall_s if self.wall_s else 0.0,
             "events": self.loop.num_events,

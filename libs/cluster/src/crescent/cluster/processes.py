@@ -24,7 +24,10 @@ from crescent.common.errors import FatalError
 
 class ProcessError(FatalError):
     def __init__(self, name: str, message: str, log_tail: str = "") -> None:
-        super().__init__(f"{name}: {message}" + (f"\n--- last lines of its log ---\n{log_tail}" if log_tail else ""))
+        super().__init__(
+            f"{name}: {message}"
+            + (f"\n--- last lines of its log ---\n{log_tail}" if log_tail else "")
+        )
         self.name = name
 
 
@@ -70,15 +73,28 @@ class ManagedProcess:
         """Start (or restart) the process. Only from the main thread: the kernel signals the
         child when the thread that forked it exits, not when the whole process does."""
         if threading.current_thread() is not threading.main_thread():
-            raise ProcessError(self.spec.name, "must be started from the main thread (its "
-                                               "parent-death signal follows the forking thread)")
+            raise ProcessError(
+                self.spec.name,
+                "must be started from the main thread (its "
+                "parent-death signal follows the forking thread)",
+            )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "crescent.cluster.die_with_parent", str(os.getpid()),
-                *self.spec.argv]
+        argv = [
+            sys.executable,
+            "-m",
+            "crescent.cluster.die_with_parent",
+            str(os.getpid()),
+            *self.spec.argv,
+        ]
         with open(self.log_path, "ab") as log_file:
-            self.popen = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env={**os.environ, **self.spec.env},
-                                          start_new_session=True)
+            self.popen = subprocess.Popen(
+                argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.spec.env},
+                start_new_session=True,
+            )
         self.num_starts += 1
         self.started_at = time.monotonic()
         self.is_stopped = False
@@ -87,11 +103,17 @@ class ManagedProcess:
         deadline = time.monotonic() + timeout_s
         while self.spec.port is not None and not is_port_open(self.spec.port):
             if not self.is_running:
-                raise ProcessError(self.spec.name, f"exited with code {self.popen.returncode} before it was ready",
-                                   self.log_tail())
+                raise ProcessError(
+                    self.spec.name,
+                    f"exited with code {self.popen.returncode} before it was ready",
+                    self.log_tail(),
+                )
             if time.monotonic() > deadline:
-                raise ProcessError(self.spec.name, f"port {self.spec.port} not open after {timeout_s}s",
-                                   self.log_tail())
+                raise ProcessError(
+                    self.spec.name,
+                    f"port {self.spec.port} not open after {timeout_s}s",
+                    self.log_tail(),
+                )
             time.sleep(0.05)
 
     def signal(self, sig: int) -> None:

@@ -56,8 +56,10 @@ Probability = Annotated[float, Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, Meta(ge=-MAX_PENALTY, le=MAX_PENALTY)]
 RepetitionPenalty = Annotated[float, Meta(gt=0.0, le=MAX_PENALTY)]
 TopK = Annotated[int, Meta(ge=-1, le=MAX_TOKEN_ID)]  # 0 or -1: every token
-LogitBias = Annotated[dict[TokenId, Annotated[float, Meta(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]],
-                      Meta(max_length=MAX_BIASED_TOKENS)]
+LogitBias = Annotated[
+    dict[TokenId, Annotated[float, Meta(ge=-MAX_LOGIT_BIAS, le=MAX_LOGIT_BIAS)]],
+    Meta(max_length=MAX_BIASED_TOKENS),
+]
 NumLogprobs = Annotated[int, Meta(ge=0, le=MAX_TOP_LOGPROBS)]
 Logprob = Annotated[float, Meta(ge=MIN_LOGPROB, le=0.0)]
 Logprobs = Annotated[list[Logprob], Meta(max_length=MAX_TOP_LOGPROBS + 1)]

@@ -15,6 +15,11 @@ from typing import Any, TypeVar
 
 import nats
 import nats.errors
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from opentelemetry import context as otel_context
+
 from crescent.common import tracing
 from crescent.common.codec import Message, decode, encode
 from crescent.common.errors import (
@@ -26,10 +31,6 @@ from crescent.common.errors import (
     UnreachableError,
 )
 from crescent.common.messages import ErrorReply
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
-from opentelemetry import context as otel_context
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,9 @@ class Stream:
     (nats.py's own next_msg starts two tasks and draws a UUID per message.)
     """
 
-    def __init__(self, subject: str, message_type: Any, on_close: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, subject: str, message_type: Any, on_close: Callable[[], None] | None = None
+    ) -> None:
         self.subject = subject
         self._message_type = message_type
         self._arrived: deque[bytes] = deque()
@@ -104,7 +107,9 @@ class StreamGroup:
         """A stream of `subject`, which must match the group's subscription."""
         if subject in self._streams:
             raise ValueError(f"a stream of {subject} is already open")
-        stream = Stream(subject, self._message_type, on_close=lambda: self._streams.pop(subject, None))
+        stream = Stream(
+            subject, self._message_type, on_close=lambda: self._streams.pop(subject, None)
+        )
         self._streams[subject] = stream
         return stream
 
@@ -114,7 +119,9 @@ class Bus:
         self._client = client
         self._handler_tasks: set[asyncio.Task] = set()
         self._is_draining = False
-        self.epoch = 0  # connections so far, less one: a reply or chunk sent across a reconnect may be lost
+        self.epoch = (
+            0  # connections so far, less one: a reply or chunk sent across a reconnect may be lost
+        )
 
     @classmethod
     async def connect(cls, url: str, name: str, timeout_s: float = 10.0) -> Bus:
@@ -141,17 +148,20 @@ class Bus:
             log.warning("NATS error", extra={"error": repr(exc)})
 
         try:
-            client = await asyncio.wait_for(nats.connect(
-                servers=url.split(","),
-                name=name,
-                connect_timeout=min(2.0, timeout_s),
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                error_cb=on_error,
-                disconnected_cb=on_disconnected,
-                reconnected_cb=on_reconnected,
-            ), timeout_s)
+            client = await asyncio.wait_for(
+                nats.connect(
+                    servers=url.split(","),
+                    name=name,
+                    connect_timeout=min(2.0, timeout_s),
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    error_cb=on_error,
+                    disconnected_cb=on_disconnected,
+                    reconnected_cb=on_reconnected,
+                ),
+                timeout_s,
+            )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise UnreachableError("NATS", url, max(attempts, 1), repr(exc)) from exc
         bus = cls(client)
@@ -161,11 +171,15 @@ class Bus:
     def is_connected(self) -> bool:
         return self._client.is_connected
 
-    async def request(self, subject: str, message: Message, reply_type: Any, timeout_s: float) -> Any:
+    async def request(
+        self, subject: str, message: Message, reply_type: Any, timeout_s: float
+    ) -> Any:
         """Send `message` and decode the reply as `reply_type`; an ErrorReply raises RemoteError."""
         headers = tracing.inject_headers()
         try:
-            msg = await self._client.request(subject, encode(message), timeout=timeout_s, headers=headers)
+            msg = await self._client.request(
+                subject, encode(message), timeout=timeout_s, headers=headers
+            )
         except nats.errors.NoRespondersError as exc:
             raise NoRespondersError(subject) from exc
         except nats.errors.TimeoutError as exc:
@@ -181,7 +195,9 @@ class Bus:
         headers = tracing.inject_headers() if with_trace else None
         await self._client.publish(subject, encode(message), headers=headers)
 
-    async def serve(self, subject: str, request_type: Any, handler: Handler, queue: str = "") -> None:
+    async def serve(
+        self, subject: str, request_type: Any, handler: Handler, queue: str = ""
+    ) -> None:
         """Run `handler` for every message on `subject`, each in its own task.
 
         The reply is the handler's return value, or an ErrorReply when the body is malformed or
@@ -189,7 +205,9 @@ class Bus:
         """
 
         async def on_message(msg: Msg) -> None:
-            task = asyncio.create_task(self._handle(msg, request_type, handler), name=f"serve {subject}")
+            task = asyncio.create_task(
+                self._handle(msg, request_type, handler), name=f"serve {subject}"
+            )
             self._handler_tasks.add(task)
             task.add_done_callback(self._handler_tasks.discard)
 
@@ -202,7 +220,9 @@ class Bus:
             try:
                 reply = await handler(decode(msg.data, request_type))
             except MessageError as exc:
-                log.warning("rejected malformed message", extra={"subject": msg.subject, "error": str(exc)})
+                log.warning(
+                    "rejected malformed message", extra={"subject": msg.subject, "error": str(exc)}
+                )
                 reply = ErrorReply(code="bad_message", message=str(exc))
             except CrescentError as exc:
                 reply = ErrorReply(code=type(exc).__name__, message=str(exc))
@@ -216,14 +236,18 @@ class Bus:
         finally:
             otel_context.detach(token)
 
-    async def subscribe(self, subject: str, message_type: Any, handler: Callable[[Any], None]) -> None:
+    async def subscribe(
+        self, subject: str, message_type: Any, handler: Callable[[Any], None]
+    ) -> None:
         """Deliver decoded pub/sub messages to a synchronous `handler`; bad ones are logged and dropped."""
 
         async def on_message(msg: Msg) -> None:
             try:
                 handler(decode(msg.data, message_type))
             except MessageError as exc:
-                log.warning("dropped malformed message", extra={"subject": msg.subject, "error": str(exc)})
+                log.warning(
+                    "dropped malformed message", extra={"subject": msg.subject, "error": str(exc)}
+                )
             except Exception:
                 log.exception("subscriber failed", extra={"subject": msg.subject})
 

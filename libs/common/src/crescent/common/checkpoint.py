@@ -73,15 +73,20 @@ def inspect_checkpoint(directory: str | Path) -> Checkpoint:
     config = _read_json(path / "config.json", "config.json")
     model_type = config.get("model_type", "")
     if model_type not in LLAMA_FAMILY:
-        raise CheckpointError(path, f"model_type {model_type!r} is not Llama family "
-                                    f"(supported: {', '.join(sorted(LLAMA_FAMILY))})")
+        raise CheckpointError(
+            path,
+            f"model_type {model_type!r} is not Llama family "
+            f"(supported: {', '.join(sorted(LLAMA_FAMILY))})",
+        )
     try:
         num_heads = int(config["num_attention_heads"])
         hidden = int(config["hidden_size"])
-        geometry = KvGeometry(num_layers=int(config["num_hidden_layers"]),
-                              num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
-                              head_dim=int(config.get("head_dim") or hidden // num_heads),
-                              dtype_bytes=0)
+        geometry = KvGeometry(
+            num_layers=int(config["num_hidden_layers"]),
+            num_kv_heads=int(config.get("num_key_value_heads") or num_heads),
+            head_dim=int(config.get("head_dim") or hidden // num_heads),
+            dtype_bytes=0,
+        )
         vocab_size = int(config["vocab_size"])
         max_positions = int(config.get("max_position_embeddings") or 0)
     except (KeyError, TypeError, ValueError) as exc:
@@ -89,10 +94,19 @@ def inspect_checkpoint(directory: str | Path) -> Checkpoint:
     dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
     if dtype not in DTYPE_BYTES:
         raise CheckpointError(path, f"dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
-    geometry = KvGeometry(geometry.num_layers, geometry.num_kv_heads, geometry.head_dim, DTYPE_BYTES[dtype])
-    checkpoint = Checkpoint(path=path, model_type=model_type, dtype=dtype, vocab_size=vocab_size,
-                            max_position_embeddings=max_positions, bos_token_id=config.get("bos_token_id"),
-                            eos_token_id=_first(config.get("eos_token_id")), kv=geometry)
+    geometry = KvGeometry(
+        geometry.num_layers, geometry.num_kv_heads, geometry.head_dim, DTYPE_BYTES[dtype]
+    )
+    checkpoint = Checkpoint(
+        path=path,
+        model_type=model_type,
+        dtype=dtype,
+        vocab_size=vocab_size,
+        max_position_embeddings=max_positions,
+        bos_token_id=config.get("bos_token_id"),
+        eos_token_id=_first(config.get("eos_token_id")),
+        kv=geometry,
+    )
     check_tokenizer(checkpoint)
     return checkpoint
 
@@ -117,13 +131,19 @@ def check_tokenizer(checkpoint: Checkpoint) -> None:
         raise CheckpointError(path, f"tokenizer.json does not load: {exc}") from exc
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     if size > checkpoint.vocab_size:
-        raise CheckpointError(path, f"the tokenizer has {size} tokens but the model's vocabulary only "
-                                    f"{checkpoint.vocab_size}: tokenizer and model do not match")
+        raise CheckpointError(
+            path,
+            f"the tokenizer has {size} tokens but the model's vocabulary only "
+            f"{checkpoint.vocab_size}: tokenizer and model do not match",
+        )
     tokenizer_config = path / "tokenizer_config.json"
     if not tokenizer_config.is_file():
         return
     special = _read_json(tokenizer_config, "tokenizer_config.json")
-    for name, model_id in (("bos_token", checkpoint.bos_token_id), ("eos_token", checkpoint.eos_token_id)):
+    for name, model_id in (
+        ("bos_token", checkpoint.bos_token_id),
+        ("eos_token", checkpoint.eos_token_id),
+    ):
         token = special.get(name)
         if isinstance(token, dict):
             token = token.get("content")
@@ -131,5 +151,8 @@ def check_tokenizer(checkpoint: Checkpoint) -> None:
             continue
         token_id = tokenizer.token_to_id(token)
         if token_id != model_id:
-            raise CheckpointError(path, f"the tokenizer's {name} {token!r} is id {token_id}, the model's "
-                                        f"is {model_id}: tokenizer and model do not match")
+            raise CheckpointError(
+                path,
+                f"the tokenizer's {name} {token!r} is id {token_id}, the model's "
+                f"is {model_id}: tokenizer and model do not match",
+            )

@@ -29,9 +29,11 @@ class ConfigConflict(FatalError):
     """This service's flags contradict the cluster config in etcd."""
 
     def __init__(self, key: str, service: str, conflicts: list[str]) -> None:
-        super().__init__(f"{service} contradicts the cluster config in etcd ({key}, written by the first "
-                         f"conductor): {'; '.join(conflicts)}. Start it with the cluster's values, or start "
-                         f"the cluster afresh (an empty etcd) to change them")
+        super().__init__(
+            f"{service} contradicts the cluster config in etcd ({key}, written by the first "
+            f"conductor): {'; '.join(conflicts)}. Start it with the cluster's values, or start "
+            f"the cluster afresh (an empty etcd) to change them"
+        )
         self.conflicts = conflicts
 
 
@@ -61,10 +63,13 @@ async def publish_config(etcd: aetcd.Client, keys: Keys, mine: ClusterConfig) ->
     is_new, responses = await etcd.transaction(
         compare=[etcd.transactions.version(key) == 0],
         success=[etcd.transactions.put(key, encode(mine))],
-        failure=[etcd.transactions.get(key)])
+        failure=[etcd.transactions.get(key)],
+    )
     if is_new:
-        log.info("cluster config written", extra={"key": keys.config(), "block_size": mine.block_size,
-                                                  "model": mine.model})
+        log.info(
+            "cluster config written",
+            extra={"key": keys.config(), "block_size": mine.block_size, "model": mine.model},
+        )
         return mine
     [(value, _)] = responses[0]
     return _decode(value, keys.config())
@@ -98,7 +103,10 @@ class ConfigFollower:
         except MessageError as exc:
             if not self._is_malformed_logged:
                 self._is_malformed_logged = True
-                log.warning("ignoring a malformed cluster config", extra={"key": self._key, "error": str(exc)})
+                log.warning(
+                    "ignoring a malformed cluster config",
+                    extra={"key": self._key, "error": str(exc)},
+                )
             return
         found = conflicts(config, self._flags)
         if found:

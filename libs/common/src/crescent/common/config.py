@@ -51,7 +51,9 @@ def _convert(name: str, kind: type, raw: str) -> Any:
         raise ConfigError(f"{name}: {raw!r} is not a valid {kind.__name__}") from exc
 
 
-def build_parser(cls: type, prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
+def build_parser(
+    cls: type, prog: str | None = None, description: str | None = None
+) -> argparse.ArgumentParser:
     """An argparse parser whose flags mirror the dataclass fields of `cls`."""
     parser = argparse.ArgumentParser(prog=prog, description=description or cls.__doc__)
     hints = typing.get_type_hints(cls)
@@ -59,11 +61,22 @@ def build_parser(cls: type, prog: str | None = None, description: str | None = N
         kind = hints[field.name]
         help_text = f"{field.metadata.get('help', '')} [env {env_name(field.name)}; default {field.default!r}]"
         if kind is bool:
-            parser.add_argument(flag_name(field.name), dest=field.name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=help_text)
+            parser.add_argument(
+                flag_name(field.name),
+                dest=field.name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
         else:
-            parser.add_argument(flag_name(field.name), dest=field.name, type=kind,
-                                default=argparse.SUPPRESS, help=help_text, metavar=field.name.upper())
+            parser.add_argument(
+                flag_name(field.name),
+                dest=field.name,
+                type=kind,
+                default=argparse.SUPPRESS,
+                help=help_text,
+                metavar=field.name.upper(),
+            )
     return parser
 
 
@@ -86,7 +99,9 @@ def load_settings(
         if field.name in parsed:
             values[field.name] = parsed[field.name]
         elif env_name(field.name) in environ:
-            values[field.name] = _convert(env_name(field.name), hints[field.name], environ[env_name(field.name)])
+            values[field.name] = _convert(
+                env_name(field.name), hints[field.name], environ[env_name(field.name)]
+            )
     settings = cls(**values)
     validate = getattr(settings, "validate", None)
     if validate is not None:
@@ -113,17 +128,29 @@ class CommonSettings:
     cluster: str = setting("dev", "cluster name: prefixes NATS subjects and etcd keys")
     nats_url: str = setting("nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
     etcd_url: str = setting("http://127.0.0.1:2379", "etcd endpoint")
-    node: str = setting("node0", "name of the machine this instance runs on (instances on one node share a store)")
+    node: str = setting(
+        "node0", "name of the machine this instance runs on (instances on one node share a store)"
+    )
     instance_id: str = setting("", "unique id of this instance; empty picks <role>-<random>")
     host: str = setting("127.0.0.1", "address this instance's HTTP endpoint binds to")
-    advertise_host: str = setting("", "address peers use to reach this instance (empty: host, or the hostname when host is 0.0.0.0)")
+    advertise_host: str = setting(
+        "",
+        "address peers use to reach this instance (empty: host, or the hostname when host is 0.0.0.0)",
+    )
     http_port: int = setting(0, "port of /health and /metrics (0 picks a free port)")
-    max_body_bytes: int = setting(64 * 1024 * 1024, "largest HTTP request body accepted (larger gets 413)")
-    http_idle_timeout_s: float = setting(30.0, "an HTTP connection idle this long, or still sending its "
-                                               "request headers, is closed")
-    lease_ttl_s: int = setting(5, "etcd lease TTL: a dead instance leaves the registry within this time")
+    max_body_bytes: int = setting(
+        64 * 1024 * 1024, "largest HTTP request body accepted (larger gets 413)"
+    )
+    http_idle_timeout_s: float = setting(
+        30.0, "an HTTP connection idle this long, or still sending its request headers, is closed"
+    )
+    lease_ttl_s: int = setting(
+        5, "etcd lease TTL: a dead instance leaves the registry within this time"
+    )
     telemetry_period_s: float = setting(0.2, "interval of InstanceLoad telemetry on NATS")
-    connect_timeout_s: float = setting(10.0, "how long to keep retrying NATS and etcd at start before exiting")
+    connect_timeout_s: float = setting(
+        10.0, "how long to keep retrying NATS and etcd at start before exiting"
+    )
     log_level: str = setting("INFO", "log level")
     log_format: str = setting("json", "log format: json or text")
 
@@ -131,7 +158,9 @@ class CommonSettings:
         if self.lease_ttl_s < 1:
             raise ConfigError(f"lease_ttl_s must be >= 1, got {self.lease_ttl_s}")
         if not 0.01 <= self.telemetry_period_s <= 10:
-            raise ConfigError(f"telemetry_period_s must be in [0.01, 10], got {self.telemetry_period_s}")
+            raise ConfigError(
+                f"telemetry_period_s must be in [0.01, 10], got {self.telemetry_period_s}"
+            )
         if self.log_format not in ("json", "text"):
             raise ConfigError(f"log_format must be json or text, got {self.log_format!r}")
         if self.http_idle_timeout_s <= 0:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
+
 from crescent.common.codec import Message
 from crescent.common.errors import ConfigError
 

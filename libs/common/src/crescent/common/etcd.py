@@ -45,7 +45,7 @@ async def connect_etcd(url: str, timeout_s: float = 10.0) -> aetcd.Client:
         try:
             await asyncio.wait_for(client.get(b"/"), min(2.0, timeout_s))
             return client
-        except (aetcd.exceptions.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
             await client.close()
             if time.monotonic() + 0.5 >= deadline:
                 raise UnreachableError("etcd", url, attempts, repr(exc)) from exc
@@ -83,7 +83,9 @@ class LeasedKeys:
                 raise
             # The lease lapsed before the keep-alive could run (a start that held the event loop
             # longer than the TTL): take a new one and put every key again, this one included.
-            log.warning("etcd lease lost before a put; re-registering", extra={"lease": self._lease.id})
+            log.warning(
+                "etcd lease lost before a put; re-registering", extra={"lease": self._lease.id}
+            )
             await self._renew()
 
     async def run(self) -> None:
@@ -95,7 +97,7 @@ class LeasedKeys:
                 if reply.TTL <= 0:
                     log.warning("etcd lease lost; re-registering", extra={"lease": self._lease.id})
                     await self._renew()
-            except (aetcd.exceptions.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
                 log.warning("etcd lease refresh failed", extra={"error": repr(exc)})
 
     async def _renew(self) -> None:
@@ -110,8 +112,10 @@ class LeasedKeys:
         if self._lease is not None:
             try:
                 await self._lease.revoke()
-            except (aetcd.exceptions.ClientError, asyncio.TimeoutError, OSError) as exc:
-                log.warning("etcd lease revoke failed; keys expire with the TTL", extra={"error": repr(exc)})
+            except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
+                log.warning(
+                    "etcd lease revoke failed; keys expire with the TTL", extra={"error": repr(exc)}
+                )
 
 
 @dataclass(frozen=True)
@@ -130,8 +134,9 @@ class PrefixMirror:
     watch events, then after a reconnect or compaction the difference against a fresh read.
     """
 
-    def __init__(self, client: aetcd.Client, prefix: str, listener: MirrorListener,
-                 retry_s: float = 0.5) -> None:
+    def __init__(
+        self, client: aetcd.Client, prefix: str, listener: MirrorListener, retry_s: float = 0.5
+    ) -> None:
         self._client = client
         self._prefix = prefix.encode()
         self._listener = listener
@@ -151,7 +156,10 @@ class PrefixMirror:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("etcd watch broke; resuming", extra={"prefix": self._prefix.decode(), "error": repr(exc)})
+                log.warning(
+                    "etcd watch broke; resuming",
+                    extra={"prefix": self._prefix.decode(), "error": repr(exc)},
+                )
             await self._recover()
 
     async def _follow(self) -> None:
@@ -181,7 +189,7 @@ class PrefixMirror:
             try:
                 await self._resync()
                 return
-            except (aetcd.exceptions.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
                 log.info("etcd not reachable yet", extra={"error": repr(exc)})
 
     async def _resync(self) -> None:

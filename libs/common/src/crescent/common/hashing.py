@@ -34,7 +34,7 @@ def block_hashes(token_ids: Sequence[int], block_size: int, model_id: str) -> li
     hashes: list[bytes] = []
     for start in range(0, len(tokens) // block_size * step, step):
         h = hashlib.blake2b(parent, digest_size=HASH_BYTES)
-        h.update(raw[start:start + step])
+        h.update(raw[start : start + step])
         parent = h.digest()
         hashes.append(parent)
     return hashes

@@ -13,6 +13,7 @@ import logging
 import threading
 
 import aetcd
+
 from crescent.common.errors import UnreachableError
 from crescent.common.etcd import LeasedKeys, connect_etcd
 
@@ -22,7 +23,9 @@ STOP_POLL_S = 0.1
 
 
 class LeaseHeartbeat:
-    def __init__(self, etcd_url: str, leased: LeasedKeys, ttl_s: float, connect_timeout_s: float) -> None:
+    def __init__(
+        self, etcd_url: str, leased: LeasedKeys, ttl_s: float, connect_timeout_s: float
+    ) -> None:
         self._etcd_url = etcd_url
         self._leased = leased
         self._period_s = ttl_s / 3
@@ -46,16 +49,20 @@ class LeaseHeartbeat:
         try:
             client = await connect_etcd(self._etcd_url, self._connect_timeout_s)
         except UnreachableError as exc:
-            log.warning("lease heartbeat has no etcd connection; the event loop keeps the lease",
-                        extra={"error": str(exc)})
+            log.warning(
+                "lease heartbeat has no etcd connection; the event loop keeps the lease",
+                extra={"error": str(exc)},
+            )
             return
         try:
             while not self._stop.is_set():
-                lease = self._leased.lease  # the loop renews it after a loss; always beat the current one
+                lease = (
+                    self._leased.lease
+                )  # the loop renews it after a loss; always beat the current one
                 if lease is not None:
                     try:
                         await client.refresh_lease(lease.id)
-                    except (aetcd.exceptions.ClientError, asyncio.TimeoutError, OSError) as exc:
+                    except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
                         log.debug("lease heartbeat failed", extra={"error": repr(exc)})
                 await self._sleep(self._period_s)
         finally:

@@ -35,13 +35,21 @@ class HfTokenizer:
         config_path = checkpoint.path / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         template_path = checkpoint.path / "chat_template.jinja"
-        self.chat_template: str | None = (template_path.read_text() if template_path.is_file()
-                                          else config.get("chat_template"))
+        self.chat_template: str | None = (
+            template_path.read_text() if template_path.is_file() else config.get("chat_template")
+        )
         if not isinstance(self.chat_template, (str, type(None))):
-            raise CheckpointError(checkpoint.path, "only a single chat template (a string) is supported")
-        self._special_tokens = {name: self.token_text(token_id) for name, token_id in
-                                (("bos_token", self.bos_token_id), ("eos_token", self.eos_token_id))
-                                if token_id is not None}
+            raise CheckpointError(
+                checkpoint.path, "only a single chat template (a string) is supported"
+            )
+        self._special_tokens = {
+            name: self.token_text(token_id)
+            for name, token_id in (
+                ("bos_token", self.bos_token_id),
+                ("eos_token", self.eos_token_id),
+            )
+            if token_id is not None
+        }
         self._template = _compile(self.chat_template) if self.chat_template else None
 
     def encode(self, text: str) -> list[int]:
@@ -60,21 +68,31 @@ class HfTokenizer:
 
     @property
     def tool_call_format(self) -> str | None:
-        """"hermes" when the template renders `tools` and asks for <tool_call> blocks, the one
+        """ "hermes" when the template renders `tools` and asks for <tool_call> blocks, the one
         format the conductor parses; None when the model takes no tools this way."""
         if self._template is None or "<tool_call>" not in self.chat_template:
             return None
         from jinja2 import meta
 
-        return "hermes" if "tools" in meta.find_undeclared_variables(self._template.environment.parse(
-            self.chat_template)) else None
+        return (
+            "hermes"
+            if "tools"
+            in meta.find_undeclared_variables(self._template.environment.parse(self.chat_template))
+            else None
+        )
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict] = ()) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict] = ()
+    ) -> str:
         """The checkpoint's Jinja template when it has one, else the same plain turns as
         ByteTokenizer."""
         if self._template is not None:
-            return self._template.render(messages=list(messages), tools=list(tools) or None,
-                                         add_generation_prompt=True, **self._special_tokens)
+            return self._template.render(
+                messages=list(messages),
+                tools=list(tools) or None,
+                add_generation_prompt=True,
+                **self._special_tokens,
+            )
         turns = "".join(f"<|{m['role']}|>\n{m['content'] or ''}\n" for m in messages)
         return turns + "<|assistant|>\n"
 
@@ -87,12 +105,24 @@ def _compile(source: str):
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
 
-    def tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators=None,
-               sort_keys: bool = False) -> str:
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
+    def tojson(
+        value: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators=None,
+        sort_keys: bool = False,
+    ) -> str:
+        return json.dumps(
+            value,
+            ensure_ascii=ensure_ascii,
+            indent=indent,
+            separators=separators,
+            sort_keys=sort_keys,
+        )
 
-    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    environment = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
+    )
     environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
     return environment.from_string(source)

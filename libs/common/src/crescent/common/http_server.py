@@ -35,8 +35,13 @@ def error_body(status: int, message: str) -> dict:
 class _JsonErrorProtocol(web.RequestHandler):
     """aiohttp's connection handler with JSON error answers."""
 
-    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> web.StreamResponse:
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
         if request.writer.output_size > 0:
             # A streamed response had begun: nothing can be sent now but the end of the
             # connection. Whoever let the exception through has logged it.
@@ -51,17 +56,26 @@ class _JsonErrorProtocol(web.RequestHandler):
         response.force_close()
         return response
 
-    async def finish_response(self, request: web.BaseRequest, resp: web.StreamResponse,
-                              start_time: float | None) -> tuple[web.StreamResponse, bool]:
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
         """An HTTP error raised where no middleware catches it (aiohttp's answer to an Expect
         header it does not know, a 404 of a service without the conductor's middleware) is
         plain text; it leaves as JSON instead, logged here."""
         if isinstance(resp, web.HTTPException) and resp.status >= 400:
             message = resp.text or resp.reason
-            log.info("request refused", extra={"status": resp.status, "path": request.path, "cause": message})
-            kept = {name: value for name, value in resp.headers.items()
-                    if name not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)}
-            resp = web.json_response(error_body(resp.status, message), status=resp.status, headers=kept)
+            log.info(
+                "request refused",
+                extra={"status": resp.status, "path": request.path, "cause": message},
+            )
+            kept = {
+                name: value
+                for name, value in resp.headers.items()
+                if name not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)
+            }
+            resp = web.json_response(
+                error_body(resp.status, message), status=resp.status, headers=kept
+            )
         return await super().finish_response(request, resp, start_time)
 
     def log_exception(self, *args, **kwargs) -> None:
@@ -82,13 +96,22 @@ class JsonErrorRunner(web.AppRunner):
     """An AppRunner whose connections answer protocol-level errors with JSON."""
 
     def __init__(self, app: web.Application, idle_timeout_s: float) -> None:
-        super().__init__(app, access_log=None, handler_cancellation=True, keepalive_timeout=idle_timeout_s,
-                         lingering_time=LINGER_S)
+        super().__init__(
+            app,
+            access_log=None,
+            handler_cancellation=True,
+            keepalive_timeout=idle_timeout_s,
+            lingering_time=LINGER_S,
+        )
 
     async def _make_server(self) -> web.Server:
         # The application's own server, rebuilt with the same handler, factory and settings
         # so that its connections use _JsonErrorProtocol.
         server = await super()._make_server()
-        return _JsonErrorServer(server.request_handler, request_factory=server.request_factory,
-                                handler_cancellation=server.handler_cancellation, loop=server._loop,
-                                **server._kwargs)
+        return _JsonErrorServer(
+            server.request_handler,
+            request_factory=server.request_factory,
+            handler_cancellation=server.handler_cancellation,
+            loop=server._loop,
+            **server._kwargs,
+        )

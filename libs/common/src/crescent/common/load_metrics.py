@@ -4,8 +4,9 @@ Prometheus without reading NATS."""
 
 from __future__ import annotations
 
-from crescent.common.messages import InstanceLoad
 from prometheus_client import Gauge
+
+from crescent.common.messages import InstanceLoad
 
 _LABELS = ["role", "instance_id"]
 

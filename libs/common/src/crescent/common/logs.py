@@ -10,7 +10,10 @@ import time
 
 from opentelemetry import trace
 
-_STANDARD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+_STANDARD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+}
 
 
 class JsonFormatter(logging.Formatter):
@@ -46,10 +49,14 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         extras = " ".join(
-            f"{k}={v}" for k, v in record.__dict__.items() if k not in _STANDARD_ATTRS and not k.startswith("_")
+            f"{k}={v}"
+            for k, v in record.__dict__.items()
+            if k not in _STANDARD_ATTRS and not k.startswith("_")
         )
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        line = f"{stamp} {record.levelname:<7} {self._prefix} {record.getMessage()} {extras}".rstrip()
+        line = (
+            f"{stamp} {record.levelname:<7} {self._prefix} {record.getMessage()} {extras}".rstrip()
+        )
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -9,6 +9,8 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
+from msgspec import Meta
+
 from crescent.common.bounds import (
     MAX_SEQUENCE_TOKENS,
     Bandwidth,
@@ -41,7 +43,6 @@ from crescent.common.bounds import (
     Url,
 )
 from crescent.common.codec import Message
-from msgspec import Meta
 
 
 class ErrorReply(Message):
@@ -80,10 +81,14 @@ class InstanceLoad(Message):
     num_queued: Count = 0
     num_running: Count = 0
     queue_time_s: Seconds = 0.0
-    running_s: Seconds = 0.0  # prefill: how long the job computing now has run (queue_time_s counts it whole)
+    running_s: Seconds = (
+        0.0  # prefill: how long the job computing now has run (queue_time_s counts it whole)
+    )
     kv_used_tokens: Count = 0
     kv_capacity_tokens: Count = 0
-    num_context_tokens: Count = 0  # decode: context of the running batch (what a step's time depends on)
+    num_context_tokens: Count = (
+        0  # decode: context of the running batch (what a step's time depends on)
+    )
     recent_ttft_s: Seconds = 0.0  # prefill: mean measured queue + compute time of recent jobs
     recent_tbt_s: Seconds = 0.0  # decode: mean measured step time of recent steps
     bandwidth: dict[Id, Bandwidth] = {}  # store: measured bytes/s of recent pulls, by source node
@@ -129,7 +134,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     frequency_penalty: Penalty = 0.0
     repetition_penalty: RepetitionPenalty = 1.0
     logit_bias: LogitBias = {}
-    logprobs: NumLogprobs | None = None  # per output token: its log-probability and this many alternatives
+    logprobs: NumLogprobs | None = (
+        None  # per output token: its log-probability and this many alternatives
+    )
     prompt_logprobs: NumLogprobs | None = None  # the same for every prompt token but the first
     structured: StructuredOutput | None = None
 

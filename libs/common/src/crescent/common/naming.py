@@ -45,7 +45,11 @@ class Subjects:
     def tokens(self, request_id: str, owner: str = "") -> str:
         """The token stream of `request_id`; with an `owner` (the conductor reading it), one of
         the streams that conductor reads through a single subscription (`tokens_of`)."""
-        return f"{self.prefix}tokens.{owner}.{request_id}" if owner else f"{self.prefix}tokens.{request_id}"
+        return (
+            f"{self.prefix}tokens.{owner}.{request_id}"
+            if owner
+            else f"{self.prefix}tokens.{request_id}"
+        )
 
     def tokens_of(self, owner: str) -> str:
         return f"{self.prefix}tokens.{owner}.*"

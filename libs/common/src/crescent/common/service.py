@@ -90,7 +90,9 @@ class Runtime:
     def __init__(self, role: str, settings: CommonSettings) -> None:
         self.role = role
         self.settings = settings
-        self.instance_id = check_token("instance_id", settings.instance_id or f"{role}-{secrets.token_hex(3)}")
+        self.instance_id = check_token(
+            "instance_id", settings.instance_id or f"{role}-{secrets.token_hex(3)}"
+        )
         check_token("cluster", settings.cluster)
         check_token("node", settings.node)
         self.subjects = Subjects(settings.cluster)
@@ -120,7 +122,9 @@ class Runtime:
 
     async def connect(self) -> None:
         self.status = ServiceStatus.STARTING
-        self.bus = await Bus.connect(self.settings.nats_url, self.instance_id, self.settings.connect_timeout_s)
+        self.bus = await Bus.connect(
+            self.settings.nats_url, self.instance_id, self.settings.connect_timeout_s
+        )
         self.etcd = await connect_etcd(self.settings.etcd_url, self.settings.connect_timeout_s)
         self.leased = LeasedKeys(self.etcd, self.settings.lease_ttl_s)
         await self.leased.start()
@@ -128,8 +132,12 @@ class Runtime:
         # The loop's keep-alive renews a lost lease; the heartbeat thread keeps it alive while
         # compute holds the loop, so a busy instance is never taken for a dead one.
         self.tasks.spawn("lease-keepalive", self.leased.run())
-        self.heartbeat = LeaseHeartbeat(self.settings.etcd_url, self.leased, self.settings.lease_ttl_s,
-                                        self.settings.connect_timeout_s)
+        self.heartbeat = LeaseHeartbeat(
+            self.settings.etcd_url,
+            self.leased,
+            self.settings.lease_ttl_s,
+            self.settings.connect_timeout_s,
+        )
         self.heartbeat.start()
 
     async def start_http(self) -> None:
@@ -139,7 +147,9 @@ class Runtime:
         try:
             await site.start()
         except OSError as exc:
-            raise FatalError(f"cannot listen on {self.settings.host}:{self.http_port}: {exc}") from exc
+            raise FatalError(
+                f"cannot listen on {self.settings.host}:{self.http_port}: {exc}"
+            ) from exc
 
     async def register(self, info: InstanceInfo) -> None:
         await self.leased.put(self.keys.instance(self.role, self.instance_id), encode(info))
@@ -157,19 +167,30 @@ class Runtime:
         its load says."""
         message = load()
         if self.status is ServiceStatus.DRAINING:
-            message = msgspec.structs.replace(message, is_accepting=False, not_accepting_reason="draining")
+            message = msgspec.structs.replace(
+                message, is_accepting=False, not_accepting_reason="draining"
+            )
         record_load(message)
         await self.bus.publish(self.subjects.telemetry(self.role, self.instance_id), message)
 
     async def _health(self, request: web.Request) -> web.Response:
-        is_ok = self.status == ServiceStatus.SERVING and self.bus is not None and self.bus.is_connected
-        body = {"status": self.status.value, "role": self.role, "instance_id": self.instance_id,
-                "nats_connected": bool(self.bus and self.bus.is_connected), **self.health_details()}
+        is_ok = (
+            self.status == ServiceStatus.SERVING and self.bus is not None and self.bus.is_connected
+        )
+        body = {
+            "status": self.status.value,
+            "role": self.role,
+            "instance_id": self.instance_id,
+            "nats_connected": bool(self.bus and self.bus.is_connected),
+            **self.health_details(),
+        }
         return web.json_response(body, status=200 if is_ok else 503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(body=prometheus_client.generate_latest(),
-                            headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST})
+        return web.Response(
+            body=prometheus_client.generate_latest(),
+            headers={"Content-Type": prometheus_client.CONTENT_TYPE_LATEST},
+        )
 
     async def deregister(self) -> None:
         if self.leased is not None:
@@ -212,7 +233,10 @@ async def serve(service: Service, settings: CommonSettings) -> int:
         runtime.status = ServiceStatus.DRAINING
         try:  # conductors hear it before the registry entry goes, and send no more work
             await runtime.publish_load(service.load)
-        except (nats.errors.Error, OSError) as exc:  # NATS may be gone: deregistering says it all the same
+        except (
+            nats.errors.Error,
+            OSError,
+        ) as exc:  # NATS may be gone: deregistering says it all the same
             log.warning("draining telemetry not sent", extra={"error": repr(exc)})
         await service.finish_inflight()
         await runtime.deregister()
@@ -226,7 +250,9 @@ async def serve(service: Service, settings: CommonSettings) -> int:
         await runtime.close()
 
 
-def run_service(role: str, settings: CommonSettings, build: Callable[[CommonSettings], Service]) -> int:
+def run_service(
+    role: str, settings: CommonSettings, build: Callable[[CommonSettings], Service]
+) -> int:
     """Process entry: logs, tracing, the event loop, and a clear message for fatal errors."""
     instance_id = settings.instance_id or f"{role}-{secrets.token_hex(3)}"
     settings.instance_id = instance_id
@@ -244,8 +270,12 @@ def run_service(role: str, settings: CommonSettings, build: Callable[[CommonSett
         log.debug("tracing flushed", extra={"seconds": round(time.monotonic() - started, 3)})
 
 
-def service_main(role: str, settings_cls: type[CommonSettings], build: Callable[[CommonSettings], Service],
-                 argv: list[str] | None = None) -> None:
+def service_main(
+    role: str,
+    settings_cls: type[CommonSettings],
+    build: Callable[[CommonSettings], Service],
+    argv: list[str] | None = None,
+) -> None:
     """`python -m crescent.<role>`: parse flags and environment, run, exit with the service's code."""
     from crescent.common.config import load_settings
 

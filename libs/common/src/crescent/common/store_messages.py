@@ -117,5 +117,13 @@ class Done(Message):
     num_blocks: Count
 
 
-StoreRequest = (AllocBlocks | CommitBlocks | AbortBlocks | LookupBlocks | PinBlocks | UnpinBlocks
-                | ReplicateBlocks | EvictBlocks)
+StoreRequest = (
+    AllocBlocks
+    | CommitBlocks
+    | AbortBlocks
+    | LookupBlocks
+    | PinBlocks
+    | UnpinBlocks
+    | ReplicateBlocks
+    | EvictBlocks
+)

@@ -35,8 +35,11 @@ class TaskSupervisor:
             return
         error = task.exception()
         self.failure = f"task {task.get_name()} {'failed: ' + repr(error) if error else 'exited'}"
-        log.error("background task ended early", extra={"task": task.get_name(), "error": repr(error)},
-                  exc_info=error)
+        log.error(
+            "background task ended early",
+            extra={"task": task.get_name(), "error": repr(error)},
+            exc_info=error,
+        )
         self.failed.set()
 
     async def close(self, timeout_s: float = 5.0) -> None:

@@ -13,5 +13,9 @@ class Ewma:
     num_samples: int = 0
 
     def add(self, sample: float) -> None:
-        self.value = sample if self.num_samples == 0 else (1 - self.weight) * self.value + self.weight * sample
+        self.value = (
+            sample
+            if self.num_samples == 0
+            else (1 - self.weight) * self.value + self.weight * sample
+        )
         self.num_samples += 1

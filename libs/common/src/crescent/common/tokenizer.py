@@ -35,7 +35,9 @@ class ByteTokenizer:
     def stream_decoder(self) -> StreamDecoder:
         return StreamDecoder()
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]], tools: Sequence[dict] = ()) -> str:
+    def apply_chat_template(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict] = ()
+    ) -> str:
         turns = "".join(f"<|{m['role']}|>\n{m['content'] or ''}\n" for m in messages)
         return turns + "<|assistant|>\n"
 

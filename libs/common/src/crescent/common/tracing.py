@@ -21,9 +21,13 @@ TRACER_NAME = "crescent"
 
 def setup_tracing(service: str, instance_id: str) -> TracerProvider:
     """Install the global tracer provider for this process and return it (shut it down on exit)."""
-    resource = Resource.create({"service.name": f"crescent-{service}", "service.instance.id": instance_id})
+    resource = Resource.create(
+        {"service.name": f"crescent-{service}", "service.instance.id": instance_id}
+    )
     provider = TracerProvider(resource=resource)
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+    ):
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))

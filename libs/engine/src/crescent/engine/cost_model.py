@@ -25,7 +25,7 @@ class ModelDims:
 
     @property
     def weight_bytes(self) -> float:
-        return 12 * self.num_layers * self.hidden_size ** 2 * self.dtype_bytes
+        return 12 * self.num_layers * self.hidden_size**2 * self.dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> float:

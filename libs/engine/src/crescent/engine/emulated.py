@@ -46,8 +46,15 @@ def emulated_token(previous: int, position: int) -> int:
 def unsupported(sampling: SamplingParams) -> list[str]:
     """The SamplingParams fields set in `sampling` that this engine cannot honour."""
     defaults = SamplingParams()
-    fields = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "min_tokens",
-              "prompt_logprobs", "structured")
+    fields = (
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "min_tokens",
+        "prompt_logprobs",
+        "structured",
+    )
     return [name for name in fields if getattr(sampling, name) != getattr(defaults, name)]
 
 
@@ -57,7 +64,11 @@ def emulated_logprobs(token: int, num_top: int | None) -> list[TokenLogprobs]:
         return []
     others = [(token + i) % 256 for i in range(1, num_top)]
     top_ids = [token, *others][:num_top]
-    return [TokenLogprobs(logprob=0.0, top_ids=top_ids, top_logprobs=[0.0] + [MIN_LOGPROB] * (len(top_ids) - 1))]
+    return [
+        TokenLogprobs(
+            logprob=0.0, top_ids=top_ids, top_logprobs=[0.0] + [MIN_LOGPROB] * (len(top_ids) - 1)
+        )
+    ]
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,9 @@ class EmulatedPrefillEngine:
     async def plan(self, token_ids: Sequence[int]) -> PrefillPlan:
         hashes = self.kv.hashes(token_ids) if self.kv else []
         # The last token is always computed: its logits give the first output token.
-        num_cached = min(await self.kv.num_cached_tokens(hashes), len(token_ids) - 1) if hashes else 0
+        num_cached = (
+            min(await self.kv.num_cached_tokens(hashes), len(token_ids) - 1) if hashes else 0
+        )
         return PrefillPlan(token_ids, hashes, num_cached)
 
     async def compute(self, plan: PrefillPlan, num_logprobs: int | None = None) -> PrefillOutput:
@@ -92,9 +105,13 @@ class EmulatedPrefillEngine:
         await asyncio.sleep(seconds)
         first = emulated_token(sum(plan.token_ids), len(plan.token_ids))
         logprobs = emulated_logprobs(first, num_logprobs)
-        return PrefillOutput(first_token=first, num_computed_tokens=len(plan.token_ids) - plan.num_cached,
-                             num_cached_tokens=plan.num_cached, compute_s=seconds,
-                             first_logprobs=logprobs[0] if logprobs else None)
+        return PrefillOutput(
+            first_token=first,
+            num_computed_tokens=len(plan.token_ids) - plan.num_cached,
+            num_cached_tokens=plan.num_cached,
+            compute_s=seconds,
+            first_logprobs=logprobs[0] if logprobs else None,
+        )
 
     async def save(self, plan: PrefillPlan, save_to: Sequence[str]) -> None:
         if plan.hashes and save_to:
@@ -109,7 +126,9 @@ class _Sequence:
     num_left: int
     stop_token_ids: frozenset[int]
     num_logprobs: int | None = None
-    prefill_tokens: int = 0  # prompt tokens still to compute before its first token (prefill on decode)
+    prefill_tokens: int = (
+        0  # prompt tokens still to compute before its first token (prefill on decode)
+    )
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
@@ -130,12 +149,20 @@ class EmulatedDecodeEngine:
         return sum(s.context_len for s in self._running.values())
 
     def predict_step_s(self, extra_batch: int = 0, extra_context: int = 0) -> float:
-        return self.cost.decode_step_s(self.num_running + extra_batch, self.num_context_tokens + extra_context)
+        return self.cost.decode_step_s(
+            self.num_running + extra_batch, self.num_context_tokens + extra_context
+        )
 
-    async def generate(self, request_id: str, token_ids: Sequence[int], first_token: int | None,
-                       max_new_tokens: int, stop_token_ids: Sequence[int] = (),
-                       sampling: SamplingParams | None = None, save_to: Sequence[str] = (),
-                       ) -> AsyncIterator[DecodeStep]:
+    async def generate(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        first_token: int | None,
+        max_new_tokens: int,
+        stop_token_ids: Sequence[int] = (),
+        sampling: SamplingParams | None = None,
+        save_to: Sequence[str] = (),
+    ) -> AsyncIterator[DecodeStep]:
         """Tokens after `first_token`, one DecodeStep per batch step, until a stop or the limit.
         Without a first token the prompt is computed in the next batch step, which takes its
         prefill time longer (the whole batch waits for it, as on a real engine), and yields the
@@ -146,11 +173,24 @@ class EmulatedDecodeEngine:
             return
         num_logprobs = sampling.logprobs if sampling is not None else None
         if first_token is None:
-            seq = _Sequence(request_id, sum(token_ids), len(token_ids), max_new_tokens, frozenset(stop_token_ids),
-                            num_logprobs, prefill_tokens=len(token_ids))
+            seq = _Sequence(
+                request_id,
+                sum(token_ids),
+                len(token_ids),
+                max_new_tokens,
+                frozenset(stop_token_ids),
+                num_logprobs,
+                prefill_tokens=len(token_ids),
+            )
         else:
-            seq = _Sequence(request_id, first_token, len(token_ids) + 1, max_new_tokens, frozenset(stop_token_ids),
-                            num_logprobs)
+            seq = _Sequence(
+                request_id,
+                first_token,
+                len(token_ids) + 1,
+                max_new_tokens,
+                frozenset(stop_token_ids),
+                num_logprobs,
+            )
         self._running[request_id] = seq
         self._has_work.set()
         try:
@@ -174,7 +214,11 @@ class EmulatedDecodeEngine:
             if not self._running:
                 self._has_work.clear()
                 continue
-            prefill_s = sum(self.cost.prefill_s(s.prefill_tokens) for s in self._running.values() if s.prefill_tokens)
+            prefill_s = sum(
+                self.cost.prefill_s(s.prefill_tokens)
+                for s in self._running.values()
+                if s.prefill_tokens
+            )
             await asyncio.sleep(self.predict_step_s() + prefill_s)
             for seq in list(self._running.values()):
                 self._advance(seq)
@@ -194,4 +238,6 @@ class EmulatedDecodeEngine:
             finish = FINISH_LENGTH
         if finish is not None:
             self._running.pop(seq.request_id, None)
-        seq.out.put_nowait(DecodeStep([token], finish, logprobs=emulated_logprobs(token, seq.num_logprobs)))
+        seq.out.put_nowait(
+            DecodeStep([token], finish, logprobs=emulated_logprobs(token, seq.num_logprobs))
+        )

@@ -34,7 +34,9 @@ class EmulatedKv:
         try:
             return len(await self.client.lookup(self.model, self.node, hashes)) * self.block_size
         except RecoverableError as exc:
-            log.warning("store lookup failed; computing the whole prompt", extra={"error": str(exc)})
+            log.warning(
+                "store lookup failed; computing the whole prompt", extra={"error": str(exc)}
+            )
             return 0
 
     async def save(self, hashes: Sequence[bytes], nodes: Sequence[str]) -> None:

@@ -14,8 +14,12 @@ def build_engine(settings: EngineSettings, role: str):
 
         endpoints = None
         if settings.vllm_connector:
-            endpoints = StoreEndpoints(nats_url=settings.nats_url, etcd_url=settings.etcd_url,
-                                       cluster=settings.cluster, node=settings.node)
+            endpoints = StoreEndpoints(
+                nats_url=settings.nats_url,
+                etcd_url=settings.etcd_url,
+                cluster=settings.cluster,
+                node=settings.node,
+            )
         return VllmEngine(settings, role, endpoints)
     if role == "prefill":
         return EmulatedPrefillEngine(settings.cost_model())

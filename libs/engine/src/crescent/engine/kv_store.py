@@ -66,7 +66,9 @@ class BridgeConfig:
     staging_bytes: int = 16 << 20
     use_mapping: bool = True  # False: even same-host stores go over the data plane
     transports: str = ""  # the data plane's transports ("tcp", "shm,tcp"; "" = all that run here)
-    has_data_plane: bool = True  # False: control requests only (a NATS connection, no etcd, no bytes)
+    has_data_plane: bool = (
+        True  # False: control requests only (a NATS connection, no etcd, no bytes)
+    )
 
     @property
     def connection_name(self) -> str:
@@ -81,8 +83,9 @@ class StoreBridge:
     def __init__(self, config: BridgeConfig) -> None:
         self.config = config
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever,
-                                        name=f"crescent-kv {config.connection_name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"crescent-kv {config.connection_name}", daemon=True
+        )
         self.bus: Bus | None = None
         self._etcd = None
         self.client: StoreClient | None = None
@@ -103,8 +106,10 @@ class StoreBridge:
     def wait_started(self) -> None:
         """Wait for another thread's `start` of this bridge; its error, if it failed."""
         if not self._started.wait(self._start_timeout_s):
-            raise KvStoreError(f"store bridge {self.config.connection_name} not connected within "
-                               f"{self._start_timeout_s}s")
+            raise KvStoreError(
+                f"store bridge {self.config.connection_name} not connected within "
+                f"{self._start_timeout_s}s"
+            )
         if self._start_error is not None:
             raise self._start_error
 
@@ -115,8 +120,13 @@ class StoreBridge:
             return
         self._etcd = await connect_etcd(config.etcd_url, config.timeout_s)
         transfer = TransferConfig(node=config.node, transports=parse_transports(config.transports))
-        client_config = ClientConfig(node=config.node, timeout_s=config.timeout_s, staging_bytes=config.staging_bytes,
-                                     use_mapping=config.use_mapping, transfer=transfer)
+        client_config = ClientConfig(
+            node=config.node,
+            timeout_s=config.timeout_s,
+            staging_bytes=config.staging_bytes,
+            use_mapping=config.use_mapping,
+            transfer=transfer,
+        )
         self.client = StoreClient(self.bus, self._etcd, config.cluster, client_config)
         await self.client.start()
 
@@ -148,7 +158,9 @@ class StoreBridge:
             return future.result(timeout_s or self.config.timeout_s)
         except concurrent.futures.TimeoutError as exc:
             future.cancel()
-            raise KvStoreError(f"store operation missed its {timeout_s or self.config.timeout_s}s deadline") from exc
+            raise KvStoreError(
+                f"store operation missed its {timeout_s or self.config.timeout_s}s deadline"
+            ) from exc
         except KvStoreError:
             raise
         except Exception as exc:
@@ -225,11 +237,15 @@ class BlockOps:
 
     async def ctl(self, node: str, request, reply_type):
         """One request to `node`'s store (store.<node>.ctl)."""
-        return await self.bridge.bus.request(self.subjects.store_ctl(node), request, reply_type, self.timeout_s)
+        return await self.bridge.bus.request(
+            self.subjects.store_ctl(node), request, reply_type, self.timeout_s
+        )
 
     async def lookup(self, node: str, hashes: Sequence[bytes]) -> int:
         """How many leading blocks of `hashes` the store on `node` holds right now."""
-        reply = await self.ctl(node, LookupBlocks(model=self.model, hashes=list(hashes)), LookupReply)
+        reply = await self.ctl(
+            node, LookupBlocks(model=self.model, hashes=list(hashes)), LookupReply
+        )
         return len(reply.tiers)
 
     async def pin(self, node: str, hashes: Sequence[bytes]) -> PinnedBlocks:
@@ -240,7 +256,9 @@ class BlockOps:
         if hashes:
             await self.ctl(node, UnpinBlocks(model=self.model, hashes=list(hashes)), Done)
 
-    async def read(self, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]) -> None:
+    async def read(
+        self, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]
+    ) -> None:
         await self.client.move(Op.READ, segment, offsets, buffers)
 
     async def alloc(self, node: str, hashes: Sequence[bytes]) -> BlockSlots:
@@ -253,14 +271,18 @@ class BlockOps:
         mapping = self.client.mapping(segment)
         return mapping.view if mapping is not None else None
 
-    async def write(self, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]) -> None:
+    async def write(
+        self, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]
+    ) -> None:
         await self.client.move(Op.WRITE, segment, offsets, buffers)
 
     async def commit(self, node: str, hashes: Sequence[bytes], wait_metadata: bool = True) -> None:
         """Make written blocks readable; `wait_metadata=False` returns once the store itself
         serves them, before their keys reach etcd."""
         if hashes:
-            request = CommitBlocks(model=self.model, hashes=list(hashes), wait_metadata=wait_metadata)
+            request = CommitBlocks(
+                model=self.model, hashes=list(hashes), wait_metadata=wait_metadata
+            )
             await self.ctl(node, request, Done)
 
     async def evict(self, node: str, hashes: Sequence[bytes]) -> None:

@@ -16,11 +16,17 @@ from crescent.common.checkpoint import CheckpointError, inspect_checkpoint
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     commands = parser.add_subparsers(dest="model_command", required=True)
-    tiny = commands.add_parser("tiny", help="write a tiny random Llama (fixed seed) and its tokenizer to DIR")
+    tiny = commands.add_parser(
+        "tiny", help="write a tiny random Llama (fixed seed) and its tokenizer to DIR"
+    )
     tiny.add_argument("directory", metavar="DIR")
-    check = commands.add_parser("check", help="inspect a checkpoint; print its KV geometry and store block bytes")
+    check = commands.add_parser(
+        "check", help="inspect a checkpoint; print its KV geometry and store block bytes"
+    )
     check.add_argument("directory", metavar="DIR")
-    check.add_argument("--block-size", type=int, default=512, help="store block size in tokens (default 512)")
+    check.add_argument(
+        "--block-size", type=int, default=512, help="store block size in tokens (default 512)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,20 +36,36 @@ def run(args: argparse.Namespace) -> int:
 
             path = build_tiny_model(args.directory)
             checkpoint = inspect_checkpoint(path)
-            print(json.dumps({"model": str(path), "kv_bytes_per_token": checkpoint.kv.block_bytes(1)}))
+            print(
+                json.dumps({"model": str(path), "kv_bytes_per_token": checkpoint.kv.block_bytes(1)})
+            )
             return 0
         checkpoint = inspect_checkpoint(args.directory)
     except CheckpointError as exc:
         print(f"crescent model: error: {exc}", file=sys.stderr)
         return 1
     except ImportError as exc:
-        print(f"crescent model: error: {exc.name} is not installed (make install-vllm)", file=sys.stderr)
+        print(
+            f"crescent model: error: {exc.name} is not installed (make install-vllm)",
+            file=sys.stderr,
+        )
         return 1
     kv = checkpoint.kv
-    print(json.dumps({"model": str(checkpoint.path), "model_type": checkpoint.model_type, "dtype": checkpoint.dtype,
-                      "max_position_embeddings": checkpoint.max_position_embeddings,
-                      "num_layers": kv.num_layers, "num_kv_heads": kv.num_kv_heads, "head_dim": kv.head_dim,
-                      "block_size": args.block_size, "store_block_bytes": kv.block_bytes(args.block_size)}))
+    print(
+        json.dumps(
+            {
+                "model": str(checkpoint.path),
+                "model_type": checkpoint.model_type,
+                "dtype": checkpoint.dtype,
+                "max_position_embeddings": checkpoint.max_position_embeddings,
+                "num_layers": kv.num_layers,
+                "num_kv_heads": kv.num_kv_heads,
+                "head_dim": kv.head_dim,
+                "block_size": args.block_size,
+                "store_block_bytes": kv.block_bytes(args.block_size),
+            }
+        )
+    )
     return 0
 
 

@@ -17,43 +17,91 @@ KV_FAULTS = ("delay_other_commits", "evict_after_lookup")
 class EngineSettings(EmulatedDevice, CommonSettings):
     """Settings of a worker that hosts an engine: which engine, which model, emulated device."""
 
-    engine: str = setting("emulated", "engine backend: emulated (cost model, no weights) or vllm (a real model)")
-    model: str = setting("crescent-emulated", "emulated: the model name served; vllm: a local Hugging Face "
-                                              "checkpoint directory (Llama family)")
-    served_model_name: str = setting("", "the API's `model` name (empty: --model for emulated, the "
-                                         "checkpoint directory's name for vllm)")
-    max_model_len: int = setting(32768, "longest prompt + output in tokens (vllm: at most the model's context)")
-    block_size: int = setting(512, "tokens per KV block in the store (cluster config: the conductor's "
-                                   "--block-size; a multiple of --vllm-block-size)")
-    vllm_block_size: int = setting(32, "vllm: tokens per paged KV block inside vLLM (CPU build: a multiple of 32)")
-    vllm_kv_cache_gib: int = setting(1, "vllm: GiB of paged KV cache (CPU build: VLLM_CPU_KVCACHE_SPACE)")
+    engine: str = setting(
+        "emulated", "engine backend: emulated (cost model, no weights) or vllm (a real model)"
+    )
+    model: str = setting(
+        "crescent-emulated",
+        "emulated: the model name served; vllm: a local Hugging Face "
+        "checkpoint directory (Llama family)",
+    )
+    served_model_name: str = setting(
+        "",
+        "the API's `model` name (empty: --model for emulated, the "
+        "checkpoint directory's name for vllm)",
+    )
+    max_model_len: int = setting(
+        32768, "longest prompt + output in tokens (vllm: at most the model's context)"
+    )
+    block_size: int = setting(
+        512,
+        "tokens per KV block in the store (cluster config: the conductor's "
+        "--block-size; a multiple of --vllm-block-size)",
+    )
+    vllm_block_size: int = setting(
+        32, "vllm: tokens per paged KV block inside vLLM (CPU build: a multiple of 32)"
+    )
+    vllm_kv_cache_gib: int = setting(
+        1, "vllm: GiB of paged KV cache (CPU build: VLLM_CPU_KVCACHE_SPACE)"
+    )
     vllm_max_num_seqs: int = setting(64, "vllm: most requests in one running batch")
-    vllm_max_num_batched_tokens: int = setting(2048, "vllm: most tokens in one step (chunked prefill above)")
-    vllm_prefix_caching: bool = setting(True, "vllm: keep vLLM's own prefix cache in front of the store")
-    vllm_connector: bool = setting(True, "vllm: load prefixes from and save new KV to the store "
-                                         "(CrescentConnector); off: every prompt is recomputed")
-    vllm_enforce_eager: bool = setting(True, "vllm: no torch.compile / CUDA graphs (fast start; on GPUs turn off "
-                                             "for speed)")
+    vllm_max_num_batched_tokens: int = setting(
+        2048, "vllm: most tokens in one step (chunked prefill above)"
+    )
+    vllm_prefix_caching: bool = setting(
+        True, "vllm: keep vLLM's own prefix cache in front of the store"
+    )
+    vllm_connector: bool = setting(
+        True,
+        "vllm: load prefixes from and save new KV to the store "
+        "(CrescentConnector); off: every prompt is recomputed",
+    )
+    vllm_enforce_eager: bool = setting(
+        True, "vllm: no torch.compile / CUDA graphs (fast start; on GPUs turn off for speed)"
+    )
     vllm_seed: int = setting(0, "vllm: sampling seed")
-    kv_timeout_s: float = setting(10.0, "vllm: deadline of one store operation of the connector; a load that "
-                                        "misses it is recomputed")
-    cost_profile: str = setting("", "a CostProfile JSON file to publish and price this worker's work with, "
-                                    "instead of measuring the engine (refused unless it fits the model)")
-    cost_profile_dir: str = setting("", "vllm: where measured cost profiles are kept, one per model, dtype and "
-                                        "hardware; a stored one is used instead of measuring at start")
-    drain_timeout_s: float = setting(30.0, "on SIGTERM, how long running requests may finish before they are aborted")
-    kv_use_mapping: bool = setting(True, "vllm: map stores on this host and copy KV in place; off: every "
-                                         "store is reached over the data plane, as a remote one (a same-host "
-                                         "store still over shm unless --kv-transports leaves it out)")
-    kv_event_log: str = setting("", "vllm: append the connector's per-layer load/save timestamps to this "
-                                    "JSONL file (tests, debugging)")
-    kv_transports: str = setting("", "vllm: the connector's data-plane transports, in order of preference "
-                                     "(shm, tcp, rdma; e.g. tcp); without shm no store is mapped either, so "
-                                     "every byte takes the named transports; empty: every transport that "
-                                     "runs here")
-    kv_fault: str = setting("", "vllm, testing only: inject a store fault (delay_other_commits: commits to "
-                                "every store but the decode node's start 3 s late; evict_after_lookup: the store "
-                                "loses block 1 of a prefix between the connector's lookup and its load)")
+    kv_timeout_s: float = setting(
+        10.0,
+        "vllm: deadline of one store operation of the connector; a load that "
+        "misses it is recomputed",
+    )
+    cost_profile: str = setting(
+        "",
+        "a CostProfile JSON file to publish and price this worker's work with, "
+        "instead of measuring the engine (refused unless it fits the model)",
+    )
+    cost_profile_dir: str = setting(
+        "",
+        "vllm: where measured cost profiles are kept, one per model, dtype and "
+        "hardware; a stored one is used instead of measuring at start",
+    )
+    drain_timeout_s: float = setting(
+        30.0, "on SIGTERM, how long running requests may finish before they are aborted"
+    )
+    kv_use_mapping: bool = setting(
+        True,
+        "vllm: map stores on this host and copy KV in place; off: every "
+        "store is reached over the data plane, as a remote one (a same-host "
+        "store still over shm unless --kv-transports leaves it out)",
+    )
+    kv_event_log: str = setting(
+        "",
+        "vllm: append the connector's per-layer load/save timestamps to this "
+        "JSONL file (tests, debugging)",
+    )
+    kv_transports: str = setting(
+        "",
+        "vllm: the connector's data-plane transports, in order of preference "
+        "(shm, tcp, rdma; e.g. tcp); without shm no store is mapped either, so "
+        "every byte takes the named transports; empty: every transport that "
+        "runs here",
+    )
+    kv_fault: str = setting(
+        "",
+        "vllm, testing only: inject a store fault (delay_other_commits: commits to "
+        "every store but the decode node's start 3 s late; evict_after_lookup: the store "
+        "loses block 1 of a prefix between the connector's lookup and its load)",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -66,13 +114,17 @@ class EngineSettings(EmulatedDevice, CommonSettings):
             raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
         if self.engine == "vllm":
             if self.vllm_block_size < 1 or self.block_size % self.vllm_block_size:
-                raise ConfigError(f"block_size ({self.block_size}) must be a multiple of vllm_block_size "
-                                  f"({self.vllm_block_size})")
+                raise ConfigError(
+                    f"block_size ({self.block_size}) must be a multiple of vllm_block_size "
+                    f"({self.vllm_block_size})"
+                )
             if self.vllm_kv_cache_gib <= 0 or self.kv_timeout_s <= 0:
                 raise ConfigError("vllm_kv_cache_gib and kv_timeout_s must be > 0")
             transport_choice("kv_transports", self.kv_transports)
             if self.kv_fault not in ("", *KV_FAULTS):
-                raise ConfigError(f"kv_fault must be empty or one of {', '.join(KV_FAULTS)}, got {self.kv_fault!r}")
+                raise ConfigError(
+                    f"kv_fault must be empty or one of {', '.join(KV_FAULTS)}, got {self.kv_fault!r}"
+                )
 
     @property
     def model_name(self) -> str:

@@ -16,15 +16,112 @@ from pathlib import Path
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 
-_WORDS = (
-    "the a of to and in is that for it on with as was by be this are or at from an which have not "
-    "cache block prefix token layer request decode prefill store node memory transfer batch model "
-    "attention key value hash chain router conductor schedule queue latency throughput bandwidth "
-    "cluster disaggregated serving engine kernel tensor head page slot segment lease watch commit "
-    "allocate evict replicate pin unpin stream first time output input length context window "
-    "moon cake kimi paper figure table trace replay simulator policy threshold load balance "
-    "one two three four five six seven eight nine ten hundred thousand million zero"
-).split()
+_WORDS = [
+    "the",
+    "a",
+    "of",
+    "to",
+    "and",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "on",
+    "with",
+    "as",
+    "was",
+    "by",
+    "be",
+    "this",
+    "are",
+    "or",
+    "at",
+    "from",
+    "an",
+    "which",
+    "have",
+    "not",
+    "cache",
+    "block",
+    "prefix",
+    "token",
+    "layer",
+    "request",
+    "decode",
+    "prefill",
+    "store",
+    "node",
+    "memory",
+    "transfer",
+    "batch",
+    "model",
+    "attention",
+    "key",
+    "value",
+    "hash",
+    "chain",
+    "router",
+    "conductor",
+    "schedule",
+    "queue",
+    "latency",
+    "throughput",
+    "bandwidth",
+    "cluster",
+    "disaggregated",
+    "serving",
+    "engine",
+    "kernel",
+    "tensor",
+    "head",
+    "page",
+    "slot",
+    "segment",
+    "lease",
+    "watch",
+    "commit",
+    "allocate",
+    "evict",
+    "replicate",
+    "pin",
+    "unpin",
+    "stream",
+    "first",
+    "time",
+    "output",
+    "input",
+    "length",
+    "context",
+    "window",
+    "moon",
+    "cake",
+    "kimi",
+    "paper",
+    "figure",
+    "table",
+    "trace",
+    "replay",
+    "simulator",
+    "policy",
+    "threshold",
+    "load",
+    "balance",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "hundred",
+    "thousand",
+    "million",
+    "zero",
+]
 
 
 CHAT_TEMPLATE = """\
@@ -97,11 +194,20 @@ def build_tokenizer(spec: TinyModelSpec):
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=spec.vocab_size, special_tokens=list(SPECIAL_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=spec.vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(corpus(spec.seed), trainer=trainer)
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>",
-                                      eos_token="</s>", model_max_length=spec.max_position_embeddings)
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        model_max_length=spec.max_position_embeddings,
+    )
     wrapped.chat_template = CHAT_TEMPLATE
     return wrapped
 
@@ -115,11 +221,18 @@ def build_tiny_model(directory: str | Path, spec: TinyModelSpec = TinyModelSpec(
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(spec)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads, head_dim=spec.hidden_size // spec.num_heads,
-        max_position_embeddings=spec.max_position_embeddings, initializer_range=spec.initializer_range,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.hidden_size // spec.num_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        initializer_range=spec.initializer_range,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
         torch_dtype="float32",
     )
     generator_state = torch.random.get_rng_state()

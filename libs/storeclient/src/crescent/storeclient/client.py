@@ -13,8 +13,10 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Self
 
 import aetcd
+
 from crescent.common.block_index import BlockIndex, apply_block_change
 from crescent.common.bus import Bus
 from crescent.common.errors import RecoverableError
@@ -63,7 +65,9 @@ class ClientConfig:
     node: str
     timeout_s: float = 30.0
     staging_bytes: int = 64 << 20  # staging for stores on other hosts
-    use_mapping: bool = True  # map same-host stores; False forces the data plane (tests, benchmarks)
+    use_mapping: bool = (
+        True  # map same-host stores; False forces the data plane (tests, benchmarks)
+    )
     transfer: TransferConfig | None = None  # its `transports` chooses the data plane's roads
 
     @property
@@ -96,9 +100,13 @@ class StoreClient:
         segments = PrefixMirror(self._etcd, self._keys.segments(""), self.directory.apply)
         await segments.load()
         self._tasks.append(asyncio.create_task(segments.run(), name="store-client segments"))
-        self._transfer = TransferEngine(self.directory, self.config.transfer or TransferConfig(node=self.config.node))
+        self._transfer = TransferEngine(
+            self.directory, self.config.transfer or TransferConfig(node=self.config.node)
+        )
         await self._transfer.start()
-        self._staging = ShmSegment.create(f"{self.config.node}.client-staging", self.config.staging_bytes)
+        self._staging = ShmSegment.create(
+            f"{self.config.node}.client-staging", self.config.staging_bytes
+        )
         self._transfer.register(self._staging)
 
     async def close(self) -> None:
@@ -112,7 +120,7 @@ class StoreClient:
         if self._staging is not None:
             self._staging.close()
 
-    async def __aenter__(self) -> StoreClient:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -127,7 +135,9 @@ class StoreClient:
         """One request to `node`'s store (store.<node>.ctl). With `move` and `mapping`, the
         primitives for callers that work below whole blocks, like the vLLM connector, which
         pins once and then moves one layer at a time."""
-        return await self._bus.request(self._subjects.store_ctl(node), request, reply_type, self.config.timeout_s)
+        return await self._bus.request(
+            self._subjects.store_ctl(node), request, reply_type, self.config.timeout_s
+        )
 
     def mapping(self, segment: str) -> ShmMapping | None:
         """The store's segment mapped here, if it lives on this host (and mapping is on)."""
@@ -140,22 +150,28 @@ class StoreClient:
         if endpoint is None or descriptor.host_id != self._host_id:
             return None
         try:
-            mapping = ShmMapping(endpoint.shm_name, descriptor.size, endpoint.device, endpoint.inode)
+            mapping = ShmMapping(
+                endpoint.shm_name, descriptor.size, endpoint.device, endpoint.inode
+            )
         except OSError as exc:
             if segment not in self._unmappable:
                 self._unmappable.add(segment)
-                log.warning("cannot map a same-host store segment; using the data plane",
-                            extra={"segment": segment, "error": repr(exc)})
+                log.warning(
+                    "cannot map a same-host store segment; using the data plane",
+                    extra={"segment": segment, "error": repr(exc)},
+                )
             return None
         self._mappings[segment] = mapping
         return mapping
 
-    async def move(self, op: Op, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]) -> None:
+    async def move(
+        self, op: Op, segment: str, offsets: Sequence[int], buffers: Sequence[memoryview]
+    ) -> None:
         """Copy buffers into (WRITE) or out of (READ) the store's segment at `offsets`."""
         mapping = self.mapping(segment)
         if mapping is not None:
             for offset, buffer in zip(offsets, buffers):
-                region = mapping.view[offset:offset + len(buffer)]
+                region = mapping.view[offset : offset + len(buffer)]
                 if op is Op.WRITE:
                     region[:] = buffer
                 else:
@@ -171,8 +187,12 @@ class StoreClient:
                     used += len(buffers[end])
                     end += 1
                 if end == start:
-                    raise StoreClientError(f"a {len(buffers[start])}-byte block exceeds the staging segment")
-                await self._move_staged(op, segment, offsets[start:end], buffers[start:end], staging)
+                    raise StoreClientError(
+                        f"a {len(buffers[start])}-byte block exceeds the staging segment"
+                    )
+                await self._move_staged(
+                    op, segment, offsets[start:end], buffers[start:end], staging
+                )
                 start = end
         _count_moved(op, "data-plane", buffers)
 
@@ -180,18 +200,22 @@ class StoreClient:
         entries, position = [], 0
         for offset, buffer in zip(offsets, buffers):
             if op is Op.WRITE:
-                staging[position:position + len(buffer)] = buffer
-            entries.append(TransferEntry(op, self._staging.name, position, segment, offset, len(buffer)))
+                staging[position : position + len(buffer)] = buffer
+            entries.append(
+                TransferEntry(op, self._staging.name, position, segment, offset, len(buffer))
+            )
             position += len(buffer)
         result = await self._transfer.transfer(entries, timeout=self.config.timeout_s)
         result.raise_for_errors()
         if op is Op.READ:
             position = 0
             for buffer in buffers:
-                buffer[:] = staging[position:position + len(buffer)]
+                buffer[:] = staging[position : position + len(buffer)]
                 position += len(buffer)
 
-    async def put_blocks(self, model: str, node: str, hashes: Sequence[bytes], blocks: Sequence) -> int:
+    async def put_blocks(
+        self, model: str, node: str, hashes: Sequence[bytes], blocks: Sequence
+    ) -> int:
         """Store whole blocks on `node`'s store; blocks it already has are skipped. Returns
         how many were written."""
         slots = await self.ctl(node, AllocBlocks(model=model, hashes=list(hashes)), BlockSlots)
@@ -199,16 +223,27 @@ class StoreClient:
             return 0
         by_hash = dict(zip(hashes, blocks))
         try:
-            await self.move(Op.WRITE, slots.segment, slots.offsets,
-                             [memoryview(by_hash[h]).cast("B") for h in slots.allocated])
+            await self.move(
+                Op.WRITE,
+                slots.segment,
+                slots.offsets,
+                [memoryview(by_hash[h]).cast("B") for h in slots.allocated],
+            )
         except BaseException:
             await self.ctl(node, AbortBlocks(model=model, hashes=slots.allocated), Done)
             raise
         await self.ctl(node, CommitBlocks(model=model, hashes=slots.allocated), Done)
         return len(slots.allocated)
 
-    async def get_blocks(self, model: str, node: str, hashes: Sequence[bytes], out: Sequence[memoryview],
-                         layer: int | None = None, num_layers: int = 1) -> int:
+    async def get_blocks(
+        self,
+        model: str,
+        node: str,
+        hashes: Sequence[bytes],
+        out: Sequence[memoryview],
+        layer: int | None = None,
+        num_layers: int = 1,
+    ) -> int:
         """Read the longest prefix of `hashes` held on `node` into `out` (whole blocks, or one
         layer's contiguous slice of each); returns how many blocks were read."""
         pinned = await self.ctl(node, PinBlocks(model=model, hashes=list(hashes)), PinnedBlocks)
@@ -217,7 +252,12 @@ class StoreClient:
             if layer is not None:
                 layer_bytes = pinned.block_bytes // num_layers
                 offsets = [offset + layer * layer_bytes for offset in offsets]
-            await self.move(Op.READ, pinned.segment, offsets, [memoryview(b).cast("B") for b in out[:len(offsets)]])
+            await self.move(
+                Op.READ,
+                pinned.segment,
+                offsets,
+                [memoryview(b).cast("B") for b in out[: len(offsets)]],
+            )
         finally:
             if pinned.hashes:
                 await self.ctl(node, UnpinBlocks(model=model, hashes=pinned.hashes), Done)
@@ -232,7 +272,9 @@ class StoreClient:
 
     async def lookup(self, model: str, node: str, hashes: Sequence[bytes]) -> list[str]:
         """Tiers of the longest prefix of `hashes` on `node`, asked of its store directly."""
-        return (await self.ctl(node, LookupBlocks(model=model, hashes=list(hashes)), LookupReply)).tiers
+        return (
+            await self.ctl(node, LookupBlocks(model=model, hashes=list(hashes)), LookupReply)
+        ).tiers
 
     async def watch_model(self, model: str) -> BlockIndex:
         """Start following blocks/<model>/ in etcd (the cluster-wide shadow index)."""
@@ -245,7 +287,9 @@ class StoreClient:
 
             mirror = PrefixMirror(self._etcd, self._keys.blocks(model), apply)
             await mirror.load()
-            self._tasks.append(asyncio.create_task(mirror.run(), name=f"store-client blocks {model}"))
+            self._tasks.append(
+                asyncio.create_task(mirror.run(), name=f"store-client blocks {model}")
+            )
             self._indexes[model] = index
         return self._indexes[model]
 
@@ -253,7 +297,9 @@ class StoreClient:
         """Per node, how many leading blocks of `hashes` it holds (from the shadow index)."""
         return dict((await self.watch_model(model)).match(hashes).lengths)
 
-    async def replicate(self, model: str, hashes: Sequence[bytes], source_node: str, target_node: str) -> ReplicateReply:
+    async def replicate(
+        self, model: str, hashes: Sequence[bytes], source_node: str, target_node: str
+    ) -> ReplicateReply:
         request = ReplicateBlocks(model=model, hashes=list(hashes), source_node=source_node)
         return await self.ctl(target_node, request, ReplicateReply)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 import msgspec
+
 from crescent.common.etcd import MirrorEvent
 from crescent.transfer import SegmentDescriptor
 
@@ -37,7 +38,9 @@ class SegmentDirectory:
         try:
             descriptors = _descriptors.decode(event.value)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.warning("ignoring malformed segment entry", extra={"key": event.key, "error": str(exc)})
+            log.warning(
+                "ignoring malformed segment entry", extra={"key": event.key, "error": str(exc)}
+            )
             return
         self._by_node[node] = descriptors
         for descriptor in descriptors:

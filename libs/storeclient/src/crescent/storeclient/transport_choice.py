@@ -12,7 +12,9 @@ from crescent.transfer import TransportKind, TransportUnavailable, parse_transpo
 from crescent.transfer.transports import check_transports
 
 
-def transport_choice(flag: str, text: str, rdma_device: str | None = None) -> tuple[TransportKind, ...] | None:
+def transport_choice(
+    flag: str, text: str, rdma_device: str | None = None
+) -> tuple[TransportKind, ...] | None:
     """`text` as transports (None: every transport that runs here); ConfigError naming `flag`
     for an unknown name or one that cannot run on this machine."""
     try:

@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Self
 
 from crescent.transfer.batch import BatchResult, Deadline, Op, TransferEntry
 from crescent.transfer.config import ALL_TRANSPORTS, TransferConfig, TransportKind
@@ -84,7 +85,7 @@ class TransferEngine:
         self._num_in_flight = 0
         self._idle = asyncio.Event()
 
-    async def __aenter__(self) -> TransferEngine:
+    async def __aenter__(self) -> Self:
         await self.start()
         return self
 
@@ -167,8 +168,12 @@ class TransferEngine:
     def counters(self) -> dict[TransportKind, TransportCounters]:
         """Per transport this engine started, what it moved so far (a snapshot)."""
         served = {t.kind: t.num_served_bytes for t in self._transports}
-        return {kind: TransportCounters(c.num_bytes, c.num_transfers, served.get(kind, c.num_served_bytes))
-                for kind, c in self._counters.items()}
+        return {
+            kind: TransportCounters(
+                c.num_bytes, c.num_transfers, served.get(kind, c.num_served_bytes)
+            )
+            for kind, c in self._counters.items()
+        }
 
     def register(self, segment: Segment) -> SegmentDescriptor:
         """Serve `segment` to peers and allow it as a local region of entries."""
@@ -227,7 +232,9 @@ class TransferEngine:
         names = dict.fromkeys(entry.remote_segment for entry in entries)
         remotes = await resolve_all(self._resolver, names, deadline)
         locals_: dict[str, Segment] = {}
-        routes: dict[str, tuple[list[int], list[WorkItem]]] = {}  # remote segment → its transport's work
+        routes: dict[
+            str, tuple[list[int], list[WorkItem]]
+        ] = {}  # remote segment → its transport's work
         work: dict[Transport, tuple[list[int], list[WorkItem]]] = {}
         for index, entry in enumerate(entries):
             # The common case in a few comparisons (a small entry must cost little); anything
@@ -298,7 +305,9 @@ class TransferEngine:
                 self._count(transport.kind, items, outcome)
         return results
 
-    def _count(self, kind: TransportKind, items: Sequence[WorkItem], outcomes: list[TransferError | None]) -> None:
+    def _count(
+        self, kind: TransportKind, items: Sequence[WorkItem], outcomes: list[TransferError | None]
+    ) -> None:
         counters = self._counters[kind]
         failed = [i for i, outcome in enumerate(outcomes) if outcome is not None]
         if failed:

@@ -16,6 +16,7 @@ import os
 import secrets
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import Self
 
 import numpy as np
 
@@ -61,7 +62,7 @@ class Segment(ABC):
     def close(self) -> None:
         """Release the memory. Idempotent."""
 
-    def __enter__(self) -> Segment:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import aetcd
+
 from crescent.common.bounds import MAX_IMBALANCE
 from crescent.common.codec import encode
 from crescent.common.messages import DesiredInstances

@@ -35,13 +35,25 @@ class ChoiceDelta:
 
     @property
     def is_empty(self) -> bool:
-        return not (self.text or self.tool_calls or self.arguments or self.opens_call or self.logprobs
-                    or self.finish_reason)
+        return not (
+            self.text
+            or self.tool_calls
+            or self.arguments
+            or self.opens_call
+            or self.logprobs
+            or self.finish_reason
+        )
 
 
 class Choice:
-    def __init__(self, index: int, request: GenerationRequest, tokenizer, prompt_ids: list[int],
-                 echo_text: str = "") -> None:
+    def __init__(
+        self,
+        index: int,
+        request: GenerationRequest,
+        tokenizer,
+        prompt_ids: list[int],
+        echo_text: str = "",
+    ) -> None:
         self.index = index
         self.request = request
         self._tokenizer = tokenizer
@@ -49,7 +61,9 @@ class Choice:
         self._text = TextAssembler(tokenizer.stream_decoder(), request.stop)
         choice = request.tool_choice
         self._hermes = HermesParser() if choice is not None and choice.mode == "auto" else None
-        self._forced_name = choice.name if choice is not None and choice.mode == "function" else None
+        self._forced_name = (
+            choice.name if choice is not None and choice.mode == "function" else None
+        )
         self._is_forced = choice is not None and choice.mode != "auto"
         self._forced_text: list[str] = []  # a forced call's output so far
         self._call_id = new_call_id()
@@ -88,7 +102,9 @@ class Choice:
             if text or opens_call:
                 self._forced_text.append(text)
             if is_final:
-                self.tool_calls = [ToolCall(self._forced_name, "".join(self._forced_text).strip(), self._call_id)]
+                self.tool_calls = [
+                    ToolCall(self._forced_name, "".join(self._forced_text).strip(), self._call_id)
+                ]
             return ChoiceDelta(arguments=text, opens_call=opens_call)
         if self._is_forced:
             self._forced_text.append(text)
@@ -97,13 +113,19 @@ class Choice:
             text = "".join(self._forced_text)
             self.tool_calls = parse_forced(text, None)
             # Output cut short is no call: the client gets the text as it is.
-            return ChoiceDelta(tool_calls=list(self.tool_calls)) if self.tool_calls else ChoiceDelta(text=text)
+            return (
+                ChoiceDelta(tool_calls=list(self.tool_calls))
+                if self.tool_calls
+                else ChoiceDelta(text=text)
+            )
         if self._hermes is not None:
             content, calls = self._hermes.push(text)
             if is_final:
                 rest, more = self._hermes.finish()
                 content, calls = content + rest, calls + more
-            delta = ChoiceDelta(text=content, tool_calls=calls, first_call_index=len(self.tool_calls))
+            delta = ChoiceDelta(
+                text=content, tool_calls=calls, first_call_index=len(self.tool_calls)
+            )
             self.tool_calls += calls
             return delta
         return ChoiceDelta(text=text)

@@ -69,17 +69,27 @@ class ClusterView:
         role, instance_id = parts[-2], parts[-1]
         if event.value is None:
             if self.instances.pop((role, instance_id), None) is not None:
-                log.warning("instance gone: its lease ended", extra={"role": role, "instance_id": instance_id})
+                log.warning(
+                    "instance gone: its lease ended",
+                    extra={"role": role, "instance_id": instance_id},
+                )
             return
         try:
             info = decode(event.value, InstanceInfo)
         except MessageError as exc:
-            log.warning("ignoring malformed registry entry", extra={"key": event.key, "error": str(exc)})
+            log.warning(
+                "ignoring malformed registry entry", extra={"key": event.key, "error": str(exc)}
+            )
             return
         known = self.instances.get((role, instance_id))
         if known is None:
-            log.info("instance joined", extra={"role": role, "instance_id": instance_id, "node": info.node})
-            self.instances[(role, instance_id)] = InstanceState(info=info, registered_at=self.clock())
+            log.info(
+                "instance joined",
+                extra={"role": role, "instance_id": instance_id, "node": info.node},
+            )
+            self.instances[(role, instance_id)] = InstanceState(
+                info=info, registered_at=self.clock()
+            )
         else:
             known.info = info
             known.snapshot = None
@@ -87,14 +97,22 @@ class ClusterView:
     def apply_load(self, load: InstanceLoad) -> None:
         state = self.instances.get((load.role, load.instance_id))
         if state is None:
-            log.debug("telemetry from an unregistered instance", extra={"instance_id": load.instance_id})
+            log.debug(
+                "telemetry from an unregistered instance", extra={"instance_id": load.instance_id}
+            )
             return
         contradiction = _contradiction(load, state.info)
         if contradiction:
             if not state.is_contradiction_logged:
                 state.is_contradiction_logged = True
-                log.warning("ignoring contradictory telemetry", extra={
-                    "role": load.role, "instance_id": load.instance_id, "contradiction": contradiction})
+                log.warning(
+                    "ignoring contradictory telemetry",
+                    extra={
+                        "role": load.role,
+                        "instance_id": load.instance_id,
+                        "contradiction": contradiction,
+                    },
+                )
             return
         state.load = load
         state.load_received_at = self.last_heard_any = self.clock()
@@ -109,7 +127,9 @@ class ClusterView:
         window = self.stale_periods * period
         if now - last_heard <= window:
             return True
-        return self.last_heard_any - last_heard <= window and now - last_heard <= DEAF_PERIODS * period
+        return (
+            self.last_heard_any - last_heard <= window and now - last_heard <= DEAF_PERIODS * period
+        )
 
     def log_changes(self, now: float) -> None:
         """Log each instance that went stale or came back since the last call (once per change)."""
@@ -121,15 +141,22 @@ class ClusterView:
                 if is_live:
                     log.info("instance back", extra={"role": role, "instance_id": instance_id})
                 else:
-                    log.warning("instance stale: no new work until its telemetry resumes",
-                                extra={"role": role, "instance_id": instance_id,
-                                       "silent_s": round(now - last_heard, 3)})
+                    log.warning(
+                        "instance stale: no new work until its telemetry resumes",
+                        extra={
+                            "role": role,
+                            "instance_id": instance_id,
+                            "silent_s": round(now - last_heard, 3),
+                        },
+                    )
 
     def node_of(self, role: str, instance_id: str) -> str:
         state = self.instances.get((role, instance_id))
         return state.info.node if state is not None else ""
 
-    def snapshot(self, role: str, model: str, now: float, pricing: Pricing | None = None) -> list[InstanceSnapshot]:
+    def snapshot(
+        self, role: str, model: str, now: float, pricing: Pricing | None = None
+    ) -> list[InstanceSnapshot]:
         """Registered instances of `role` serving `model`, with this conductor's recent assignments
         added; stale or not accepting ones are flagged, for the policies to leave out. With
         `pricing`, each carries its own cost model and its reported queue is corrected with it."""
@@ -141,17 +168,28 @@ class ClusterView:
             costs = pricing.predictors(role, instance_id, model) if pricing is not None else None
             snapshot = state.snapshot
             if snapshot is None or snapshot.is_stale != is_stale or snapshot.costs is not costs:
-                snapshot = state.snapshot = self._build_snapshot(role, instance_id, state, is_stale, costs)
-            queue_s = self._queue_s(state, now, pricing.queue_ratio(instance_id) if pricing is not None else 1.0)
+                snapshot = state.snapshot = self._build_snapshot(
+                    role, instance_id, state, is_stale, costs
+                )
+            queue_s = self._queue_s(
+                state, now, pricing.queue_ratio(instance_id) if pricing is not None else 1.0
+            )
             queue_s += state.queue_s_assigned_since_load
-            if queue_s != snapshot.queue_time_s:  # the queue drains with time: only busy instances differ
+            if (
+                queue_s != snapshot.queue_time_s
+            ):  # the queue drains with time: only busy instances differ
                 snapshot = dataclasses.replace(snapshot, queue_time_s=queue_s)
             snapshots.append(snapshot)
         return snapshots
 
     @staticmethod
-    def _build_snapshot(role: str, instance_id: str, state: InstanceState, is_stale: bool,
-                        costs: CostPredictors | None) -> InstanceSnapshot:
+    def _build_snapshot(
+        role: str,
+        instance_id: str,
+        state: InstanceState,
+        is_stale: bool,
+        costs: CostPredictors | None,
+    ) -> InstanceSnapshot:
         """The snapshot without its queue time, which changes with the clock (ClusterView._queue_s)."""
         load = state.load
         capacity = load.kv_capacity_tokens if load else state.info.kv_capacity_tokens
@@ -176,10 +214,18 @@ class ClusterView:
         load = state.load
         if load is None:
             return 0.0
-        return max(0.0, load.queue_time_s * ratio - load.running_s - max(0.0, now - state.load_received_at))
+        return max(
+            0.0, load.queue_time_s * ratio - load.running_s - max(0.0, now - state.load_received_at)
+        )
 
-    def note_assignment(self, role: str, instance_id: str, num_tokens: int, queue_s: float = 0.0,
-                        num_requests: int = 1) -> None:
+    def note_assignment(
+        self,
+        role: str,
+        instance_id: str,
+        num_tokens: int,
+        queue_s: float = 0.0,
+        num_requests: int = 1,
+    ) -> None:
         """This conductor just gave the instance work its next telemetry will include (negative
         amounts take back an assignment that did not happen)."""
         state = self.instances.get((role, instance_id))
@@ -196,22 +242,32 @@ class ClusterView:
         for (role, _), state in self.instances.items():
             if role == "prefill":
                 model = state.info.model
-                served[model] = min(served.get(model, state.info.max_model_len), state.info.max_model_len)
+                served[model] = min(
+                    served.get(model, state.info.max_model_len), state.info.max_model_len
+                )
         return served
 
     def count(self, role: str, now: float) -> int:
         return sum(1 for (r, _), s in self.instances.items() if r == role and self.is_live(s, now))
 
     def count_live(self, role: str, model: str, now: float) -> int:
-        return sum(1 for (r, _), s in self.instances.items()
-                   if r == role and s.info.model == model and self.is_live(s, now))
+        return sum(
+            1
+            for (r, _), s in self.instances.items()
+            if r == role and s.info.model == model and self.is_live(s, now)
+        )
 
     def count_serving(self, role: str, model: str, now: float) -> int:
         """Live instances of `role` for `model` that are not draining: what the cluster runs
         once the instances being stopped have gone."""
-        return sum(1 for (r, _), s in self.instances.items()
-                   if r == role and s.info.model == model and self.is_live(s, now)
-                   and not (s.load is not None and s.load.not_accepting_reason == "draining"))
+        return sum(
+            1
+            for (r, _), s in self.instances.items()
+            if r == role
+            and s.info.model == model
+            and self.is_live(s, now)
+            and not (s.load is not None and s.load.not_accepting_reason == "draining")
+        )
 
     def started_at(self, role: str, instance_id: str) -> float | None:
         """When the registered process of this id started (None: not registered): tells a
@@ -222,17 +278,25 @@ class ClusterView:
     def count_registered(self, role: str, model: str) -> int:
         return sum(1 for (r, _), s in self.instances.items() if r == role and s.info.model == model)
 
-
     def engine_of(self, model: str) -> str:
         """The engine ("vllm", "emulated") the model's prefill instances run; "" if unknown."""
-        return next((s.info.engine for (r, _), s in self.instances.items()
-                     if r == "prefill" and s.info.model == model and s.info.engine), "")
+        return next(
+            (
+                s.info.engine
+                for (r, _), s in self.instances.items()
+                if r == "prefill" and s.info.model == model and s.info.engine
+            ),
+            "",
+        )
 
 
 def _contradiction(load: InstanceLoad, info: InstanceInfo) -> str:
     """What makes `load` impossible for the registered instance `info`; "" if nothing."""
-    if min(load.num_queued, load.num_running, load.kv_used_tokens, load.kv_capacity_tokens) < 0 \
-            or load.queue_time_s < 0 or load.period_s <= 0:
+    if (
+        min(load.num_queued, load.num_running, load.kv_used_tokens, load.kv_capacity_tokens) < 0
+        or load.queue_time_s < 0
+        or load.period_s <= 0
+    ):
         return "negative counts or times"
     if load.node != info.node:
         return f"telemetry from node {load.node!r}, registered on node {info.node!r}"

@@ -91,7 +91,13 @@ class RequestRefusedError(RecoverableError):
 INVALID_REQUEST = "InvalidRequestError"  # the code of an engine's refusal (crescent.engine.base)
 
 
-MOVABLE_ERRORS = (InstanceLostError, ConnectionLostError, StreamBrokenError, NoRespondersError, RemoteError)
+MOVABLE_ERRORS = (
+    InstanceLostError,
+    ConnectionLostError,
+    StreamBrokenError,
+    NoRespondersError,
+    RemoteError,
+)
 """Failures after which a request is moved to another instance rather than failed."""
 
 
@@ -143,13 +149,24 @@ class _Gone:
         self._started_at[instance_id] = started_at
 
     def ids(self) -> set[str]:
-        return {i for i, started in self._started_at.items()
-                if self._view.started_at(self._role, i) in (started, None)}
+        return {
+            i
+            for i, started in self._started_at.items()
+            if self._view.started_at(self._role, i) in (started, None)
+        }
 
 
 class RequestFlow:
-    def __init__(self, bus: Bus, subjects: Subjects, scheduler: Scheduler, timeouts: FlowTimeouts,
-                 eos_token_id: int, streams: StreamGroup, owner: str) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        subjects: Subjects,
+        scheduler: Scheduler,
+        timeouts: FlowTimeouts,
+        eos_token_id: int,
+        streams: StreamGroup,
+        owner: str,
+    ) -> None:
         """`streams` is subscribed to `subjects.tokens_of(owner)`: every decode this flow starts
         streams its tokens there, on tokens.<owner>.<attempt id>."""
         self._bus = bus
@@ -162,17 +179,30 @@ class RequestFlow:
         self._timeouts = timeouts
         self._eos_token_id = eos_token_id
 
-    async def generate(self, request_id: str, model: str, token_ids: list[int], max_tokens: int,
-                       sampling: SamplingParams) -> AsyncIterator[TokenEvent]:
+    async def generate(
+        self,
+        request_id: str,
+        model: str,
+        token_ids: list[int],
+        max_tokens: int,
+        sampling: SamplingParams,
+    ) -> AsyncIterator[TokenEvent]:
         """Tokens as they come; closing the iterator early cancels the request downstream."""
         # prompt logprobs come from a prefill instance's full compute: never prefilled on decode
-        request = self._scheduler.request_for(request_id, model, token_ids, max_tokens,
-                                              may_prefill_on_decode=sampling.prompt_logprobs is None)
+        request = self._scheduler.request_for(
+            request_id,
+            model,
+            token_ids,
+            max_tokens,
+            may_prefill_on_decode=sampling.prompt_logprobs is None,
+        )
         progress = Progress(list(token_ids), max_tokens, replayable(sampling))
         decode = _DecodeSide(request_id)
         try:
             result = await self._prefill(request, model, progress, decode)
-            if result is not None:  # None: the decode instance computes the prompt, streams its first token
+            if (
+                result is not None
+            ):  # None: the decode instance computes the prompt, streams its first token
                 first_event = self._first_event(result, progress, sampling)
                 if first_event is not None:
                     decode.first_token_at = self._clock()
@@ -184,25 +214,38 @@ class RequestFlow:
         finally:
             self._scheduler.on_finished(request_id, decode.is_finished)
             if decode.instance_id and not decode.is_finished:
-                log.info("request ended before its decode; cancelling it",
-                         extra={"request_id": request_id, "decode": decode.instance_id})
+                log.info(
+                    "request ended before its decode; cancelling it",
+                    extra={"request_id": request_id, "decode": decode.instance_id},
+                )
                 await self._cancel_decode(decode)
 
-    def _first_event(self, result: PrefillResult, progress: Progress, sampling: SamplingParams) -> TokenEvent | None:
+    def _first_event(
+        self, result: PrefillResult, progress: Progress, sampling: SamplingParams
+    ) -> TokenEvent | None:
         """What the client gets from the prefill: its first token (kept in `progress`) and the
         prompt logprobs asked for; a replayed request gets only the logprobs, its decode
         regenerates the first token."""
         prompt_logprobs = result.prompt_logprobs if sampling.prompt_logprobs is not None else None
         if progress.is_replayed:
-            return TokenEvent([], prompt_logprobs=prompt_logprobs) if prompt_logprobs is not None else None
+            return (
+                TokenEvent([], prompt_logprobs=prompt_logprobs)
+                if prompt_logprobs is not None
+                else None
+            )
         first_token = result.first_token
         progress.generated.append(first_token)
         finish = self._finish_on_first(first_token, progress.max_tokens, sampling)
         logprobs = [result.first_logprobs] if result.first_logprobs is not None else []
         return TokenEvent([first_token], finish, logprobs, prompt_logprobs)
 
-    async def place(self, request: ScheduleRequest, model: str, decode: _DecodeSide,
-                    exclude: Collection[str] = ()) -> Decision:
+    async def place(
+        self,
+        request: ScheduleRequest,
+        model: str,
+        decode: _DecodeSide,
+        exclude: Collection[str] = (),
+    ) -> Decision:
         """Ask the policy, then reserve KV room on the decode instance it chose; a decode that
         refuses (its room went to another conductor's request) is left out and the policy asked
         again. While the model has registered instances but none live (a NATS outage, a restart),
@@ -221,7 +264,9 @@ class RequestFlow:
                 decode_id = outcome.decode.instance_id
                 self._scheduler.record(request, outcome, model)
                 decode.instance_id = decode_id
-                if await self._reserve(decode_id, decode.attempt_id, request.num_prompt_tokens, request.max_tokens):
+                if await self._reserve(
+                    decode_id, decode.attempt_id, request.num_prompt_tokens, request.max_tokens
+                ):
                     break
                 self._scheduler.forget(request, outcome)
                 decode.instance_id = ""
@@ -240,15 +285,24 @@ class RequestFlow:
         if rejection.reason is RejectReason.NO_PREFILL:
             return self._view.count_registered("prefill", model) > 0
         if rejection.reason is RejectReason.NO_DECODE:
-            return self._view.count_registered("decode", model) > 0 \
-                and not self._view.count_live("decode", model, self._clock())
+            return self._view.count_registered("decode", model) > 0 and not self._view.count_live(
+                "decode", model, self._clock()
+            )
         return False
 
-    async def _reserve(self, decode_id: str, attempt_id: str, num_prompt_tokens: int, max_tokens: int) -> bool:
-        reservation = Reservation(request_id=attempt_id, num_prompt_tokens=num_prompt_tokens, max_tokens=max_tokens)
+    async def _reserve(
+        self, decode_id: str, attempt_id: str, num_prompt_tokens: int, max_tokens: int
+    ) -> bool:
+        reservation = Reservation(
+            request_id=attempt_id, num_prompt_tokens=num_prompt_tokens, max_tokens=max_tokens
+        )
         try:
-            reply = await self._bus.request(self._subjects.decode_reserve(decode_id), reservation,
-                                            ReservationReply, self._timeouts.reserve_s)
+            reply = await self._bus.request(
+                self._subjects.decode_reserve(decode_id),
+                reservation,
+                ReservationReply,
+                self._timeouts.reserve_s,
+            )
         except RecoverableError as exc:
             log.warning("reserve failed", extra={"decode": decode_id, "error": str(exc)})
             return False
@@ -256,8 +310,9 @@ class RequestFlow:
             log.info("reserve refused", extra={"decode": decode_id, "reason": reply.reason})
         return reply.accepted
 
-    async def _prefill(self, request: ScheduleRequest, model: str, progress: Progress,
-                       decode: _DecodeSide) -> PrefillResult | None:
+    async def _prefill(
+        self, request: ScheduleRequest, model: str, progress: Progress, decode: _DecodeSide
+    ) -> PrefillResult | None:
         """The result (first token) of the first prefill instance that survives the job; None
         when the policy has the decode instance compute the prompt (conditional disaggregation)."""
         gone = _Gone(self._view, "prefill")
@@ -269,15 +324,30 @@ class RequestFlow:
                 return None
             prefill = decision.prefill
             incarnation = self._view.started_at("prefill", prefill.instance_id)
-            job = PrefillJob(request_id=request.request_id, model=model, token_ids=progress.prompt,
-                             sampling=progress.sampling, decode_instance=decode.instance_id,
-                             decode_node=self._view.node_of("decode", decode.instance_id),
-                             block_size=request.block_size, pull_from_node=prefill.transfer_source or "",
-                             pull_hashes=list(prefill.transfer_hashes), timeout_s=self._timeouts.prefill_s)
+            job = PrefillJob(
+                request_id=request.request_id,
+                model=model,
+                token_ids=progress.prompt,
+                sampling=progress.sampling,
+                decode_instance=decode.instance_id,
+                decode_node=self._view.node_of("decode", decode.instance_id),
+                block_size=request.block_size,
+                pull_from_node=prefill.transfer_source or "",
+                pull_hashes=list(prefill.transfer_hashes),
+                timeout_s=self._timeouts.prefill_s,
+            )
             sent_at = self._clock()
             try:
-                result = await self._while_present("prefill", prefill.instance_id, self._bus.request(
-                    self._subjects.prefill_job(prefill.instance_id), job, PrefillResult, self._timeouts.prefill_s))
+                result = await self._while_present(
+                    "prefill",
+                    prefill.instance_id,
+                    self._bus.request(
+                        self._subjects.prefill_job(prefill.instance_id),
+                        job,
+                        PrefillResult,
+                        self._timeouts.prefill_s,
+                    ),
+                )
                 self._scheduler.on_prefilled(request, decision, result, self._clock() - sent_at)
                 return result
             except MOVABLE_ERRORS as exc:
@@ -299,8 +369,9 @@ class RequestFlow:
                 await self._cancel_prefill(prefill.instance_id, request.request_id)
                 raise
 
-    async def _decode(self, request: ScheduleRequest, model: str, progress: Progress,
-                      decode: _DecodeSide) -> AsyncIterator[TokenEvent]:
+    async def _decode(
+        self, request: ScheduleRequest, model: str, progress: Progress, decode: _DecodeSide
+    ) -> AsyncIterator[TokenEvent]:
         """Stream from the decode instance; when it is lost, go on from where it stopped on
         another one, within MAX_MIGRATIONS moves."""
         lost = _Gone(self._view, "decode")
@@ -316,21 +387,34 @@ class RequestFlow:
                 if num_moves >= MAX_MIGRATIONS:
                     raise
                 num_moves += 1
-                self._migrated("decode", request.request_id, decode.instance_id, exc, len(progress.generated))
+                self._migrated(
+                    "decode", request.request_id, decode.instance_id, exc, len(progress.generated)
+                )
                 if not isinstance(exc, ConnectionLostError):
                     lost.add(decode.instance_id, incarnation)
             finally:
                 await stream.close()
             await self._move_decode(request, model, progress, decode, lost)
 
-    async def _stream_from(self, decode: _DecodeSide, progress: Progress, stream: Stream) -> AsyncIterator[TokenEvent]:
+    async def _stream_from(
+        self, decode: _DecodeSide, progress: Progress, stream: Stream
+    ) -> AsyncIterator[TokenEvent]:
         decode_id = decode.instance_id
         try:
-            await self._while_present("decode", decode_id, self._bus.request(
-                self._subjects.decode_start(decode_id), progress.decode_start(decode.attempt_id, self._owner), Ack,
-                self._timeouts.start_s))
+            await self._while_present(
+                "decode",
+                decode_id,
+                self._bus.request(
+                    self._subjects.decode_start(decode_id),
+                    progress.decode_start(decode.attempt_id, self._owner),
+                    Ack,
+                    self._timeouts.start_s,
+                ),
+            )
         except RequestTimeoutError as exc:  # nothing was generated on it: as good as gone
-            raise StreamBrokenError(f"decode {decode_id} did not acknowledge the start: {exc}") from exc
+            raise StreamBrokenError(
+                f"decode {decode_id} did not acknowledge the start: {exc}"
+            ) from exc
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
         num_decoded_tokens = 0
@@ -339,8 +423,10 @@ class RequestFlow:
         while True:
             chunk = await self._next_chunk(decode_id, stream)
             if chunk.seq != expected_seq:
-                raise StreamBrokenError(f"token stream of {decode.attempt_id} skipped from {expected_seq} "
-                                        f"to {chunk.seq}")
+                raise StreamBrokenError(
+                    f"token stream of {decode.attempt_id} skipped from {expected_seq} "
+                    f"to {chunk.seq}"
+                )
             if chunk.error:
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
             expected_seq += 1
@@ -352,10 +438,14 @@ class RequestFlow:
                 if num_decoded_tokens and decode.first_token_at and not decode.is_moved:
                     # The mean gap the client saw after the first token, stalls included (a
                     # stream that stalls, then delivers tokens in a bunch, has a long TBT).
-                    self._scheduler.on_decoded(decode.request_id,
-                                               (self._clock() - decode.first_token_at) / num_decoded_tokens)
+                    self._scheduler.on_decoded(
+                        decode.request_id,
+                        (self._clock() - decode.first_token_at) / num_decoded_tokens,
+                    )
             if token_ids or chunk.is_final:
-                yield TokenEvent(token_ids, chunk.finish_reason if chunk.is_final else None, logprobs)
+                yield TokenEvent(
+                    token_ids, chunk.finish_reason if chunk.is_final else None, logprobs
+                )
             if chunk.is_final:
                 return
 
@@ -375,12 +465,22 @@ class RequestFlow:
                 if waited_s >= self._timeouts.token_gap_s:
                     raise
                 if self._view.started_at("decode", decode_id) != started_at:
-                    raise InstanceLostError(f"decode instance {decode_id} left the cluster mid-request") from None
+                    raise InstanceLostError(
+                        f"decode instance {decode_id} left the cluster mid-request"
+                    ) from None
                 if self._bus.epoch != epoch:
-                    raise ConnectionLostError(f"NATS reconnected while waiting on decode {decode_id}") from None
+                    raise ConnectionLostError(
+                        f"NATS reconnected while waiting on decode {decode_id}"
+                    ) from None
 
-    async def _move_decode(self, request: ScheduleRequest, model: str, progress: Progress,
-                           decode: _DecodeSide, lost: _Gone) -> None:
+    async def _move_decode(
+        self,
+        request: ScheduleRequest,
+        model: str,
+        progress: Progress,
+        decode: _DecodeSide,
+        lost: _Gone,
+    ) -> None:
         """Release the old attempt and reserve room for the next one on a live decode instance."""
         await self._cancel_decode(decode)
         old_id = decode.instance_id
@@ -391,8 +491,12 @@ class RequestFlow:
         while True:
             choice = self._scheduler.schedule_decode(request, model, excluded)
             if isinstance(choice, DecodeChoice):
-                if await self._reserve(choice.instance_id, decode.attempt_id, len(start.token_ids) + 1,
-                                       start.max_tokens - 1):
+                if await self._reserve(
+                    choice.instance_id,
+                    decode.attempt_id,
+                    len(start.token_ids) + 1,
+                    start.max_tokens - 1,
+                ):
                     break
                 excluded.add(choice.instance_id)
             elif self._clock() >= deadline:
@@ -405,16 +509,25 @@ class RequestFlow:
         decode.is_moved = True
         self._scheduler.move_decode(request, old_id, choice.instance_id)
 
-    def _migrated(self, stage: str, request_id: str, instance_id: str, cause: Exception, num_generated: int) -> None:
+    def _migrated(
+        self, stage: str, request_id: str, instance_id: str, cause: Exception, num_generated: int
+    ) -> None:
         metrics.MIGRATIONS.labels(stage, type(cause).__name__).inc()
         with tracer().start_as_current_span("conductor.migrate") as span:
             span.set_attribute("crescent.stage", stage)
             span.set_attribute("crescent.from_instance", instance_id)
             span.set_attribute("crescent.cause", str(cause))
             span.set_attribute("crescent.num_generated_tokens", num_generated)
-        log.warning("moving request to another instance", extra={
-            "request_id": request_id, "stage": stage, "instance_id": instance_id, "cause": str(cause),
-            "num_generated_tokens": num_generated})
+        log.warning(
+            "moving request to another instance",
+            extra={
+                "request_id": request_id,
+                "stage": stage,
+                "instance_id": instance_id,
+                "cause": str(cause),
+                "num_generated_tokens": num_generated,
+            },
+        )
 
     async def _while_present(self, role: str, instance_id: str, step: Awaitable[T]) -> T:
         """Await `step`, but give up as soon as the instance serving it leaves the registry, or
@@ -430,24 +543,35 @@ class RequestFlow:
                 if done:
                     return task.result()
                 if self._view.started_at(role, instance_id) != started_at:  # gone, or a new process
-                    raise InstanceLostError(f"{role} instance {instance_id} left the cluster mid-request")
+                    raise InstanceLostError(
+                        f"{role} instance {instance_id} left the cluster mid-request"
+                    )
                 if self._bus.epoch != epoch:
-                    raise ConnectionLostError(f"NATS reconnected while waiting on {role} {instance_id}")
+                    raise ConnectionLostError(
+                        f"NATS reconnected while waiting on {role} {instance_id}"
+                    )
         finally:
             task.cancel()
 
     def _finish_on_first(self, token: int, max_tokens: int, sampling: SamplingParams) -> str | None:
-        if token in sampling.stop_token_ids or (token == self._eos_token_id and not sampling.ignore_eos):
+        if token in sampling.stop_token_ids or (
+            token == self._eos_token_id and not sampling.ignore_eos
+        ):
             return "stop"
         if max_tokens <= 1:
             return "length"
         return None
 
     async def _cancel_decode(self, decode: _DecodeSide) -> None:
-        await self._publish(self._subjects.decode_cancel(decode.instance_id), DecodeCancel(request_id=decode.attempt_id))
+        await self._publish(
+            self._subjects.decode_cancel(decode.instance_id),
+            DecodeCancel(request_id=decode.attempt_id),
+        )
 
     async def _cancel_prefill(self, instance_id: str, request_id: str) -> None:
-        await self._publish(self._subjects.prefill_cancel(instance_id), PrefillCancel(request_id=request_id))
+        await self._publish(
+            self._subjects.prefill_cancel(instance_id), PrefillCancel(request_id=request_id)
+        )
 
     async def _publish(self, subject: str, message: DecodeCancel | PrefillCancel) -> None:
         try:

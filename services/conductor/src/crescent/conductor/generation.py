@@ -18,6 +18,9 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from jinja2.exceptions import TemplateError
+from opentelemetry.trace import SpanKind
+
 from crescent.common.errors import RecoverableError, RequestTimeoutError
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
@@ -41,8 +44,6 @@ from crescent.conductor.policy import RejectReason
 from crescent.conductor.relay import Relay
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.settings import ConductorSettings
-from jinja2.exceptions import TemplateError
-from opentelemetry.trace import SpanKind
 
 _ID_PREFIX = {"completions": "cmpl-", "chat": "chatcmpl-", "responses": "resp_"}
 
@@ -50,8 +51,15 @@ _ID_PREFIX = {"completions": "cmpl-", "chat": "chatcmpl-", "responses": "resp_"}
 class Generation:
     """The handlers of the generating endpoints, sharing one tokenizer and one flow."""
 
-    def __init__(self, settings: ConductorSettings, tokenizer, view: ClusterView, scheduler: Scheduler,
-                 flow: RequestFlow, ratio: RatioLoop | None = None) -> None:
+    def __init__(
+        self,
+        settings: ConductorSettings,
+        tokenizer,
+        view: ClusterView,
+        scheduler: Scheduler,
+        flow: RequestFlow,
+        ratio: RatioLoop | None = None,
+    ) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.view = view
@@ -74,68 +82,106 @@ class Generation:
             token_ids = gen.prompt_token_ids
             largest, vocab_size = max(token_ids), self.tokenizer.vocab_size
             if largest >= vocab_size:
-                raise bad_request(f"token id {largest} is outside the vocabulary (size {vocab_size})",
-                                  param="prompt")
+                raise bad_request(
+                    f"token id {largest} is outside the vocabulary (size {vocab_size})",
+                    param="prompt",
+                )
             return token_ids
         if not gen.is_chat:
             return self.tokenizer.encode(gen.prompt_text)
         try:
-            return self.tokenizer.encode(self.tokenizer.apply_chat_template(gen.messages, gen.tools))
+            return self.tokenizer.encode(
+                self.tokenizer.apply_chat_template(gen.messages, gen.tools)
+            )
         except TemplateError as exc:
-            raise bad_request(f"the model's chat template refused the messages: {exc}",
-                              param="input" if gen.api == "responses" else "messages") from exc
+            raise bad_request(
+                f"the model's chat template refused the messages: {exc}",
+                param="input" if gen.api == "responses" else "messages",
+            ) from exc
 
     def _tokens(self, gen: GenerationRequest) -> tuple[GenerationRequest, list[int], int]:
         """The request as the model serves it, its prompt tokens and max_tokens, checked against
         the model's context and the cluster's KV room."""
         served = self.view.models()
         if gen.model not in served:
-            raise ApiError(404, f"the model '{gen.model}' does not exist: no instance serves it",
-                           type_="not_found_error", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"the model '{gen.model}' does not exist: no instance serves it",
+                type_="not_found_error",
+                param="model",
+                code="model_not_found",
+            )
         gen = check_for_model(gen, self.view.engine_of(gen.model), self.tokenizer)
         token_ids = self._prompt(gen)
         max_model_len = served[gen.model]
         max_tokens = gen.max_tokens
         if max_tokens is None:
-            max_tokens = max(1, min(self.settings.default_max_tokens, max_model_len - len(token_ids)))
+            max_tokens = max(
+                1, min(self.settings.default_max_tokens, max_model_len - len(token_ids))
+            )
         if gen.sampling.min_tokens > max_tokens:
-            raise bad_request(f"'min_tokens' ({gen.sampling.min_tokens}) exceeds the tokens to generate "
-                              f"({max_tokens})", param="min_tokens")
+            raise bad_request(
+                f"'min_tokens' ({gen.sampling.min_tokens}) exceeds the tokens to generate "
+                f"({max_tokens})",
+                param="min_tokens",
+            )
         need = len(token_ids) + max_tokens
         capacity = self.scheduler.max_decode_capacity(gen.model)
         if capacity and need > capacity:
-            raise bad_request(f"the request needs {need} tokens of KV cache; the largest decode instance holds "
-                              f"{capacity}", code="exceeds_kv_capacity")
+            raise bad_request(
+                f"the request needs {need} tokens of KV cache; the largest decode instance holds "
+                f"{capacity}",
+                code="exceeds_kv_capacity",
+            )
         if need > max_model_len:
             raise bad_request(
                 f"this model's maximum context length is {max_model_len} tokens; the request asks for {need} "
                 f"({len(token_ids)} in the prompt, {max_tokens} to generate)",
-                param="prompt" if gen.api == "completions" else "messages", code="context_length_exceeded")
-        total = sum(s.kv_capacity_tokens for s in self.view.snapshot("decode", gen.model, time.monotonic()))
+                param="prompt" if gen.api == "completions" else "messages",
+                code="context_length_exceeded",
+            )
+        total = sum(
+            s.kv_capacity_tokens for s in self.view.snapshot("decode", gen.model, time.monotonic())
+        )
         if gen.n > 1 and total and gen.n * need > total:
-            raise bad_request(f"n={gen.n} choices need {gen.n} x {need} tokens of KV cache; the cluster's decode "
-                              f"instances hold {total} together", param="n", code="exceeds_kv_capacity")
+            raise bad_request(
+                f"n={gen.n} choices need {gen.n} x {need} tokens of KV cache; the cluster's decode "
+                f"instances hold {total} together",
+                param="n",
+                code="exceeds_kv_capacity",
+            )
         return gen, token_ids, max_tokens
 
     def _choices(self, gen: GenerationRequest, token_ids: list[int]) -> list[Choice]:
         echo_text = ""
         if gen.echo:
-            echo_text = gen.prompt_text if gen.prompt_text is not None else self.tokenizer.decode(token_ids)
+            echo_text = (
+                gen.prompt_text if gen.prompt_text is not None else self.tokenizer.decode(token_ids)
+            )
         return [Choice(i, gen, self.tokenizer, token_ids, echo_text) for i in range(gen.n)]
 
-    def _streams(self, gen: GenerationRequest, request_id: str, token_ids: list[int], max_tokens: int) -> list:
+    def _streams(
+        self, gen: GenerationRequest, request_id: str, token_ids: list[int], max_tokens: int
+    ) -> list:
         sampling = gen.sampling
         streams = []
         for i in range(gen.n):
             choice_sampling = sampling
             if sampling.seed is not None and i:
-                choice_sampling = msgspec.structs.replace(sampling, seed=sampling.seed + i)  # < 2**64
+                choice_sampling = msgspec.structs.replace(
+                    sampling, seed=sampling.seed + i
+                )  # < 2**64
             choice_id = request_id if gen.n == 1 else f"{request_id}-{i}"
-            streams.append(self.flow.generate(choice_id, gen.model, token_ids, max_tokens, choice_sampling))
+            streams.append(
+                self.flow.generate(choice_id, gen.model, token_ids, max_tokens, choice_sampling)
+            )
         return streams
 
-    async def _generate(self, request: web.Request, parse: Callable[[Any], GenerationRequest],
-                        ) -> web.StreamResponse:
+    async def _generate(
+        self,
+        request: web.Request,
+        parse: Callable[[Any], GenerationRequest],
+    ) -> web.StreamResponse:
         arrived = time.monotonic()
         gen = parse(await read_json(request, self.settings.body_timeout_s))
         gen, token_ids, max_tokens = self._tokens(gen)
@@ -152,9 +198,14 @@ class Generation:
                 span.set_attribute("crescent.num_prompt_tokens", len(token_ids))
                 span.set_attribute("crescent.num_choices", gen.n)
                 renderer_type = ResponsesRenderer if gen.api == "responses" else OpenAIRenderer
-                relay = Relay(self._choices(gen, token_ids), renderer_type(gen, request_id, int(time.time())),
-                              request_id, len(token_ids), arrived,
-                              self.ratio.window(gen.model) if self.ratio is not None else None)
+                relay = Relay(
+                    self._choices(gen, token_ids),
+                    renderer_type(gen, request_id, int(time.time())),
+                    request_id,
+                    len(token_ids),
+                    arrived,
+                    self.ratio.window(gen.model) if self.ratio is not None else None,
+                )
                 streams = self._streams(gen, request_id, token_ids, max_tokens)
                 if gen.stream:
                     response = await relay.stream(request, streams)
@@ -168,13 +219,20 @@ class Generation:
                 self.ratio.record_rejection(gen.model, exc.rejection.reason)
             raise self._rejection_error(exc.rejection, request_id) from exc
         except RequestRefusedError as exc:
-            raise ApiError(400, f"the model's engine refused the request: {exc}", headers=headers) from exc
+            raise ApiError(
+                400, f"the model's engine refused the request: {exc}", headers=headers
+            ) from exc
         except RequestTimeoutError as exc:
-            raise ApiError(504, f"the cluster did not answer in time: {exc}", type_="timeout",
-                           headers=headers) from exc
+            raise ApiError(
+                504, f"the cluster did not answer in time: {exc}", type_="timeout", headers=headers
+            ) from exc
         except RecoverableError as exc:
-            raise ApiError(502, f"an instance failed the request: {exc}", type_="upstream_error",
-                           headers=headers) from exc
+            raise ApiError(
+                502,
+                f"an instance failed the request: {exc}",
+                type_="upstream_error",
+                headers=headers,
+            ) from exc
         finally:
             metrics.INFLIGHT.dec()
             self.num_inflight -= 1
@@ -185,10 +243,26 @@ class Generation:
         """429 when the cluster is too loaded for the SLOs (retry later), 503 when it has no
         instance at all for this model."""
         metrics.REJECTED.labels(rejection.reason.value).inc()
-        headers = {"Retry-After": str(max(1, math.ceil(rejection.retry_after_s))), "X-Request-Id": request_id}
+        headers = {
+            "Retry-After": str(max(1, math.ceil(rejection.retry_after_s))),
+            "X-Request-Id": request_id,
+        }
         has_no_instance = rejection.reason is RejectReason.NO_PREFILL or (
-            rejection.reason is RejectReason.NO_DECODE and not self.view.count("decode", time.monotonic()))
+            rejection.reason is RejectReason.NO_DECODE
+            and not self.view.count("decode", time.monotonic())
+        )
         if has_no_instance:
-            return ApiError(503, rejection.detail, type_="service_unavailable", code="no_capacity", headers=headers)
-        return ApiError(429, f"the cluster cannot serve this request within its SLOs now: {rejection.detail}",
-                        type_="rate_limit_error", code=rejection.reason.value, headers=headers)
+            return ApiError(
+                503,
+                rejection.detail,
+                type_="service_unavailable",
+                code="no_capacity",
+                headers=headers,
+            )
+        return ApiError(
+            429,
+            f"the cluster cannot serve this request within its SLOs now: {rejection.detail}",
+            type_="rate_limit_error",
+            code=rejection.reason.value,
+            headers=headers,
+        )

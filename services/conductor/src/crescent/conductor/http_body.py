@@ -32,15 +32,19 @@ def check_headers(request: web.Request) -> None:
     gzip/deflate encoded. A missing Content-Type is taken as JSON (the body must still parse)."""
     if hdrs.CONTENT_TYPE in request.headers:
         mime_type = request.content_type
-        if not (mime_type == "application/json" or
-                (mime_type.startswith("application/") and mime_type.endswith("+json"))):
+        if not (
+            mime_type == "application/json"
+            or (mime_type.startswith("application/") and mime_type.endswith("+json"))
+        ):
             raise _unsupported(f"Content-Type must be application/json, got {mime_type!r}")
         charset = request.charset
         if charset is not None and charset.lower() not in _CHARSETS:
             raise _unsupported(f"the body must be UTF-8 JSON; charset {charset!r} is not supported")
     encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
     if encoding not in _CONTENT_ENCODINGS:
-        raise _unsupported(f"Content-Encoding {encoding!r} is not supported (use gzip, deflate or none)")
+        raise _unsupported(
+            f"Content-Encoding {encoding!r} is not supported (use gzip, deflate or none)"
+        )
 
 
 async def read_body(request: web.Request, timeout_s: float) -> bytes:
@@ -50,11 +54,15 @@ async def read_body(request: web.Request, timeout_s: float) -> bytes:
         async with asyncio.timeout(timeout_s):
             return await request.read()
     except TimeoutError as exc:
-        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s",
-                       code="request_timeout") from exc
+        raise ApiError(
+            408, f"the request body did not arrive within {timeout_s:g} s", code="request_timeout"
+        ) from exc
     except web.HTTPRequestEntityTooLarge as exc:
-        raise ApiError(413, f"the request body exceeds the limit of {request.client_max_size} bytes",
-                       code="request_too_large") from exc
+        raise ApiError(
+            413,
+            f"the request body exceeds the limit of {request.client_max_size} bytes",
+            code="request_too_large",
+        ) from exc
     except web.RequestPayloadError as exc:
         encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
         cause = _cause(exc)

@@ -30,26 +30,37 @@ def error_response(error: ApiError) -> web.Response:
 
 
 def _log_answer(request: web.Request, status: int, cause: str, request_id: str | None) -> None:
-    fields = {"status": status, "method": request.method, "path": request.path,
-              "cause": cause[:_MAX_LOGGED_CAUSE]}
+    fields = {
+        "status": status,
+        "method": request.method,
+        "path": request.path,
+        "cause": cause[:_MAX_LOGGED_CAUSE],
+    }
     if request_id is not None:
         fields["request_id"] = request_id
-    log.log(logging.WARNING if status >= 500 else logging.INFO, "request answered with an error",
-            extra=fields)
+    log.log(
+        logging.WARNING if status >= 500 else logging.INFO,
+        "request answered with an error",
+        extra=fields,
+    )
 
 
 def _from_http_exception(exc: web.HTTPException) -> ApiError:
     """aiohttp's own 404/405/413…: its text says more than its reason phrase, and its headers
     (a 405's Allow) still apply."""
     kind = "not_found_error" if exc.status == 404 else "invalid_request_error"
-    kept = {name: value for name, value in exc.headers.items()
-            if name not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)}
+    kept = {
+        name: value
+        for name, value in exc.headers.items()
+        if name not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)
+    }
     return ApiError(exc.status, exc.text or exc.reason or "error", type_=kind, headers=kept)
 
 
 @web.middleware
-async def openai_errors(request: web.Request,
-                        handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+async def openai_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
     try:
         response = await handler(request)
     except ApiError as error:
@@ -64,13 +75,23 @@ async def openai_errors(request: web.Request,
         request_id = request.get(REQUEST_ID)
         if request.writer.output_size > 0:
             # Too late for an error body: the connection is cut, and this is its only log line.
-            log.exception("request failed mid-response", extra={"request_id": request_id,
-                                                                 "path": request.path})
+            log.exception(
+                "request failed mid-response",
+                extra={"request_id": request_id, "path": request.path},
+            )
             raise
-        log.exception("request failed", extra={"status": 500, "path": request.path,
-                                               "request_id": request_id, "cause": repr(exc)})
-        return error_response(ApiError(500, "the conductor failed on this request; see its log",
-                                       type_="server_error"))
+        log.exception(
+            "request failed",
+            extra={
+                "status": 500,
+                "path": request.path,
+                "request_id": request_id,
+                "cause": repr(exc),
+            },
+        )
+        return error_response(
+            ApiError(500, "the conductor failed on this request; see its log", type_="server_error")
+        )
     else:
         if response.status < 400:
             return response

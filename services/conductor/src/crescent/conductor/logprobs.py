@@ -26,7 +26,9 @@ class CompletionLogprobs:
         self._tokenizer = tokenizer
         self.offset = start_offset
 
-    def part(self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs | None]) -> dict[str, list]:
+    def part(
+        self, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs | None]
+    ) -> dict[str, list]:
         """The four lists for these tokens (a None entry: a token nothing predicts)."""
         tokens, token_logprobs, top, offsets = [], [], [], []
         for token_id, entry in zip(token_ids, logprobs):
@@ -39,12 +41,27 @@ class CompletionLogprobs:
                 top.append(None)
                 continue
             token_logprobs.append(entry.logprob)
-            top.append({self._tokenizer.token_text(i): lp for i, lp in zip(entry.top_ids, entry.top_logprobs)})
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+            top.append(
+                {
+                    self._tokenizer.token_text(i): lp
+                    for i, lp in zip(entry.top_ids, entry.top_logprobs)
+                }
+            )
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }
 
 
 def merge_completion_parts(parts: Sequence[dict[str, list]]) -> dict[str, list]:
-    merged: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    merged: dict[str, list] = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
     for part in parts:
         for key, values in part.items():
             merged[key].extend(values)
@@ -55,13 +72,15 @@ def _entry(text: str, logprob: float) -> dict[str, Any]:
     return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
 
-def chat_content(tokenizer: TokenTexts, token_ids: Sequence[int],
-                 logprobs: Sequence[TokenLogprobs]) -> list[dict[str, Any]]:
+def chat_content(
+    tokenizer: TokenTexts, token_ids: Sequence[int], logprobs: Sequence[TokenLogprobs]
+) -> list[dict[str, Any]]:
     """The chat shape's `content` list for these tokens."""
     content = []
     for token_id, entry in zip(token_ids, logprobs):
         item = _entry(tokenizer.token_text(token_id), entry.logprob)
-        item["top_logprobs"] = [_entry(tokenizer.token_text(i), lp)
-                                for i, lp in zip(entry.top_ids, entry.top_logprobs)]
+        item["top_logprobs"] = [
+            _entry(tokenizer.token_text(i), lp) for i, lp in zip(entry.top_ids, entry.top_logprobs)
+        ]
         content.append(item)
     return content

@@ -4,11 +4,33 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-PREDICTION_ERROR_BUCKETS = (0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.8, 1,
-                            1.5, 2, 3, 5, 10)
+PREDICTION_ERROR_BUCKETS = (
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.125,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.4,
+    0.5,
+    0.6,
+    0.8,
+    1,
+    1.5,
+    2,
+    3,
+    5,
+    10,
+)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
-REQUESTS = Counter("crescent_requests", "Requests finished, by endpoint and outcome", ["endpoint", "outcome"])
+REQUESTS = Counter(
+    "crescent_requests", "Requests finished, by endpoint and outcome", ["endpoint", "outcome"]
+)
 INFLIGHT = Gauge("crescent_inflight_requests", "Requests being served now")
 TTFT = Histogram("crescent_ttft_seconds", "Time to first token", buckets=_LATENCY_BUCKETS)
 TBT = Histogram("crescent_tbt_seconds", "Time between tokens", buckets=_LATENCY_BUCKETS)
@@ -16,35 +38,65 @@ E2E = Histogram("crescent_request_seconds", "Whole request latency", buckets=_LA
 PROMPT_TOKENS = Counter("crescent_prompt_tokens", "Prompt tokens received")
 GENERATED_TOKENS = Counter("crescent_generated_tokens", "Tokens generated")
 INSTANCES = Gauge("crescent_live_instances", "Live instances by role", ["role"])
-REJECTED = Counter("crescent_rejected_requests", "Requests turned away by admission, by reason", ["reason"])
-IMBALANCE = Gauge("crescent_pd_imbalance_factor", "P/D imbalance factor f_im (>1: add decode, <1: add prefill)",
-                  ["model"])
-CACHE_HIT_RATE = Gauge("crescent_cache_hit_rate",
-                       "Share of the prompt tokens of finished prefills that were loaded from a cache")
-PROMPT_TOKENS_PREFILLED = Counter("crescent_prefilled_prompt_tokens", "Prompt tokens of finished prefills")
-PREFIX_TOKENS = Counter("crescent_prefix_tokens",
-                        "Prompt tokens of finished prefills reused from a cache: as planned, and as loaded",
-                        ["kind"])
-REPLICATION_ORDERS = Counter("crescent_replication_orders",
-                             "Replication orders, by reason (on-demand: a planned pull, carried out by the "
-                             "prefill's store; hot-spot: sent by this conductor) and outcome "
-                             "(planned, ok, failed)", ["reason", "outcome"])
-REPLICATED_BLOCKS = Counter("crescent_replication_order_blocks",
-                            "Blocks named in replication orders (on-demand: planned; hot-spot: copied)", ["reason"])
-MIGRATIONS = Counter("crescent_request_migrations", "Requests moved to another instance, by stage and cause",
-                     ["stage", "cause"])
-PREFILL_ON_DECODE = Counter("crescent_prefill_on_decode", "Requests whose decode instance computed the prompt "
-                            "itself (conditional disaggregation)")
-PREDICTION_ERROR = Histogram("crescent_prediction_abs_error_ratio",
-                             "|predicted − measured| / measured, per request: ttft (placement to first "
-                             "token against T_transfer + T_queue + T_prefill) and tbt (the mean gap between "
-                             "the tokens after the first, as streamed, against the TBT predicted at "
-                             "placement); prediction: published (the instance's published cost model alone) "
-                             "or corrected (as placed: that model corrected online)", ["kind", "prediction"],
-                             buckets=PREDICTION_ERROR_BUCKETS)
-DESIRED_INSTANCES = Gauge("crescent_desired_instances",
-                          "Instances of each role the P/D ratio controller wants for a model (scale by this)",
-                          ["model", "role"])
-SLO_ATTAINMENT = Gauge("crescent_slo_attainment",
-                       "Share of the last controller window's first tokens within the TTFT SLO (ttft) and "
-                       "token gaps within the TBT SLO (tbt); rejections count as misses", ["model", "slo"])
+REJECTED = Counter(
+    "crescent_rejected_requests", "Requests turned away by admission, by reason", ["reason"]
+)
+IMBALANCE = Gauge(
+    "crescent_pd_imbalance_factor",
+    "P/D imbalance factor f_im (>1: add decode, <1: add prefill)",
+    ["model"],
+)
+CACHE_HIT_RATE = Gauge(
+    "crescent_cache_hit_rate",
+    "Share of the prompt tokens of finished prefills that were loaded from a cache",
+)
+PROMPT_TOKENS_PREFILLED = Counter(
+    "crescent_prefilled_prompt_tokens", "Prompt tokens of finished prefills"
+)
+PREFIX_TOKENS = Counter(
+    "crescent_prefix_tokens",
+    "Prompt tokens of finished prefills reused from a cache: as planned, and as loaded",
+    ["kind"],
+)
+REPLICATION_ORDERS = Counter(
+    "crescent_replication_orders",
+    "Replication orders, by reason (on-demand: a planned pull, carried out by the "
+    "prefill's store; hot-spot: sent by this conductor) and outcome "
+    "(planned, ok, failed)",
+    ["reason", "outcome"],
+)
+REPLICATED_BLOCKS = Counter(
+    "crescent_replication_order_blocks",
+    "Blocks named in replication orders (on-demand: planned; hot-spot: copied)",
+    ["reason"],
+)
+MIGRATIONS = Counter(
+    "crescent_request_migrations",
+    "Requests moved to another instance, by stage and cause",
+    ["stage", "cause"],
+)
+PREFILL_ON_DECODE = Counter(
+    "crescent_prefill_on_decode",
+    "Requests whose decode instance computed the prompt itself (conditional disaggregation)",
+)
+PREDICTION_ERROR = Histogram(
+    "crescent_prediction_abs_error_ratio",
+    "|predicted − measured| / measured, per request: ttft (placement to first "
+    "token against T_transfer + T_queue + T_prefill) and tbt (the mean gap between "
+    "the tokens after the first, as streamed, against the TBT predicted at "
+    "placement); prediction: published (the instance's published cost model alone) "
+    "or corrected (as placed: that model corrected online)",
+    ["kind", "prediction"],
+    buckets=PREDICTION_ERROR_BUCKETS,
+)
+DESIRED_INSTANCES = Gauge(
+    "crescent_desired_instances",
+    "Instances of each role the P/D ratio controller wants for a model (scale by this)",
+    ["model", "role"],
+)
+SLO_ATTAINMENT = Gauge(
+    "crescent_slo_attainment",
+    "Share of the last controller window's first tokens within the TTFT SLO (ttft) and "
+    "token gaps within the TBT SLO (tbt); rejections count as misses",
+    ["model", "slo"],
+)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import msgspec
+
 from crescent.common.messages import SamplingParams
 from crescent.conductor.openai_fields import (
     INT64_MAX,
@@ -30,23 +31,43 @@ from crescent.conductor.openai_fields import (
 from crescent.conductor.openai_sampling import parse_logprobs, parse_response_format, parse_sampling
 from crescent.conductor.openai_tools import ToolChoice, parse_messages, parse_tools
 
-__all__ = ["INT64_MAX", "INT64_MIN", "ApiError", "GenerationRequest", "bad_request", "parse_chat",
-           "parse_common", "parse_completion"]
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "ApiError",
+    "GenerationRequest",
+    "bad_request",
+    "parse_chat",
+    "parse_common",
+    "parse_completion",
+]
 
 MAX_N = 128  # choices per request, as OpenAI allows
 _TOKEN_IDS = list[Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]]
 
 # Fields known and not implemented, with the values that ask for nothing; any other value is a 400.
 _UNSUPPORTED = {
-    "use_beam_search": (None, False), "prompt_logprobs": (None,), "structured_outputs": (None,),
-    "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,), "guided_grammar": (None,),
-    "bad_words": (None, []), "allowed_token_ids": (None,),
+    "use_beam_search": (None, False),
+    "prompt_logprobs": (None,),
+    "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
 }
 _COMPLETION_UNSUPPORTED = {**_UNSUPPORTED, "suffix": (None, "")}
 _CHAT_UNSUPPORTED = {
-    **_UNSUPPORTED, "functions": (None,), "function_call": (None,), "audio": (None,),
-    "modalities": (None, ["text"]), "prediction": (None,), "web_search_options": (None,),
-    "reasoning_effort": (None,), "store": (None, False),
+    **_UNSUPPORTED,
+    "functions": (None,),
+    "function_call": (None,),
+    "audio": (None,),
+    "modalities": (None, ["text"]),
+    "prediction": (None,),
+    "web_search_options": (None,),
+    "reasoning_effort": (None,),
+    "store": (None, False),
 }
 
 
@@ -75,13 +96,19 @@ class GenerationRequest:
         return self.api != "completions"
 
 
-def parse_common(body: Any, api: str, max_tokens_names: tuple[str, ...], default_max_tokens: int | None,
-                 ) -> GenerationRequest:
+def parse_common(
+    body: Any,
+    api: str,
+    max_tokens_names: tuple[str, ...],
+    default_max_tokens: int | None,
+) -> GenerationRequest:
     """The fields every endpoint shares. Of several names for max_tokens, the last one given
     wins; each is checked when given."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    request = GenerationRequest(api=api, model=get(body, "model", (str,)), max_tokens=default_max_tokens)
+    request = GenerationRequest(
+        api=api, model=get(body, "model", (str,)), max_tokens=default_max_tokens
+    )
     for name in max_tokens_names:
         value = token_count(body, name, None)
         request.max_tokens = request.max_tokens if value is None else value
@@ -103,12 +130,17 @@ def parse_completion(body: Any) -> GenerationRequest:
     request.n = integer(body, "n", 1, 1, MAX_N)
     best_of = get(body, "best_of", (int,), None)
     if best_of is not None and best_of != request.n:
-        raise bad_request("'best_of' other than n is not supported: every choice is returned", param="best_of")
+        raise bad_request(
+            "'best_of' other than n is not supported: every choice is returned", param="best_of"
+        )
     request.echo = boolean(body, "echo")
     num_logprobs = parse_logprobs(get(body, "logprobs", (int,), None), "logprobs")
     request.sampling = msgspec.structs.replace(
-        request.sampling, logprobs=num_logprobs, structured=parse_response_format(body),
-        prompt_logprobs=num_logprobs if request.echo else None)
+        request.sampling,
+        logprobs=num_logprobs,
+        structured=parse_response_format(body),
+        prompt_logprobs=num_logprobs if request.echo else None,
+    )
     prompt = get(body, "prompt", (str, list))
     if isinstance(prompt, str):
         if not prompt:
@@ -129,9 +161,13 @@ def _token_ids(prompt: list[Any]) -> list[int]:
         except msgspec.ValidationError:
             pass
     if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        raise bad_request("token ids in 'prompt' must be non-negative 64-bit integers", param="prompt")
+        raise bad_request(
+            "token ids in 'prompt' must be non-negative 64-bit integers", param="prompt"
+        )
     if prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise bad_request("batched prompts are not supported: send one prompt per request", param="prompt")
+        raise bad_request(
+            "batched prompts are not supported: send one prompt per request", param="prompt"
+        )
     raise bad_request("'prompt' must be a non-empty string or array of token ids", param="prompt")
 
 
@@ -151,8 +187,11 @@ def parse_chat(body: Any) -> GenerationRequest:
     request.tools, request.tool_choice, tool_grammar = parse_tools(body)
     structured = parse_response_format(body)
     if tool_grammar is not None and structured is not None:
-        raise bad_request("'response_format' cannot be combined with a tool_choice that forces a call",
-                          param="response_format")
-    request.sampling = msgspec.structs.replace(request.sampling, logprobs=num_logprobs,
-                                               structured=structured or tool_grammar)
+        raise bad_request(
+            "'response_format' cannot be combined with a tool_choice that forces a call",
+            param="response_format",
+        )
+    request.sampling = msgspec.structs.replace(
+        request.sampling, logprobs=num_logprobs, structured=structured or tool_grammar
+    )
     return request

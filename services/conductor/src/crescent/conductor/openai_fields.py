@@ -13,8 +13,15 @@ from typing import Any
 class ApiError(Exception):
     """An error the client caused or must see, rendered as OpenAI's error body."""
 
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -24,7 +31,14 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
@@ -34,23 +48,39 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 # Integers the cluster carries are 64-bit (msgpack; vLLM's seed is a torch int64).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _MISSING = object()
-_KIND_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "an array",
-               dict: "an object"}
+_KIND_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    bool: "a boolean",
+    list: "an array",
+    dict: "an object",
+}
 
 
-def get(body: Mapping, name: str, kinds: tuple[type, ...], default: Any = _MISSING, param: str | None = None) -> Any:
+def get(
+    body: Mapping,
+    name: str,
+    kinds: tuple[type, ...],
+    default: Any = _MISSING,
+    param: str | None = None,
+) -> Any:
     """body[name], of one of `kinds`; a missing or null field is `default` (required if none).
     `param` is how errors name the field (default: `name`)."""
     param = param or name
     value = body.get(name, _MISSING)
     if value is _MISSING or value is None:
         if default is _MISSING:
-            raise bad_request(f"'{param}' is required", param=param, code="missing_required_parameter")
+            raise bad_request(
+                f"'{param}' is required", param=param, code="missing_required_parameter"
+            )
         return default
     if isinstance(value, bool) and bool not in kinds:
         raise bad_request(f"'{param}' must be {kind_names(kinds)}, got a boolean", param=param)
     if not isinstance(value, kinds):
-        raise bad_request(f"'{param}' must be {kind_names(kinds)}, got {type(value).__name__}", param=param)
+        raise bad_request(
+            f"'{param}' must be {kind_names(kinds)}, got {type(value).__name__}", param=param
+        )
     return value
 
 
@@ -64,8 +94,15 @@ def shown(value: Any) -> str:
     return text if len(text) <= 24 else f"{text[:12]}… ({len(text)} characters)"
 
 
-def number(body: Mapping, name: str, default: float, low: float, high: float, param: str | None = None,
-           low_is_open: bool = False) -> float:
+def number(
+    body: Mapping,
+    name: str,
+    default: float,
+    low: float,
+    high: float,
+    param: str | None = None,
+    low_is_open: bool = False,
+) -> float:
     """A number in [low, high] (or (low, high] when low_is_open)."""
     param = param or name
     value = get(body, name, (int, float), default, param)
@@ -73,15 +110,21 @@ def number(body: Mapping, name: str, default: float, low: float, high: float, pa
     is_above_low = value > low if low_is_open else value >= low
     if not (is_above_low and value <= high):
         bracket = "(" if low_is_open else "["
-        raise bad_request(f"'{param}' must be in {bracket}{low}, {high}], got {shown(value)}", param=param)
+        raise bad_request(
+            f"'{param}' must be in {bracket}{low}, {high}], got {shown(value)}", param=param
+        )
     return float(value)
 
 
-def integer(body: Mapping, name: str, default: int | None, low: int, high: int, param: str | None = None) -> int | None:
+def integer(
+    body: Mapping, name: str, default: int | None, low: int, high: int, param: str | None = None
+) -> int | None:
     param = param or name
     value = get(body, name, (int,), default, param)
     if value is not None and not low <= value <= high:
-        raise bad_request(f"'{param}' must be between {low} and {high}, got {shown(value)}", param=param)
+        raise bad_request(
+            f"'{param}' must be between {low} and {high}, got {shown(value)}", param=param
+        )
     return value
 
 
@@ -98,4 +141,8 @@ def refuse(body: Mapping, neutral_values: Mapping[str, tuple]) -> None:
     for nothing (null, false, an empty string...)."""
     for name, neutral in neutral_values.items():
         if name in body and body[name] not in neutral:
-            raise bad_request(f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
+            raise bad_request(
+                f"'{name}' is not supported by this server",
+                param=name,
+                code="unsupported_parameter",
+            )

@@ -13,8 +13,11 @@ from crescent.conductor.tool_calls import ToolCall
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 @dataclass
@@ -45,23 +48,43 @@ def _object(request: GenerationRequest, is_chunk: bool) -> str:
     return "chat.completion.chunk" if is_chunk else "chat.completion"
 
 
-def _envelope(request: GenerationRequest, request_id: str, created: int, choices: list[dict],
-              is_chunk: bool) -> dict[str, Any]:
-    return {"id": request_id, "object": _object(request, is_chunk), "created": created, "model": request.model,
-            "choices": choices}
+def _envelope(
+    request: GenerationRequest, request_id: str, created: int, choices: list[dict], is_chunk: bool
+) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": _object(request, is_chunk),
+        "created": created,
+        "model": request.model,
+        "choices": choices,
+    }
 
 
-def chunk(request: GenerationRequest, request_id: str, created: int, index: int, delta: ChoiceDelta,
-          is_first: bool, call_id: str = "") -> dict[str, Any]:
+def chunk(
+    request: GenerationRequest,
+    request_id: str,
+    created: int,
+    index: int,
+    delta: ChoiceDelta,
+    is_first: bool,
+    call_id: str = "",
+) -> dict[str, Any]:
     """One SSE event's JSON: what one choice adds now."""
     if request.api == "completions":
-        choice = {"index": index, "text": delta.text, "logprobs": delta.logprobs,
-                  "finish_reason": delta.finish_reason}
+        choice = {
+            "index": index,
+            "text": delta.text,
+            "logprobs": delta.logprobs,
+            "finish_reason": delta.finish_reason,
+        }
         return _envelope(request, request_id, created, [choice], is_chunk=True)
     message: dict[str, Any] = {"role": "assistant"} if is_first else {}
     if delta.text or (is_first and not (delta.arguments or delta.opens_call)):
         message["content"] = delta.text
-    calls = [{"index": i, **call.as_dict()} for i, call in enumerate(delta.tool_calls, start=delta.first_call_index)]
+    calls = [
+        {"index": i, **call.as_dict()}
+        for i, call in enumerate(delta.tool_calls, start=delta.first_call_index)
+    ]
     if delta.arguments or delta.opens_call:
         function: dict[str, str] = {"arguments": delta.arguments}
         head: dict[str, Any] = {"index": 0}
@@ -72,24 +95,44 @@ def chunk(request: GenerationRequest, request_id: str, created: int, index: int,
     if calls:
         message["tool_calls"] = calls
     logprobs = None if delta.logprobs is None else {"content": delta.logprobs, "refusal": None}
-    choice = {"index": index, "delta": message, "logprobs": logprobs, "finish_reason": delta.finish_reason}
+    choice = {
+        "index": index,
+        "delta": message,
+        "logprobs": logprobs,
+        "finish_reason": delta.finish_reason,
+    }
     return _envelope(request, request_id, created, [choice], is_chunk=True)
 
 
-def usage_chunk(request: GenerationRequest, request_id: str, created: int, usage_body: dict) -> dict[str, Any]:
+def usage_chunk(
+    request: GenerationRequest, request_id: str, created: int, usage_body: dict
+) -> dict[str, Any]:
     return {**_envelope(request, request_id, created, [], is_chunk=True), "usage": usage_body}
 
 
-def full_response(request: GenerationRequest, request_id: str, created: int, choices: list[Collected],
-                  usage_body: dict) -> dict[str, Any]:
+def full_response(
+    request: GenerationRequest,
+    request_id: str,
+    created: int,
+    choices: list[Collected],
+    usage_body: dict,
+) -> dict[str, Any]:
     rendered = []
     for choice in choices:
         if request.api == "completions":
-            logprobs = merge_completion_parts(choice.logprob_parts) if choice.logprob_parts else None
+            logprobs = (
+                merge_completion_parts(choice.logprob_parts) if choice.logprob_parts else None
+            )
             if request.sampling.logprobs is None:
                 logprobs = None
-            rendered.append({"index": choice.index, "text": choice.text, "logprobs": logprobs,
-                             "finish_reason": choice.finish_reason})
+            rendered.append(
+                {
+                    "index": choice.index,
+                    "text": choice.text,
+                    "logprobs": logprobs,
+                    "finish_reason": choice.finish_reason,
+                }
+            )
             continue
         message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
         if choice.tool_calls:
@@ -97,10 +140,22 @@ def full_response(request: GenerationRequest, request_id: str, created: int, cho
             message["content"] = choice.text.strip() or None
         logprobs = None
         if request.sampling.logprobs is not None:
-            logprobs = {"content": [entry for part in choice.logprob_parts for entry in part], "refusal": None}
-        rendered.append({"index": choice.index, "message": message, "logprobs": logprobs,
-                         "finish_reason": choice.finish_reason})
-    return {**_envelope(request, request_id, created, rendered, is_chunk=False), "usage": usage_body}
+            logprobs = {
+                "content": [entry for part in choice.logprob_parts for entry in part],
+                "refusal": None,
+            }
+        rendered.append(
+            {
+                "index": choice.index,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": choice.finish_reason,
+            }
+        )
+    return {
+        **_envelope(request, request_id, created, rendered, is_chunk=False),
+        "usage": usage_body,
+    }
 
 
 class OpenAIRenderer:
@@ -115,20 +170,62 @@ class OpenAIRenderer:
         return []
 
     def stream_delta(self, choice: Choice, delta: ChoiceDelta, is_first: bool) -> list:
-        return [(None, chunk(self.request, self.request_id, self.created, choice.index, delta, is_first,
-                             choice.call_id))]
+        return [
+            (
+                None,
+                chunk(
+                    self.request,
+                    self.request_id,
+                    self.created,
+                    choice.index,
+                    delta,
+                    is_first,
+                    choice.call_id,
+                ),
+            )
+        ]
 
-    def stream_end(self, choices: list[Collected], num_prompt_tokens: int, num_generated: int) -> list:
+    def stream_end(
+        self, choices: list[Collected], num_prompt_tokens: int, num_generated: int
+    ) -> list:
         events: list = []
         if self.request.include_usage:
-            events.append((None, usage_chunk(self.request, self.request_id, self.created,
-                                             usage(num_prompt_tokens, num_generated))))
+            events.append(
+                (
+                    None,
+                    usage_chunk(
+                        self.request,
+                        self.request_id,
+                        self.created,
+                        usage(num_prompt_tokens, num_generated),
+                    ),
+                )
+            )
         return [*events, (None, "[DONE]")]
 
     def stream_error(self, message: str) -> list:
-        return [(None, {"error": {"message": message, "type": "upstream_error", "param": None, "code": None}}),
-                (None, "[DONE]")]
+        return [
+            (
+                None,
+                {
+                    "error": {
+                        "message": message,
+                        "type": "upstream_error",
+                        "param": None,
+                        "code": None,
+                    }
+                },
+            ),
+            (None, "[DONE]"),
+        ]
 
-    def body(self, choices: list[Collected], num_prompt_tokens: int, num_generated: int) -> dict[str, Any]:
-        return full_response(self.request, self.request_id, self.created, choices,
-                             usage(num_prompt_tokens, num_generated))
+    def body(
+        self, choices: list[Collected], num_prompt_tokens: int, num_generated: int
+    ) -> dict[str, Any]:
+        return full_response(
+            self.request,
+            self.request_id,
+            self.created,
+            choices,
+            usage(num_prompt_tokens, num_generated),
+        )

@@ -45,8 +45,11 @@ def content_text(content: Any, param: str, part_types: tuple[str, ...] = ("text"
             raise bad_request(f"'{where}' must be an object", param=where)
         kind = get(part, "type", (str,), param=f"{where}.type")
         if kind not in part_types:
-            raise bad_request(f"'{where}.type' {kind!r} is not supported: this model takes text parts only "
-                              f"({', '.join(part_types)})", param=f"{where}.type")
+            raise bad_request(
+                f"'{where}.type' {kind!r} is not supported: this model takes text parts only "
+                f"({', '.join(part_types)})",
+                param=f"{where}.type",
+            )
         texts.append(get(part, "text", (str,), param=f"{where}.text"))
     return "\n".join(texts)
 
@@ -59,10 +62,17 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     try:
         parsed: Any = json.loads(arguments)
     except ValueError:
-        parsed = arguments  # templates render what the model was given back; OpenAI takes any string
-    return {"id": get(call, "id", (str,), "", param=f"{where}.id"), "type": "function",
-            "function": {"name": get(function, "name", (str,), param=f"{where}.function.name"),
-                         "arguments": parsed}}
+        parsed = (
+            arguments  # templates render what the model was given back; OpenAI takes any string
+        )
+    return {
+        "id": get(call, "id", (str,), "", param=f"{where}.id"),
+        "type": "function",
+        "function": {
+            "name": get(function, "name", (str,), param=f"{where}.function.name"),
+            "arguments": parsed,
+        },
+    }
 
 
 def parse_messages(messages: list) -> list[dict[str, Any]]:
@@ -76,18 +86,33 @@ def parse_messages(messages: list) -> list[dict[str, Any]]:
             raise bad_request(f"'{where}' must be an object with a 'role'", param=where)
         role = get(message, "role", (str,), param=f"{where}.role")
         if role not in ROLES:
-            raise bad_request(f"'{where}.role' {role!r} is not one of {', '.join(ROLES)}", param=f"{where}.role")
-        calls = get(message, "tool_calls", (list,), [], param=f"{where}.tool_calls") if role == "assistant" else []
+            raise bad_request(
+                f"'{where}.role' {role!r} is not one of {', '.join(ROLES)}", param=f"{where}.role"
+            )
+        calls = (
+            get(message, "tool_calls", (list,), [], param=f"{where}.tool_calls")
+            if role == "assistant"
+            else []
+        )
         content = message.get("content")
         if content is None and not (role == "assistant" and calls):
-            raise bad_request(f"'{where}.content' is required", param=f"{where}.content",
-                              code="missing_required_parameter")
-        entry: dict[str, Any] = {"role": role,
-                                 "content": None if content is None else content_text(content, f"{where}.content")}
+            raise bad_request(
+                f"'{where}.content' is required",
+                param=f"{where}.content",
+                code="missing_required_parameter",
+            )
+        entry: dict[str, Any] = {
+            "role": role,
+            "content": None if content is None else content_text(content, f"{where}.content"),
+        }
         if calls:
-            entry["tool_calls"] = [_tool_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)]
+            entry["tool_calls"] = [
+                _tool_call(call, f"{where}.tool_calls[{j}]") for j, call in enumerate(calls)
+            ]
         if role == "tool":
-            entry["tool_call_id"] = get(message, "tool_call_id", (str,), "", param=f"{where}.tool_call_id")
+            entry["tool_call_id"] = get(
+                message, "tool_call_id", (str,), "", param=f"{where}.tool_call_id"
+            )
         name = get(message, "name", (str,), None, param=f"{where}.name")
         if name is not None:
             entry["name"] = name
@@ -97,13 +122,19 @@ def parse_messages(messages: list) -> list[dict[str, Any]]:
 
 def _tool(tool: Any, where: str) -> dict[str, Any]:
     if not isinstance(tool, dict) or tool.get("type") != "function":
-        raise bad_request(f"'{where}' must be a function tool ({{\"type\": \"function\", ...}})", param=where)
+        raise bad_request(
+            f'\'{where}\' must be a function tool ({{"type": "function", ...}})', param=where
+        )
     function = get(tool, "function", (dict,), param=f"{where}.function")
     name = get(function, "name", (str,), param=f"{where}.function.name")
     if not _FUNCTION_NAME.fullmatch(name):
-        raise bad_request(f"'{where}.function.name' must be 1-64 letters, digits, '_', '.' or '-'",
-                          param=f"{where}.function.name")
-    parameters = get(function, "parameters", (dict,), _EMPTY_PARAMETERS, param=f"{where}.function.parameters")
+        raise bad_request(
+            f"'{where}.function.name' must be 1-64 letters, digits, '_', '.' or '-'",
+            param=f"{where}.function.name",
+        )
+    parameters = get(
+        function, "parameters", (dict,), _EMPTY_PARAMETERS, param=f"{where}.function.parameters"
+    )
     check_json_schema(parameters, f"{where}.function.parameters")
     described = {"name": name, "parameters": parameters}
     description = get(function, "description", (str,), None, param=f"{where}.function.description")
@@ -122,17 +153,27 @@ def _choice(body: Mapping, tools: list[dict[str, Any]]) -> ToolChoice | None:
     if choice in ("auto", "required"):
         return ToolChoice(choice, is_parallel=is_parallel)
     if isinstance(choice, dict) and choice.get("type") == "function":
-        name = get(get(choice, "function", (dict,), param="tool_choice.function"), "name", (str,),
-                   param="tool_choice.function.name")
+        name = get(
+            get(choice, "function", (dict,), param="tool_choice.function"),
+            "name",
+            (str,),
+            param="tool_choice.function.name",
+        )
         if name not in {t["function"]["name"] for t in tools}:
-            raise bad_request(f"'tool_choice' names {name!r}, which is not among the tools",
-                              param="tool_choice.function.name")
+            raise bad_request(
+                f"'tool_choice' names {name!r}, which is not among the tools",
+                param="tool_choice.function.name",
+            )
         return ToolChoice("function", name, is_parallel)
-    raise bad_request("'tool_choice' must be none, auto, required or {\"type\": \"function\", ...}",
-                      param="tool_choice")
+    raise bad_request(
+        '\'tool_choice\' must be none, auto, required or {"type": "function", ...}',
+        param="tool_choice",
+    )
 
 
-def forced_grammar(tools: list[dict[str, Any]], choice: ToolChoice | None) -> StructuredOutput | None:
+def forced_grammar(
+    tools: list[dict[str, Any]], choice: ToolChoice | None
+) -> StructuredOutput | None:
     """The grammar of a tool_choice that forces a call; None when the output is free."""
     if choice is None or choice.mode == "auto":
         return None
@@ -140,16 +181,26 @@ def forced_grammar(tools: list[dict[str, Any]], choice: ToolChoice | None) -> St
     if choice.mode == "function":
         schema: dict[str, Any] = functions[choice.name]
     else:
-        calls = [{"properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
-                  "required": ["name", "parameters"], "additionalProperties": False}
-                 for name, parameters in functions.items()]
+        calls = [
+            {
+                "properties": {
+                    "name": {"type": "string", "enum": [name]},
+                    "parameters": parameters,
+                },
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+            for name, parameters in functions.items()
+        ]
         schema = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": calls}}
         if not choice.is_parallel:
             schema["maxItems"] = 1
     return StructuredOutput(json_schema=json.dumps(schema, separators=(",", ":")))
 
 
-def parse_tools(body: Mapping) -> tuple[list[dict[str, Any]], ToolChoice | None, StructuredOutput | None]:
+def parse_tools(
+    body: Mapping,
+) -> tuple[list[dict[str, Any]], ToolChoice | None, StructuredOutput | None]:
     """The tools (as the template renders them), the tool choice, and its grammar if it forces one."""
     tools = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(get(body, "tools", (list,), []))]
     choice = _choice(body, tools)

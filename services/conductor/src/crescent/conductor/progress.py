@@ -16,6 +16,7 @@ import secrets
 from dataclasses import dataclass, field
 
 import msgspec
+
 from crescent.common.errors import RecoverableError
 from crescent.common.messages import DecodeStart, SamplingParams, TokenLogprobs
 
@@ -42,21 +43,36 @@ class Progress:
         request with no output yet (prefilled on decode) starts from the prompt alone.
         `stream_owner`: the conductor that reads the tokens (DecodeStart.stream_owner)."""
         if not self.generated and not self.is_replayed:
-            return DecodeStart(request_id=attempt_id, token_ids=self.prompt, first_token=None,
-                               max_tokens=self.max_tokens,
-                               sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None),
-                               stream_owner=stream_owner)
+            return DecodeStart(
+                request_id=attempt_id,
+                token_ids=self.prompt,
+                first_token=None,
+                max_tokens=self.max_tokens,
+                sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None),
+                stream_owner=stream_owner,
+            )
         if self.is_replayed:
-            return DecodeStart(request_id=attempt_id, token_ids=self.prompt[:-1], first_token=self.prompt[-1],
-                               max_tokens=self.max_tokens + 1,
-                               sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None),
-                               stream_owner=stream_owner)
-        sampling = msgspec.structs.replace(self.sampling, prompt_logprobs=None,
-                                           min_tokens=max(0, self.sampling.min_tokens - len(self.generated)))
-        return DecodeStart(request_id=attempt_id, token_ids=self.prompt + self.generated[:-1],
-                           first_token=self.generated[-1],
-                           max_tokens=self.max_tokens - len(self.generated) + 1, sampling=sampling,
-                           stream_owner=stream_owner)
+            return DecodeStart(
+                request_id=attempt_id,
+                token_ids=self.prompt[:-1],
+                first_token=self.prompt[-1],
+                max_tokens=self.max_tokens + 1,
+                sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None),
+                stream_owner=stream_owner,
+            )
+        sampling = msgspec.structs.replace(
+            self.sampling,
+            prompt_logprobs=None,
+            min_tokens=max(0, self.sampling.min_tokens - len(self.generated)),
+        )
+        return DecodeStart(
+            request_id=attempt_id,
+            token_ids=self.prompt + self.generated[:-1],
+            first_token=self.generated[-1],
+            max_tokens=self.max_tokens - len(self.generated) + 1,
+            sampling=sampling,
+            stream_owner=stream_owner,
+        )
 
 
 def replayable(sampling: SamplingParams) -> SamplingParams:
@@ -73,15 +89,19 @@ class Replay:
     def __init__(self, streamed: list[int]) -> None:
         self._left = list(streamed)
 
-    def new_part(self, token_ids: list[int], logprobs: list[TokenLogprobs],
-                 is_final: bool) -> tuple[list[int], list[TokenLogprobs]]:
+    def new_part(
+        self, token_ids: list[int], logprobs: list[TokenLogprobs], is_final: bool
+    ) -> tuple[list[int], list[TokenLogprobs]]:
         """The part of a chunk (its tokens and their logprobs) the client does not have yet."""
         num_again = min(len(self._left), len(token_ids))
         if token_ids[:num_again] != self._left[:num_again]:
-            raise ReplayDivergedError(f"the new decode regenerated {token_ids[:num_again]} where "
-                                      f"{self._left[:num_again]} was streamed")
+            raise ReplayDivergedError(
+                f"the new decode regenerated {token_ids[:num_again]} where "
+                f"{self._left[:num_again]} was streamed"
+            )
         self._left = self._left[num_again:]
         if is_final and self._left:
-            raise ReplayDivergedError(f"the new decode ended {len(self._left)} tokens before the output "
-                                      "already streamed")
+            raise ReplayDivergedError(
+                f"the new decode ended {len(self._left)} tokens before the output already streamed"
+            )
         return token_ids[num_again:], logprobs[num_again:]

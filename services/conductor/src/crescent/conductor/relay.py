@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
+
 from crescent.common.errors import RecoverableError
 from crescent.conductor import metrics
 from crescent.conductor.choice import Choice, ChoiceDelta
@@ -35,11 +36,15 @@ class Renderer(Protocol):
 
     def stream_delta(self, choice: Choice, delta: ChoiceDelta, is_first: bool) -> list[Event]: ...
 
-    def stream_end(self, choices: Sequence[Collected], num_prompt_tokens: int, num_generated: int) -> list[Event]: ...
+    def stream_end(
+        self, choices: Sequence[Collected], num_prompt_tokens: int, num_generated: int
+    ) -> list[Event]: ...
 
     def stream_error(self, message: str) -> list[Event]: ...
 
-    def body(self, choices: Sequence[Collected], num_prompt_tokens: int, num_generated: int) -> dict[str, Any]: ...
+    def body(
+        self, choices: Sequence[Collected], num_prompt_tokens: int, num_generated: int
+    ) -> dict[str, Any]: ...
 
 
 class ChoiceEvents:
@@ -47,7 +52,9 @@ class ChoiceEvents:
 
     def __init__(self, streams: Sequence[AsyncIterator[TokenEvent]]) -> None:
         self._queue: asyncio.Queue = asyncio.Queue()
-        self._tasks = [asyncio.create_task(self._pump(i, s), name=f"choice {i}") for i, s in enumerate(streams)]
+        self._tasks = [
+            asyncio.create_task(self._pump(i, s), name=f"choice {i}") for i, s in enumerate(streams)
+        ]
         self._num_open = len(streams)
 
     async def _pump(self, index: int, events: AsyncIterator[TokenEvent]) -> None:
@@ -118,8 +125,15 @@ class _Timing:
 
 
 class Relay:
-    def __init__(self, choices: list[Choice], renderer: Renderer, request_id: str, num_prompt_tokens: int,
-                 arrived: float, slo: SloRecorder | None = None) -> None:
+    def __init__(
+        self,
+        choices: list[Choice],
+        renderer: Renderer,
+        request_id: str,
+        num_prompt_tokens: int,
+        arrived: float,
+        slo: SloRecorder | None = None,
+    ) -> None:
         self.choices = choices
         self.renderer = renderer
         self.request_id = request_id
@@ -132,7 +146,9 @@ class Relay:
     def num_generated(self) -> int:
         return sum(c.num_tokens for c in self.choices)
 
-    async def _deltas(self, streams: Sequence[AsyncIterator[TokenEvent]]) -> AsyncIterator[tuple[Choice, ChoiceDelta]]:
+    async def _deltas(
+        self, streams: Sequence[AsyncIterator[TokenEvent]]
+    ) -> AsyncIterator[tuple[Choice, ChoiceDelta]]:
         events = ChoiceEvents(streams)
         try:
             while (item := await events.next()) is not None:
@@ -152,13 +168,24 @@ class Relay:
         async for _ in self._deltas(streams):
             pass
         body = self.renderer.body(self._collected, self.num_prompt_tokens, self.num_generated)
-        return web.Response(body=msgspec.json.encode(body), content_type="application/json",
-                            headers={"X-Request-Id": self.request_id})
+        return web.Response(
+            body=msgspec.json.encode(body),
+            content_type="application/json",
+            headers={"X-Request-Id": self.request_id},
+        )
 
-    async def stream(self, http_request: web.Request, streams: Sequence[AsyncIterator[TokenEvent]],
-                     ) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                               "X-Request-Id": self.request_id})
+    async def stream(
+        self,
+        http_request: web.Request,
+        streams: Sequence[AsyncIterator[TokenEvent]],
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Request-Id": self.request_id,
+            }
+        )
         is_prepared = False
         try:
             async for choice, delta in self._deltas(streams):
@@ -168,18 +195,27 @@ class Relay:
                     await response.prepare(http_request)
                     is_prepared = True
                     await _send(response, self.renderer.stream_start())
-                await _send(response, self.renderer.stream_delta(choice, delta, not self._has_sent[choice.index]))
+                await _send(
+                    response,
+                    self.renderer.stream_delta(choice, delta, not self._has_sent[choice.index]),
+                )
                 self._has_sent[choice.index] = True
             if not is_prepared:
                 await response.prepare(http_request)
                 is_prepared = True
                 await _send(response, self.renderer.stream_start())
-            await _send(response, self.renderer.stream_end(self._collected, self.num_prompt_tokens,
-                                                           self.num_generated))
+            await _send(
+                response,
+                self.renderer.stream_end(
+                    self._collected, self.num_prompt_tokens, self.num_generated
+                ),
+            )
         except (RecoverableError, ApiError) as exc:
             if not is_prepared:
                 raise
-            log.warning("stream failed midway", extra={"request_id": self.request_id, "error": str(exc)})
+            log.warning(
+                "stream failed midway", extra={"request_id": self.request_id, "error": str(exc)}
+            )
             await _send(response, self.renderer.stream_error(str(exc)))
         await response.write_eof()
         return response

@@ -66,12 +66,17 @@ def build_predictors(settings: ConductorSettings) -> CostPredictors:
     """The default model: for an instance that has published no profile (the emulated cost
     model of the settings, or --prefill-model)."""
     cost = settings.cost_model()
-    return CostPredictors(prefill_s=prefill_override(settings) or cost.prefill_s, decode_step_s=cost.decode_step_s,
-                          kv_bytes_per_token=settings.kv_bytes_per_block / settings.block_size)
+    return CostPredictors(
+        prefill_s=prefill_override(settings) or cost.prefill_s,
+        decode_step_s=cost.decode_step_s,
+        kv_bytes_per_token=settings.kv_bytes_per_block / settings.block_size,
+    )
 
 
 class Scheduler:
-    def __init__(self, settings: ConductorSettings, view: ClusterView, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, settings: ConductorSettings, view: ClusterView, clock: Callable[[], float]
+    ) -> None:
         self.settings = settings
         self.view = view
         self.clock = clock
@@ -80,14 +85,22 @@ class Scheduler:
         self.bandwidth = BandwidthTable()
         self.decode_time = DecodeTimeEstimator()
         predictors = build_predictors(settings)
-        self.pricing = Pricing(predictors, CostCorrection(is_enabled=settings.cost_correction),
-                               prefill_override(settings))
+        self.pricing = Pricing(
+            predictors,
+            CostCorrection(is_enabled=settings.cost_correction),
+            prefill_override(settings),
+        )
         self.feedback = Feedback(self.pricing)
         self.policy = make_policy(
-            settings.policy, predictors=predictors, admission=settings.admission,
-            slo=Slo(settings.ttft_slo_s, settings.tbt_slo_s), decode_time=self.decode_time,
-            kvcache_balancing_threshold=settings.kvcache_balancing_threshold, rng=random.Random(settings.seed),
-            local_prefill_max_tokens=settings.local_prefill_max_tokens)
+            settings.policy,
+            predictors=predictors,
+            admission=settings.admission,
+            slo=Slo(settings.ttft_slo_s, settings.tbt_slo_s),
+            decode_time=self.decode_time,
+            kvcache_balancing_threshold=settings.kvcache_balancing_threshold,
+            rng=random.Random(settings.seed),
+            local_prefill_max_tokens=settings.local_prefill_max_tokens,
+        )
         self.inflight: dict[str, InflightRequest] = {}
         self.model_of_block: dict[bytes, str] = {}
         self.num_hit_tokens = 0
@@ -105,7 +118,10 @@ class Scheduler:
             self.heat.forget(key.block_hash)
 
     def max_decode_capacity(self, model: str) -> int:
-        return max((s.kv_capacity_tokens for s in self.view.snapshot("decode", model, self.clock())), default=0)
+        return max(
+            (s.kv_capacity_tokens for s in self.view.snapshot("decode", model, self.clock())),
+            default=0,
+        )
 
     def apply_registry_event(self, event: MirrorEvent) -> None:
         """A change under instances/<role>/<id>: an instance gone takes its corrections along."""
@@ -113,28 +129,56 @@ class Scheduler:
         if event.value is None:
             self.pricing.correction.forget(event.key.rstrip("/").rsplit("/", 1)[-1])
 
-    def request_for(self, request_id: str, model: str, token_ids: Sequence[int], max_tokens: int,
-                    may_prefill_on_decode: bool = True) -> ScheduleRequest:
+    def request_for(
+        self,
+        request_id: str,
+        model: str,
+        token_ids: Sequence[int],
+        max_tokens: int,
+        may_prefill_on_decode: bool = True,
+    ) -> ScheduleRequest:
         hashes = block_hashes(token_ids, self.settings.block_size, model)
-        return ScheduleRequest(request_id, hashes, len(token_ids), self.settings.block_size, max_tokens,
-                               may_prefill_on_decode)
+        return ScheduleRequest(
+            request_id,
+            hashes,
+            len(token_ids),
+            self.settings.block_size,
+            max_tokens,
+            may_prefill_on_decode,
+        )
 
-    def schedule(self, request: ScheduleRequest, model: str, exclude: Collection[str] = ()) -> Decision | Rejection:
+    def schedule(
+        self, request: ScheduleRequest, model: str, exclude: Collection[str] = ()
+    ) -> Decision | Rejection:
         """The policy's verdict on the cluster as it is now, leaving out the `exclude`d instances
         (gone, or refused this request); nothing is recorded yet."""
         now = self.clock()
         return self.policy.choose(request, self._snapshot(model, now, exclude), now)
 
-    def schedule_decode(self, request: ScheduleRequest, model: str,
-                        exclude: Collection[str] = ()) -> DecodeChoice | Rejection:
+    def schedule_decode(
+        self, request: ScheduleRequest, model: str, exclude: Collection[str] = ()
+    ) -> DecodeChoice | Rejection:
         """A new decode instance for an admitted request whose decode instance is gone."""
         return self.policy.choose_new_decode(request, self._snapshot(model, self.clock(), exclude))
 
     def _snapshot(self, model: str, now: float, exclude: Collection[str]) -> ClusterSnapshot:
-        prefills = [s for s in self.view.snapshot("prefill", model, now, self.pricing) if s.instance_id not in exclude]
-        decodes = [s for s in self.view.snapshot("decode", model, now, self.pricing) if s.instance_id not in exclude]
-        return ClusterSnapshot(prefill=prefills, decode=decodes, index=self.index, bandwidth=self.bandwidth,
-                               inflight=list(self.inflight.values()))
+        prefills = [
+            s
+            for s in self.view.snapshot("prefill", model, now, self.pricing)
+            if s.instance_id not in exclude
+        ]
+        decodes = [
+            s
+            for s in self.view.snapshot("decode", model, now, self.pricing)
+            if s.instance_id not in exclude
+        ]
+        return ClusterSnapshot(
+            prefill=prefills,
+            decode=decodes,
+            index=self.index,
+            bandwidth=self.bandwidth,
+            inflight=list(self.inflight.values()),
+        )
 
     def record(self, request: ScheduleRequest, decision: Decision, model: str = "") -> None:
         """Account for a placed request at once, before any await, so concurrent requests see
@@ -144,7 +188,11 @@ class Scheduler:
         self.heat.record_hits(request.block_hashes, now)
         self._assign(request, decision, sign=1)
         self.inflight[request.request_id] = InflightRequest(
-            decision.decode.instance_id, request.num_kv_tokens, now + decision.prefill.predicted_ttft_s, False)
+            decision.decode.instance_id,
+            request.num_kv_tokens,
+            now + decision.prefill.predicted_ttft_s,
+            False,
+        )
 
     def forget(self, request: ScheduleRequest, decision: Decision) -> None:
         self._assign(request, decision, sign=-1)
@@ -155,12 +203,19 @@ class Scheduler:
         if not decision.prefill_on_decode:
             # Queue time is compute: the messaging overhead in the corrected T_prefill is not queued.
             prefill_id = decision.prefill.instance_id
-            queue_s = max(0.0, decision.prefill.prefill_s - self.pricing.correction.of(prefill_id).overhead_s)
-            self.view.note_assignment("prefill", prefill_id, sign * request.num_prompt_tokens, sign * queue_s, sign)
-        self.view.note_assignment("decode", decision.decode.instance_id, sign * request.num_kv_tokens, 0.0, sign)
+            queue_s = max(
+                0.0, decision.prefill.prefill_s - self.pricing.correction.of(prefill_id).overhead_s
+            )
+            self.view.note_assignment(
+                "prefill", prefill_id, sign * request.num_prompt_tokens, sign * queue_s, sign
+            )
+        self.view.note_assignment(
+            "decode", decision.decode.instance_id, sign * request.num_kv_tokens, 0.0, sign
+        )
 
-    def on_prefilled(self, request: ScheduleRequest, decision: Decision, result: PrefillResult,
-                     measured_s: float) -> None:
+    def on_prefilled(
+        self, request: ScheduleRequest, decision: Decision, result: PrefillResult, measured_s: float
+    ) -> None:
         """A prefill finished `measured_s` after it was placed, as `result` says: the cache hit
         rate counts what was really loaded, not what the plan expected, and the TTFT prediction
         is checked against what happened and corrects the instance's pricing."""
@@ -186,12 +241,16 @@ class Scheduler:
         self.view.note_assignment("decode", new_decode_id, request.num_kv_tokens)
         inflight = self.inflight.get(request.request_id)
         if inflight is not None:
-            self.inflight[request.request_id] = dataclasses.replace(inflight, decode_instance_id=new_decode_id)
+            self.inflight[request.request_id] = dataclasses.replace(
+                inflight, decode_instance_id=new_decode_id
+            )
 
     def on_decode_started(self, request_id: str) -> None:
         request = self.inflight.get(request_id)
         if request is not None:
-            self.inflight[request_id] = dataclasses.replace(request, decode_start_s=self.clock(), is_decoding=True)
+            self.inflight[request_id] = dataclasses.replace(
+                request, decode_start_s=self.clock(), is_decoding=True
+            )
 
     def on_finished(self, request_id: str, is_ok: bool) -> None:
         self.feedback.forget(request_id)
@@ -210,11 +269,19 @@ class Scheduler:
         """Each usable prefill and decode instance's current SLO load: queue time over the TTFT
         SLO, predicted step time over the TBT SLO."""
         now = self.clock()
-        prefill = [slo_load(s.queue_time_s, self.settings.ttft_slo_s)
-                   for s in self.view.snapshot("prefill", model, now, self.pricing) if is_usable(s)]
+        prefill = [
+            slo_load(s.queue_time_s, self.settings.ttft_slo_s)
+            for s in self.view.snapshot("prefill", model, now, self.pricing)
+            if is_usable(s)
+        ]
         step_s = self.policy.predictors.decode_step_s
-        decode = [slo_load(step_fn(s, step_s)(s.num_running, s.num_context_tokens), self.settings.tbt_slo_s)
-                  for s in self.view.snapshot("decode", model, now, self.pricing) if is_usable(s)]
+        decode = [
+            slo_load(
+                step_fn(s, step_s)(s.num_running, s.num_context_tokens), self.settings.tbt_slo_s
+            )
+            for s in self.view.snapshot("decode", model, now, self.pricing)
+            if is_usable(s)
+        ]
         return prefill, decode
 
     def imbalance(self, model: str) -> float | None:
@@ -226,4 +293,3 @@ class Scheduler:
     def cache_hit_rate(self) -> float:
         """Share of the prompt tokens of finished prefills that were loaded, not computed."""
         return self.num_hit_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
-

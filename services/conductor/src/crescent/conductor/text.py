@@ -33,7 +33,7 @@ class TextAssembler:
     def _release(self, final: bool) -> str:
         hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
         if hits:
-            out, self._pending = self._pending[:min(hits)], ""
+            out, self._pending = self._pending[: min(hits)], ""
             self.is_stopped = True
             return out
         keep = 0 if final else self._held_back()

@@ -31,7 +31,11 @@ class ToolCall:
     id: str = field(default_factory=new_call_id)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
 
 def _call(block: str) -> ToolCall | None:
@@ -42,7 +46,9 @@ def _call(block: str) -> ToolCall | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get("arguments", value.get("parameters", {}))
-    return ToolCall(value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
+    return ToolCall(
+        value["name"], arguments if isinstance(arguments, str) else json.dumps(arguments)
+    )
 
 
 def parse_forced(text: str, function_name: str | None) -> list[ToolCall]:
@@ -75,7 +81,7 @@ class HermesParser:
                 end = self._pending.find(CLOSE)
                 if end < 0:
                     break
-                block, self._pending = self._pending[:end], self._pending[end + len(CLOSE):]
+                block, self._pending = self._pending[:end], self._pending[end + len(CLOSE) :]
                 self._in_call = False
                 self._take(block, content, new_calls, is_closed=True)
             else:
@@ -87,7 +93,7 @@ class HermesParser:
                     self._pending = self._pending[cut:]
                     break
                 content.append(self._pending[:start])
-                self._pending = self._pending[start + len(OPEN):]
+                self._pending = self._pending[start + len(OPEN) :]
                 self._in_call = True
         return "".join(content), new_calls
 
@@ -102,7 +108,9 @@ class HermesParser:
         self._pending, self._in_call = "", False
         return "".join(content), new_calls
 
-    def _take(self, block: str, content: list[str], new_calls: list[ToolCall], is_closed: bool) -> None:
+    def _take(
+        self, block: str, content: list[str], new_calls: list[ToolCall], is_closed: bool
+    ) -> None:
         call = _call(block.strip())
         if call is None:
             content.append(OPEN + block + (CLOSE if is_closed else ""))

@@ -47,8 +47,9 @@ class KvLedger:
         self.expire(now)
         return self.used_tokens + num_tokens <= self.capacity_tokens
 
-    def reserve(self, request_id: str, num_tokens: int, expires_at: float,
-                num_prompt_tokens: int = 0) -> None:
+    def reserve(
+        self, request_id: str, num_tokens: int, expires_at: float, num_prompt_tokens: int = 0
+    ) -> None:
         self.reserved[request_id] = _Reserved(num_tokens, expires_at, num_prompt_tokens)
 
     def activate(self, request_id: str, num_tokens: int, now: float) -> bool:
@@ -75,7 +76,10 @@ class TbtCheck:
 
     step_s: Callable[[int, int], float]  # (batch size, total context tokens) → seconds per step
 
-    def predicted_tbt_s(self, num_running: int, num_context_tokens: int, ledger: KvLedger,
-                        num_prompt_tokens: int) -> float:
-        return self.step_s(num_running + len(ledger.reserved) + 1,
-                           num_context_tokens + ledger.num_reserved_prompt_tokens + num_prompt_tokens)
+    def predicted_tbt_s(
+        self, num_running: int, num_context_tokens: int, ledger: KvLedger, num_prompt_tokens: int
+    ) -> float:
+        return self.step_s(
+            num_running + len(ledger.reserved) + 1,
+            num_context_tokens + ledger.num_reserved_prompt_tokens + num_prompt_tokens,
+        )

@@ -49,11 +49,19 @@ HAND_BACK_TIMEOUT_S = 5.0
 class DecodeSettings(EngineSettings):
     """Settings of a decode worker: engine settings plus its KV room and drain deadline."""
 
-    kv_capacity_tokens: int = setting(0, "KV room in tokens (prompt + output) this instance admits; "
-                                         "0: all of the engine's paged KV (emulated: 262144)")
-    token_chunk_max_tokens: int = setting(16, "most tokens per NATS token message when steps come fast")
-    token_chunk_max_delay_ms: float = setting(5.0, "longest a token waits for company in one NATS message; "
-                                                   "steps further apart go one per message; 0: never wait")
+    kv_capacity_tokens: int = setting(
+        0,
+        "KV room in tokens (prompt + output) this instance admits; "
+        "0: all of the engine's paged KV (emulated: 262144)",
+    )
+    token_chunk_max_tokens: int = setting(
+        16, "most tokens per NATS token message when steps come fast"
+    )
+    token_chunk_max_delay_ms: float = setting(
+        5.0,
+        "longest a token waits for company in one NATS message; "
+        "steps further apart go one per message; 0: never wait",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -91,22 +99,29 @@ class DecodeWorker:
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
         subjects, instance_id = runtime.subjects, runtime.instance_id
-        self.cluster_config = ConfigFollower(runtime.etcd, runtime.keys, f"decode {instance_id}",
-                                             {"model": self.settings.model_name,
-                                              "block_size": self.settings.block_size})
+        self.cluster_config = ConfigFollower(
+            runtime.etcd,
+            runtime.keys,
+            f"decode {instance_id}",
+            {"model": self.settings.model_name, "block_size": self.settings.block_size},
+        )
         await self.cluster_config.start()
         runtime.tasks.spawn("cluster-config", self.cluster_config.run())
         if self.is_vllm:
             await self.engine.start()
-            self.ledger.capacity_tokens = min(self.settings.kv_capacity_tokens or self.engine.kv_capacity_tokens,
-                                              self.engine.kv_capacity_tokens)
+            self.ledger.capacity_tokens = min(
+                self.settings.kv_capacity_tokens or self.engine.kv_capacity_tokens,
+                self.engine.kv_capacity_tokens,
+            )
         else:
             runtime.tasks.spawn("decode-batch", self.engine.run())
         self.profile = await resolve_profile(self.settings, self.engine)
         self.tbt = TbtCheck(self.profile.decode_step_s)
         await runtime.leased.put(runtime.keys.cost(self.role, instance_id), encode(self.profile))
-        log.info("cost profile published", extra={"source": self.profile.source,
-                                                   "decode": str(self.profile.decode)})
+        log.info(
+            "cost profile published",
+            extra={"source": self.profile.source, "decode": str(self.profile.decode)},
+        )
         await runtime.bus.serve(subjects.decode_reserve(instance_id), Reservation, self.reserve)
         await runtime.bus.serve(subjects.decode_start(instance_id), DecodeStart, self.start_request)
         await runtime.bus.serve(subjects.decode_cancel(instance_id), DecodeCancel, self.cancel)
@@ -120,14 +135,24 @@ class DecodeWorker:
         return self.engine.max_model_len if self.is_vllm else self.settings.max_model_len
 
     def instance_info(self) -> InstanceInfo:
-        return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
-                            model=self.settings.model_name, http_url=self._runtime.http_url,
-                            max_model_len=self.max_model_len,
-                            kv_capacity_tokens=self.ledger.capacity_tokens, started_at=time.time(), engine=self.settings.engine)
+        return InstanceInfo(
+            role=self.role,
+            instance_id=self._runtime.instance_id,
+            node=self.settings.node,
+            model=self.settings.model_name,
+            http_url=self._runtime.http_url,
+            max_model_len=self.max_model_len,
+            kv_capacity_tokens=self.ledger.capacity_tokens,
+            started_at=time.time(),
+            engine=self.settings.engine,
+        )
 
     def health(self) -> dict:
-        details = {"num_running": self.engine.num_running, "kv_used_tokens": self.ledger.used_tokens,
-                   "engine": self.settings.engine}
+        details = {
+            "num_running": self.engine.num_running,
+            "kv_used_tokens": self.ledger.used_tokens,
+            "engine": self.settings.engine,
+        }
         if self.is_vllm:
             stats = self.engine.stats
             details.update(num_waiting=stats.num_waiting, kv_usage=round(stats.kv_usage, 4))
@@ -142,13 +167,21 @@ class DecodeWorker:
             stats = self.engine.stats
             num_queued += stats.num_waiting
             kv_used = max(kv_used, int(stats.kv_usage * self.engine.kv_capacity_tokens))
-        return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
-                            sent_at=time.time(), period_s=self.settings.telemetry_period_s,
-                            num_queued=num_queued, num_running=self.engine.num_running,
-                            kv_used_tokens=kv_used, kv_capacity_tokens=self.ledger.capacity_tokens,
-                            num_context_tokens=self.engine.num_context_tokens,
-                            recent_tbt_s=self.recent_tbt.value, is_accepting=not self.ledger.is_full,
-                            not_accepting_reason="full" if self.ledger.is_full else "")
+        return InstanceLoad(
+            role=self.role,
+            instance_id=self._runtime.instance_id,
+            node=self.settings.node,
+            sent_at=time.time(),
+            period_s=self.settings.telemetry_period_s,
+            num_queued=num_queued,
+            num_running=self.engine.num_running,
+            kv_used_tokens=kv_used,
+            kv_capacity_tokens=self.ledger.capacity_tokens,
+            num_context_tokens=self.engine.num_context_tokens,
+            recent_tbt_s=self.recent_tbt.value,
+            is_accepting=not self.ledger.is_full,
+            not_accepting_reason="full" if self.ledger.is_full else "",
+        )
 
     @property
     def tbt_slo_s(self) -> float | None:
@@ -160,25 +193,42 @@ class DecodeWorker:
         need = reservation.num_prompt_tokens + reservation.max_tokens
         now = time.monotonic()
         if self._is_draining:
-            return ReservationReply(request_id=reservation.request_id, accepted=False,
-                                    reason=f"decode {self._runtime.instance_id} is draining")
+            return ReservationReply(
+                request_id=reservation.request_id,
+                accepted=False,
+                reason=f"decode {self._runtime.instance_id} is draining",
+            )
         if need > self.max_model_len:
-            return ReservationReply(request_id=reservation.request_id, accepted=False,
-                                    reason=f"{need} tokens exceed max_model_len {self.max_model_len}")
+            return ReservationReply(
+                request_id=reservation.request_id,
+                accepted=False,
+                reason=f"{need} tokens exceed max_model_len {self.max_model_len}",
+            )
         if not self.ledger.can_reserve(need, now):
-            return ReservationReply(request_id=reservation.request_id, accepted=False,
-                                    reason=f"no KV room: {self.ledger.used_tokens} of "
-                                           f"{self.ledger.capacity_tokens} tokens in use")
+            return ReservationReply(
+                request_id=reservation.request_id,
+                accepted=False,
+                reason=f"no KV room: {self.ledger.used_tokens} of "
+                f"{self.ledger.capacity_tokens} tokens in use",
+            )
         slo_s = self.tbt_slo_s
         if slo_s is not None:
-            tbt_s = self.tbt.predicted_tbt_s(self.engine.num_running, self.engine.num_context_tokens,
-                                             self.ledger, reservation.num_prompt_tokens)
+            tbt_s = self.tbt.predicted_tbt_s(
+                self.engine.num_running,
+                self.engine.num_context_tokens,
+                self.ledger,
+                reservation.num_prompt_tokens,
+            )
             if tbt_s > slo_s:
-                return ReservationReply(request_id=reservation.request_id, accepted=False,
-                                        reason=f"predicted TBT {tbt_s:.4g} s with this request exceeds "
-                                               f"the TBT SLO of {slo_s:g} s")
-        self.ledger.reserve(reservation.request_id, need, now + reservation.ttl_s,
-                            reservation.num_prompt_tokens)
+                return ReservationReply(
+                    request_id=reservation.request_id,
+                    accepted=False,
+                    reason=f"predicted TBT {tbt_s:.4g} s with this request exceeds "
+                    f"the TBT SLO of {slo_s:g} s",
+                )
+        self.ledger.reserve(
+            reservation.request_id, need, now + reservation.ttl_s, reservation.num_prompt_tokens
+        )
         return ReservationReply(request_id=reservation.request_id, accepted=True)
 
     async def start_request(self, start: DecodeStart) -> Ack:
@@ -211,12 +261,19 @@ class DecodeWorker:
             with tracer().start_as_current_span("decode.generate") as span:
                 prefill_here = start.first_token is None  # conditional disaggregation
                 span.set_attribute("crescent.prefill_on_decode", prefill_here)
-                steps = self.engine.generate(start.request_id, start.token_ids, start.first_token,
-                                             start.max_tokens - (0 if prefill_here else 1),
-                                             start.sampling.stop_token_ids, sampling=start.sampling,
-                                             save_to=[self.settings.node] if prefill_here else [])
+                steps = self.engine.generate(
+                    start.request_id,
+                    start.token_ids,
+                    start.first_token,
+                    start.max_tokens - (0 if prefill_here else 1),
+                    start.sampling.stop_token_ids,
+                    sampling=start.sampling,
+                    save_to=[self.settings.node] if prefill_here else [],
+                )
                 num_tokens = 0
-                last_step_at: float | None = None  # the wait for the first step is queueing, not TBT
+                last_step_at: float | None = (
+                    None  # the wait for the first step is queueing, not TBT
+                )
                 async for step in steps:
                     now = time.monotonic()
                     if last_step_at is not None and step.token_ids:
@@ -268,13 +325,20 @@ class DecodeWorker:
         self._is_draining = True
         deadline = time.monotonic() + self.settings.drain_timeout_s
         if self.num_inflight:
-            log.info("draining", extra={"num_running": len(self._generations),
-                                        "num_reserved": len(self.ledger.reserved)})
+            log.info(
+                "draining",
+                extra={
+                    "num_running": len(self._generations),
+                    "num_reserved": len(self.ledger.reserved),
+                },
+            )
         while self.num_inflight and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
         left = list(self._generations.items())
         if left:
-            log.warning("drain deadline passed; handing requests back", extra={"num_running": len(left)})
+            log.warning(
+                "drain deadline passed; handing requests back", extra={"num_running": len(left)}
+            )
         for request_id, task in left:
             self._handed_back.add(request_id)
             task.cancel()

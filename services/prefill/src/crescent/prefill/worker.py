@@ -66,19 +66,29 @@ class JobRejected(RecoverableError):
     """A job this instance will not run (wrong model, too long)."""
 
 
-async def check_store_block_bytes(runtime: Runtime, node: str, model: str, expected: int, timeout_s: float) -> None:
+async def check_store_block_bytes(
+    runtime: Runtime, node: str, model: str, expected: int, timeout_s: float
+) -> None:
     """The store on `node` must hold blocks of exactly this model's size; no store there is
     only a warning (every prompt is then computed in full)."""
     try:
-        pinned = await runtime.bus.request(runtime.subjects.store_ctl(node), PinBlocks(model=model, hashes=[]),
-                                           PinnedBlocks, timeout_s)
+        pinned = await runtime.bus.request(
+            runtime.subjects.store_ctl(node),
+            PinBlocks(model=model, hashes=[]),
+            PinnedBlocks,
+            timeout_s,
+        )
     except RecoverableError as exc:
-        log.warning("no store answers on this node; prompts are computed in full",
-                    extra={"node": node, "error": str(exc)})
+        log.warning(
+            "no store answers on this node; prompts are computed in full",
+            extra={"node": node, "error": str(exc)},
+        )
         return
     if pinned.block_bytes != expected:
-        raise FatalError(f"the store on node {node} has {pinned.block_bytes}-byte blocks; this model needs "
-                         f"{expected} (start the store with --block-bytes {expected})")
+        raise FatalError(
+            f"the store on node {node} has {pinned.block_bytes}-byte blocks; this model needs "
+            f"{expected} (start the store with --block-bytes {expected})"
+        )
 
 
 class PrefillWorker:
@@ -110,48 +120,88 @@ class PrefillWorker:
 
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
-        config = ConfigFollower(runtime.etcd, runtime.keys, f"prefill {runtime.instance_id}",
-                                {"model": self.settings.model_name, "block_size": self.settings.block_size})
+        config = ConfigFollower(
+            runtime.etcd,
+            runtime.keys,
+            f"prefill {runtime.instance_id}",
+            {"model": self.settings.model_name, "block_size": self.settings.block_size},
+        )
         await config.start()
         runtime.tasks.spawn("cluster-config", config.run())
         if self.is_vllm:
             if self.settings.vllm_connector:
-                await check_store_block_bytes(runtime, self.settings.node, self.settings.model_name,
-                                              self.engine.store_block_bytes, self.settings.kv_timeout_s)
+                await check_store_block_bytes(
+                    runtime,
+                    self.settings.node,
+                    self.settings.model_name,
+                    self.engine.store_block_bytes,
+                    self.settings.kv_timeout_s,
+                )
             await self.engine.start()
             self.profile = await resolve_profile(self.settings, self.engine)
         else:
             self.profile = await resolve_profile(self.settings, self.engine)
-            self._store = StoreClient(runtime.bus, runtime.etcd, self.settings.cluster,
-                                      ClientConfig(node=self.settings.node, timeout_s=self.settings.kv_timeout_s,
-                                                   staging_bytes=16 << 20))
+            self._store = StoreClient(
+                runtime.bus,
+                runtime.etcd,
+                self.settings.cluster,
+                ClientConfig(
+                    node=self.settings.node,
+                    timeout_s=self.settings.kv_timeout_s,
+                    staging_bytes=16 << 20,
+                ),
+            )
             await self._store.start()
-            self.engine.kv = EmulatedKv(self._store, self.settings.model_name, self.settings.block_size,
-                                        self.settings.node)
-        await runtime.leased.put(runtime.keys.cost(self.role, runtime.instance_id), encode(self.profile))
-        log.info("cost profile published", extra={"source": self.profile.source,
-                                                   "prefill": str(self.profile.prefill)})
-        await runtime.bus.serve(runtime.subjects.prefill_job(runtime.instance_id), PrefillJob, self.run_job)
-        await runtime.bus.serve(runtime.subjects.prefill_cancel(runtime.instance_id), PrefillCancel, self.cancel)
+            self.engine.kv = EmulatedKv(
+                self._store, self.settings.model_name, self.settings.block_size, self.settings.node
+            )
+        await runtime.leased.put(
+            runtime.keys.cost(self.role, runtime.instance_id), encode(self.profile)
+        )
+        log.info(
+            "cost profile published",
+            extra={"source": self.profile.source, "prefill": str(self.profile.prefill)},
+        )
+        await runtime.bus.serve(
+            runtime.subjects.prefill_job(runtime.instance_id), PrefillJob, self.run_job
+        )
+        await runtime.bus.serve(
+            runtime.subjects.prefill_cancel(runtime.instance_id), PrefillCancel, self.cancel
+        )
 
     def instance_info(self) -> InstanceInfo:
-        return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
-                            model=self.settings.model_name, http_url=self._runtime.http_url,
-                            max_model_len=self.max_model_len, started_at=time.time(), engine=self.settings.engine)
+        return InstanceInfo(
+            role=self.role,
+            instance_id=self._runtime.instance_id,
+            node=self.settings.node,
+            model=self.settings.model_name,
+            http_url=self._runtime.http_url,
+            max_model_len=self.max_model_len,
+            started_at=time.time(),
+            engine=self.settings.engine,
+        )
 
     def health(self) -> dict:
         return {"num_queued": len(self._predicted_s), "engine": self.settings.engine}
 
     def load(self) -> InstanceLoad:
-        return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
-                            sent_at=time.time(), period_s=self.settings.telemetry_period_s,
-                            num_queued=len(self._predicted_s), queue_time_s=sum(self._predicted_s.values()),
-                            running_s=self._running_s(),
-                            recent_ttft_s=self.recent_ttft.value)
+        return InstanceLoad(
+            role=self.role,
+            instance_id=self._runtime.instance_id,
+            node=self.settings.node,
+            sent_at=time.time(),
+            period_s=self.settings.telemetry_period_s,
+            num_queued=len(self._predicted_s),
+            queue_time_s=sum(self._predicted_s.values()),
+            running_s=self._running_s(),
+            recent_ttft_s=self.recent_ttft.value,
+        )
 
     def _running_s(self) -> float:
         """How long the oldest job inside the engine has computed (0: none)."""
-        return time.monotonic() - min(self._computing_since.values()) if self._computing_since else 0.0
+        return (
+            time.monotonic() - min(self._computing_since.values()) if self._computing_since else 0.0
+        )
 
     async def _decode_node(self, job: PrefillJob, timeout_s: float) -> str:
         """The node of the job's decode instance: from the job, else its registry entry."""
@@ -161,33 +211,49 @@ class PrefillWorker:
             key = self._runtime.keys.instance("decode", job.decode_instance)
             try:
                 entry = await asyncio.wait_for(self._runtime.etcd.get(key.encode()), timeout_s)
-            except (asyncio.TimeoutError, OSError) as exc:
-                log.warning("registry unreachable; the decode node gets no KV",
-                            extra={"decode": job.decode_instance, "error": repr(exc)})
+            except (TimeoutError, OSError) as exc:
+                log.warning(
+                    "registry unreachable; the decode node gets no KV",
+                    extra={"decode": job.decode_instance, "error": repr(exc)},
+                )
                 return ""
             if entry is None:
-                log.warning("decode instance not registered; its node gets no KV",
-                            extra={"decode": job.decode_instance})
+                log.warning(
+                    "decode instance not registered; its node gets no KV",
+                    extra={"decode": job.decode_instance},
+                )
                 return ""
             try:
                 self._decode_nodes[job.decode_instance] = decode(entry.value, InstanceInfo).node
             except MessageError as exc:
-                log.warning("bad registry entry", extra={"decode": job.decode_instance, "error": str(exc)})
+                log.warning(
+                    "bad registry entry", extra={"decode": job.decode_instance, "error": str(exc)}
+                )
                 return ""
         return self._decode_nodes[job.decode_instance]
 
     async def run_job(self, job: PrefillJob) -> PrefillResult:
         if self._is_draining:
-            raise JobRejected(f"prefill {self._runtime.instance_id} is draining: it takes no new jobs")
+            raise JobRejected(
+                f"prefill {self._runtime.instance_id} is draining: it takes no new jobs"
+            )
         if job.model != self.settings.model_name:
-            raise JobRejected(f"this instance serves {self.settings.model_name!r}, not {job.model!r}")
+            raise JobRejected(
+                f"this instance serves {self.settings.model_name!r}, not {job.model!r}"
+            )
         if not 0 < len(job.token_ids) <= self.max_model_len:
-            raise JobRejected(f"prompt of {len(job.token_ids)} tokens is outside 1..{self.max_model_len}")
+            raise JobRejected(
+                f"prompt of {len(job.token_ids)} tokens is outside 1..{self.max_model_len}"
+            )
         if job.block_size and job.block_size != self.settings.block_size:
-            raise JobRejected(f"the job's blocks are {job.block_size} tokens, this instance stores "
-                              f"{self.settings.block_size}-token blocks: its prefix would never be found")
+            raise JobRejected(
+                f"the job's blocks are {job.block_size} tokens, this instance stores "
+                f"{self.settings.block_size}-token blocks: its prefix would never be found"
+            )
         if not self.is_vllm and unsupported(job.sampling):
-            raise InvalidRequestError(f"the emulated engine cannot apply {', '.join(unsupported(job.sampling))}")
+            raise InvalidRequestError(
+                f"the emulated engine cannot apply {', '.join(unsupported(job.sampling))}"
+            )
         self._predicted_s[job.request_id] = self.profile.prefill_s(len(job.token_ids))
         self._jobs[job.request_id] = asyncio.current_task()
         enqueued = time.monotonic()
@@ -199,8 +265,14 @@ class PrefillWorker:
             await self._pull_prefix(job, self._remote_timeout_s(deadline))
             transfer_s = time.monotonic() - pull_started if job.pull_hashes else 0.0
             plan = None if self.is_vllm else await self.engine.plan(job.token_ids)
-            num_cached = plan.num_cached if plan is not None else await self._stored_prefix_tokens(job, self._remote_timeout_s(deadline))
-            self._predicted_s[job.request_id] = self.profile.prefill_s(len(job.token_ids), num_cached)
+            num_cached = (
+                plan.num_cached
+                if plan is not None
+                else await self._stored_prefix_tokens(job, self._remote_timeout_s(deadline))
+            )
+            self._predicted_s[job.request_id] = self.profile.prefill_s(
+                len(job.token_ids), num_cached
+            )
             with tracer().start_as_current_span("prefill.queue") as queue_span:
                 queue_span.set_attribute("crescent.request_id", job.request_id)
                 await self._gate.enter(len(job.token_ids) - num_cached)
@@ -211,8 +283,12 @@ class PrefillWorker:
                     span.set_attribute("crescent.num_prompt_tokens", len(job.token_ids))
                     span.set_attribute("crescent.kv_targets", ",".join(save_to))
                     if plan is None:
-                        output = await self.engine.prefill(job.token_ids, request_id=job.request_id,
-                                                           sampling=job.sampling, save_to=save_to)
+                        output = await self.engine.prefill(
+                            job.token_ids,
+                            request_id=job.request_id,
+                            sampling=job.sampling,
+                            save_to=save_to,
+                        )
                     else:
                         output = await self.engine.compute(plan, job.sampling.logprobs)
                     span.set_attribute("crescent.num_computed_tokens", output.num_computed_tokens)
@@ -227,11 +303,17 @@ class PrefillWorker:
             self._jobs.pop(job.request_id, None)
         finished = time.monotonic()
         self.recent_ttft.add(finished - enqueued)
-        return PrefillResult(request_id=job.request_id, first_token=output.first_token,
-                             num_computed_tokens=output.num_computed_tokens,
-                             num_cached_tokens=output.num_cached_tokens,
-                             queue_s=started - enqueued, compute_s=finished - started, transfer_s=transfer_s,
-                             first_logprobs=output.first_logprobs, prompt_logprobs=output.prompt_logprobs)
+        return PrefillResult(
+            request_id=job.request_id,
+            first_token=output.first_token,
+            num_computed_tokens=output.num_computed_tokens,
+            num_cached_tokens=output.num_cached_tokens,
+            queue_s=started - enqueued,
+            compute_s=finished - started,
+            transfer_s=transfer_s,
+            first_logprobs=output.first_logprobs,
+            prompt_logprobs=output.prompt_logprobs,
+        )
 
     async def cancel(self, cancel: PrefillCancel) -> Ack:
         """Stop a queued or running job: nobody waits for its result any more."""
@@ -258,9 +340,12 @@ class PrefillWorker:
         if not hashes:
             return 0
         try:
-            reply = await self._runtime.bus.request(self._runtime.subjects.store_ctl(self.settings.node),
-                                                    LookupBlocks(model=job.model, hashes=hashes), LookupReply,
-                                                    timeout_s)
+            reply = await self._runtime.bus.request(
+                self._runtime.subjects.store_ctl(self.settings.node),
+                LookupBlocks(model=job.model, hashes=hashes),
+                LookupReply,
+                timeout_s,
+            )
         except RecoverableError:
             return 0
         return min(len(reply.tiers) * block_size, len(job.token_ids) - 1)
@@ -274,15 +359,25 @@ class PrefillWorker:
         with tracer().start_as_current_span("prefill.load_kv") as span:
             span.set_attribute("crescent.pull_from", job.pull_from_node)
             span.set_attribute("crescent.num_blocks", len(job.pull_hashes))
-            request = ReplicateBlocks(model=job.model, hashes=job.pull_hashes, source_node=job.pull_from_node,
-                                      reason=REPLICATE_ON_DEMAND)
+            request = ReplicateBlocks(
+                model=job.model,
+                hashes=job.pull_hashes,
+                source_node=job.pull_from_node,
+                reason=REPLICATE_ON_DEMAND,
+            )
             try:
-                await self._runtime.bus.request(self._runtime.subjects.store_ctl(self.settings.node), request,
-                                                ReplicateReply, timeout_s)
+                await self._runtime.bus.request(
+                    self._runtime.subjects.store_ctl(self.settings.node),
+                    request,
+                    ReplicateReply,
+                    timeout_s,
+                )
             except RecoverableError as exc:
                 span.set_attribute("crescent.error", str(exc))
-                log.warning("prefix pull failed; computing it instead",
-                            extra={"request_id": job.request_id, "error": str(exc)})
+                log.warning(
+                    "prefix pull failed; computing it instead",
+                    extra={"request_id": job.request_id, "error": str(exc)},
+                )
 
     async def finish_inflight(self) -> None:
         """New jobs are refused from now on (their conductor places them elsewhere); the jobs
@@ -295,7 +390,9 @@ class PrefillWorker:
         while self._jobs and time.monotonic() < deadline:
             await asyncio.sleep(DRAIN_POLL_S)
         if self._jobs:
-            log.warning("drain deadline passed; cancelling jobs left", extra={"num_jobs": len(self._jobs)})
+            log.warning(
+                "drain deadline passed; cancelling jobs left", extra={"num_jobs": len(self._jobs)}
+            )
             for task in list(self._jobs.values()):
                 task.cancel()
 

@@ -75,7 +75,9 @@ class ReplicationFailed(RecoverableError):
 def _keys(model: str, hashes: list[bytes]) -> list[BlockKey]:
     for block_hash in hashes:
         if len(block_hash) != HASH_BYTES:
-            raise BadBlockRequest(f"block hash of {len(block_hash)} bytes; hashes are {HASH_BYTES} bytes")
+            raise BadBlockRequest(
+                f"block hash of {len(block_hash)} bytes; hashes are {HASH_BYTES} bytes"
+            )
     if len(set(hashes)) != len(hashes):
         raise BadBlockRequest("the same block hash appears twice in one request")
     return [(model, h) for h in hashes]
@@ -87,7 +89,9 @@ class StoreDaemon:
     def __init__(self, settings: StoreSettings) -> None:
         self.settings = settings
         self.block_bytes = settings.block_bytes
-        self.pool = BlockPool(settings.dram_bytes // settings.block_bytes, settings.ssd_bytes // settings.block_bytes)
+        self.pool = BlockPool(
+            settings.dram_bytes // settings.block_bytes, settings.ssd_bytes // settings.block_bytes
+        )
         self.directory = SegmentDirectory()
         self.segment: ShmSegment | None = None
         self.ssd: SsdTier | None = None
@@ -97,9 +101,15 @@ class StoreDaemon:
         self._runtime: Runtime | None = None
         self.pull_rate: dict[str, Ewma] = {}  # source node → recent bytes/s of replication pulls
         self._handlers = {
-            AllocBlocks: self.alloc, CommitBlocks: self.commit, AbortBlocks: self.abort,
-            LookupBlocks: self.lookup, PinBlocks: self.pin, UnpinBlocks: self.unpin,
-            ReplicateBlocks: self.replicate, EvictBlocks: self.evict, StoreStatsRequest: self.stats,
+            AllocBlocks: self.alloc,
+            CommitBlocks: self.commit,
+            AbortBlocks: self.abort,
+            LookupBlocks: self.lookup,
+            PinBlocks: self.pin,
+            UnpinBlocks: self.unpin,
+            ReplicateBlocks: self.replicate,
+            EvictBlocks: self.evict,
+            StoreStatsRequest: self.stats,
         }
 
     @property
@@ -112,12 +122,18 @@ class StoreDaemon:
         orphans = sweep_orphans()
         if orphans:
             log.warning("removed shared memory left by dead processes", extra={"files": orphans})
-        self.segment = ShmSegment.create(self.segment_name, self.pool.num_dram_slots * self.block_bytes)
+        self.segment = ShmSegment.create(
+            self.segment_name, self.pool.num_dram_slots * self.block_bytes
+        )
         if self.pool.num_ssd_slots:
             self.ssd = SsdTier(Path(settings.ssd_path), self.pool.num_ssd_slots, self.block_bytes)
-        config = TransferConfig(node=settings.node, transports=parse_transports(settings.transports),
-                                tcp_host=settings.host, tcp_advertise_host=runtime.advertise_host,
-                                tcp_port=settings.transfer_port)
+        config = TransferConfig(
+            node=settings.node,
+            transports=parse_transports(settings.transports),
+            tcp_host=settings.host,
+            tcp_advertise_host=runtime.advertise_host,
+            tcp_port=settings.transfer_port,
+        )
         self.transfer = TransferEngine(self.directory, config)
         try:
             await self.transfer.start()
@@ -132,17 +148,25 @@ class StoreDaemon:
         runtime.leased.on_renew.append(self.metadata.put_all(self._all_metadata))
         runtime.tasks.spawn("block-metadata", self.metadata.run())
         runtime.tasks.spawn("expire", self._expire_loop())
-        await runtime.bus.serve(runtime.subjects.store_ctl(settings.node), StoreRequest | StoreStatsRequest,
-                                self.handle)
+        await runtime.bus.serve(
+            runtime.subjects.store_ctl(settings.node), StoreRequest | StoreStatsRequest, self.handle
+        )
         # Published last: whoever finds the segment in etcd can already talk to this store.
-        await runtime.leased.put(runtime.keys.segments(settings.node), encode_segments([descriptor]))
+        await runtime.leased.put(
+            runtime.keys.segments(settings.node), encode_segments([descriptor])
+        )
 
     async def handle(self, request):
         return await self._handlers[type(request)](request)
 
     def instance_info(self) -> InstanceInfo:
-        return InstanceInfo(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
-                            http_url=self._runtime.http_url, started_at=time.time())
+        return InstanceInfo(
+            role=self.role,
+            instance_id=self._runtime.instance_id,
+            node=self.settings.node,
+            http_url=self._runtime.http_url,
+            started_at=time.time(),
+        )
 
     def health(self) -> dict:
         return {"node": self.settings.node, "num_blocks": len(self.pool.blocks)}
@@ -150,11 +174,18 @@ class StoreDaemon:
     def load(self) -> InstanceLoad:
         for tier in Tier:
             num_slots = self.pool.num_dram_slots if tier is Tier.DRAM else self.pool.num_ssd_slots
-            metrics.TIER_USED_BYTES.labels(tier.value).set((num_slots - self.pool.num_free(tier)) * self.block_bytes)
+            metrics.TIER_USED_BYTES.labels(tier.value).set(
+                (num_slots - self.pool.num_free(tier)) * self.block_bytes
+            )
             metrics.TIER_CAPACITY_BYTES.labels(tier.value).set(num_slots * self.block_bytes)
-        return InstanceLoad(role=self.role, instance_id=self._runtime.instance_id, node=self.settings.node,
-                            sent_at=time.time(), period_s=self.settings.telemetry_period_s,
-                            bandwidth={node: rate.value for node, rate in self.pull_rate.items()})
+        return InstanceLoad(
+            role=self.role,
+            instance_id=self._runtime.instance_id,
+            node=self.settings.node,
+            sent_at=time.time(),
+            period_s=self.settings.telemetry_period_s,
+            bandwidth={node: rate.value for node, rate in self.pull_rate.items()},
+        )
 
     async def finish_inflight(self) -> None:
         """Nothing to wait for: a read or write in flight finishes while NATS drains."""
@@ -169,14 +200,17 @@ class StoreDaemon:
             self.ssd.close()
 
     def _slot_view(self, slot: int) -> memoryview:
-        return self.segment.view()[slot * self.block_bytes:(slot + 1) * self.block_bytes]
+        return self.segment.view()[slot * self.block_bytes : (slot + 1) * self.block_bytes]
 
     def _meta(self, tier: Tier, slot: int) -> BlockMeta:
         return BlockMeta(tier=tier.value, slot=slot, size=self.block_bytes)
 
     def _all_metadata(self) -> list[tuple[str, bytes, BlockMeta]]:
-        return [(b.key[0], b.key[1], self._meta(b.tier, b.slot)) for b in self.pool.blocks.values()
-                if self.pool.get(b.key) is not None]
+        return [
+            (b.key[0], b.key[1], self._meta(b.tier, b.slot))
+            for b in self.pool.blocks.values()
+            if self.pool.get(b.key) is not None
+        ]
 
     async def _carry_out(self, plan: Plan) -> None:
         """Do what the pool planned before `plan.slot` may be reused: demote, forget dropped."""
@@ -192,7 +226,9 @@ class StoreDaemon:
             async with self._lock:
                 reclaimed = self.pool.expire(time.monotonic())
             if reclaimed:
-                log.warning("reclaimed uncommitted allocations", extra={"num_blocks": len(reclaimed)})
+                log.warning(
+                    "reclaimed uncommitted allocations", extra={"num_blocks": len(reclaimed)}
+                )
 
     async def alloc(self, request: AllocBlocks) -> BlockSlots:
         keys = _keys(request.model, request.hashes)
@@ -212,8 +248,13 @@ class StoreDaemon:
                 for block_hash in allocated:
                     self.pool.abort((request.model, block_hash))
                 raise
-        return BlockSlots(segment=self.segment_name, block_bytes=self.block_bytes, allocated=allocated,
-                          offsets=offsets, existing=existing)
+        return BlockSlots(
+            segment=self.segment_name,
+            block_bytes=self.block_bytes,
+            allocated=allocated,
+            offsets=offsets,
+            existing=existing,
+        )
 
     async def commit(self, request: CommitBlocks) -> Done:
         keys = _keys(request.model, request.hashes)
@@ -221,7 +262,9 @@ class StoreDaemon:
             for key in keys:
                 block = self.pool.blocks.get(key)
                 if block is None or self.pool.get(key) is not None:
-                    raise PoolError(f"commit of block {key[1].hex()} of {key[0]}, which was not allocated")
+                    raise PoolError(
+                        f"commit of block {key[1].hex()} of {key[0]}, which was not allocated"
+                    )
             for key in keys:
                 block = self.pool.commit(key)
                 self.metadata.put(*key, self._meta(block.tier, block.slot))
@@ -258,7 +301,9 @@ class StoreDaemon:
                 self.pool.pin(block.key, now, request.ttl_s)
                 hashes.append(block.key[1])
                 offsets.append(block.slot * self.block_bytes)
-        return PinnedBlocks(segment=self.segment_name, block_bytes=self.block_bytes, hashes=hashes, offsets=offsets)
+        return PinnedBlocks(
+            segment=self.segment_name, block_bytes=self.block_bytes, hashes=hashes, offsets=offsets
+        )
 
     async def unpin(self, request: UnpinBlocks) -> Done:
         async with self._lock:
@@ -292,7 +337,9 @@ class StoreDaemon:
             raise
         metrics.REPLICATIONS.labels(request.reason, "ok").inc()
         if reply.num_copied:
-            metrics.REPLICATED_BLOCKS.labels(request.reason, request.source_node).inc(reply.num_copied)
+            metrics.REPLICATED_BLOCKS.labels(request.reason, request.source_node).inc(
+                reply.num_copied
+            )
         return reply
 
     async def _pull(self, request: ReplicateBlocks) -> ReplicateReply:
@@ -301,29 +348,47 @@ class StoreDaemon:
             return ReplicateReply(num_copied=0, num_present=len(request.hashes))
         bus, source = self._runtime.bus, self._runtime.subjects.store_ctl(request.source_node)
         timeout_s = self.settings.transfer_timeout_s
-        pinned = await bus.request(source, PinBlocks(model=request.model, hashes=missing, ttl_s=2 * timeout_s),
-                                   PinnedBlocks, timeout_s)
+        pinned = await bus.request(
+            source,
+            PinBlocks(model=request.model, hashes=missing, ttl_s=2 * timeout_s),
+            PinnedBlocks,
+            timeout_s,
+        )
         try:
             if pinned.block_bytes != self.block_bytes:
-                raise BadBlockRequest(f"{request.source_node} stores {pinned.block_bytes}-byte blocks, "
-                                      f"this node {self.block_bytes}-byte blocks")
+                raise BadBlockRequest(
+                    f"{request.source_node} stores {pinned.block_bytes}-byte blocks, "
+                    f"this node {self.block_bytes}-byte blocks"
+                )
             await self._know_segment(request.source_node, pinned.segment)
-            slots = await self.alloc(AllocBlocks(model=request.model, hashes=pinned.hashes, ttl_s=2 * timeout_s))
+            slots = await self.alloc(
+                AllocBlocks(model=request.model, hashes=pinned.hashes, ttl_s=2 * timeout_s)
+            )
             remote = dict(zip(pinned.hashes, pinned.offsets))
-            entries = [TransferEntry(Op.READ, self.segment_name, offset, pinned.segment, remote[h], self.block_bytes)
-                       for h, offset in zip(slots.allocated, slots.offsets)]
+            entries = [
+                TransferEntry(
+                    Op.READ, self.segment_name, offset, pinned.segment, remote[h], self.block_bytes
+                )
+                for h, offset in zip(slots.allocated, slots.offsets)
+            ]
             started = time.monotonic()
             result = await self.transfer.transfer(entries, timeout=timeout_s)
-            self._note_rate(request.source_node, len(entries) * self.block_bytes, time.monotonic() - started)
+            self._note_rate(
+                request.source_node, len(entries) * self.block_bytes, time.monotonic() - started
+            )
             KV_TRANSFER_BYTES.labels("read", "data-plane").inc(len(entries) * self.block_bytes)
             if not result.is_ok:
                 await self.abort(AbortBlocks(model=request.model, hashes=slots.allocated))
                 raise ReplicationFailed(request.source_node, result.failed()[0][1])
             await self.commit(CommitBlocks(model=request.model, hashes=slots.allocated))
         finally:
-            await bus.request(source, UnpinBlocks(model=request.model, hashes=pinned.hashes), Done, timeout_s)
-        return ReplicateReply(num_copied=len(slots.allocated),
-                              num_present=len(request.hashes) - len(missing) + len(slots.existing))
+            await bus.request(
+                source, UnpinBlocks(model=request.model, hashes=pinned.hashes), Done, timeout_s
+            )
+        return ReplicateReply(
+            num_copied=len(slots.allocated),
+            num_present=len(request.hashes) - len(missing) + len(slots.existing),
+        )
 
     async def _know_segment(self, node: str, segment: str) -> None:
         """A store that just started may not have reached this one's segment watch yet; read
@@ -340,7 +405,11 @@ class StoreDaemon:
             self.pull_rate.setdefault(source_node, Ewma()).add(num_bytes / seconds)
 
     async def stats(self, request: StoreStatsRequest) -> StoreStats:
-        return StoreStats(node=self.settings.node, instance_id=self._runtime.instance_id,
-                          num_blocks=self.pool.num_ready(Tier.DRAM) + self.pool.num_ready(Tier.SSD),
-                          used_bytes=(self.pool.num_dram_slots - self.pool.num_free(Tier.DRAM)) * self.block_bytes,
-                          capacity_bytes=self.pool.num_dram_slots * self.block_bytes)
+        return StoreStats(
+            node=self.settings.node,
+            instance_id=self._runtime.instance_id,
+            num_blocks=self.pool.num_ready(Tier.DRAM) + self.pool.num_ready(Tier.SSD),
+            used_bytes=(self.pool.num_dram_slots - self.pool.num_free(Tier.DRAM))
+            * self.block_bytes,
+            capacity_bytes=self.pool.num_dram_slots * self.block_bytes,
+        )

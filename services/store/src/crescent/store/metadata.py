@@ -27,8 +27,14 @@ MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
 
 
 class MetadataWriter:
-    def __init__(self, client: aetcd.Client, leased: LeasedKeys, keys: Keys, node: str,
-                 interval_s: float = 0.005) -> None:
+    def __init__(
+        self,
+        client: aetcd.Client,
+        leased: LeasedKeys,
+        keys: Keys,
+        node: str,
+        interval_s: float = 0.005,
+    ) -> None:
         self._client = client
         self._leased = leased
         self._keys = keys
@@ -65,7 +71,9 @@ class MetadataWriter:
         if self._pending:
             self._urgent.set()
         async with self._written:
-            await asyncio.wait_for(self._written.wait_for(lambda: self._flushed >= target), timeout_s)
+            await asyncio.wait_for(
+                self._written.wait_for(lambda: self._flushed >= target), timeout_s
+            )
 
     async def run(self) -> None:
         while True:
@@ -73,7 +81,7 @@ class MetadataWriter:
             if not self._urgent.is_set():
                 try:
                     await asyncio.wait_for(self._urgent.wait(), self._interval_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             self._wake.clear()
             self._urgent.clear()
@@ -88,14 +96,17 @@ class MetadataWriter:
     async def _write(self, batch: dict[str, bytes | None]) -> None:
         items = list(batch.items())
         for start in range(0, len(items), MAX_TXN_OPS):
-            ops = [self._client.transactions.delete(key.encode()) if value is None
-                   else self._client.transactions.put(key.encode(), value, lease=self._leased.lease)
-                   for key, value in items[start:start + MAX_TXN_OPS]]
+            ops = [
+                self._client.transactions.delete(key.encode())
+                if value is None
+                else self._client.transactions.put(key.encode(), value, lease=self._leased.lease)
+                for key, value in items[start : start + MAX_TXN_OPS]
+            ]
             while True:
                 try:
                     await self._client.transaction(compare=[], success=ops, failure=[])
                     self.num_transactions += 1
                     break
-                except (aetcd.exceptions.ClientError, asyncio.TimeoutError, OSError) as exc:
+                except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
                     log.warning("block metadata write failed; retrying", extra={"error": repr(exc)})
                     await asyncio.sleep(0.5)

@@ -7,12 +7,20 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-REPLICATIONS = Counter("crescent_store_replications",
-                       "Replication pulls into this store, by reason (on-demand, hot-spot) and outcome",
-                       ["reason", "outcome"])
-REPLICATED_BLOCKS = Counter("crescent_store_replicated_blocks",
-                            "Blocks copied into this store from another node's, by reason and source node",
-                            ["reason", "source"])
+REPLICATIONS = Counter(
+    "crescent_store_replications",
+    "Replication pulls into this store, by reason (on-demand, hot-spot) and outcome",
+    ["reason", "outcome"],
+)
+REPLICATED_BLOCKS = Counter(
+    "crescent_store_replicated_blocks",
+    "Blocks copied into this store from another node's, by reason and source node",
+    ["reason", "source"],
+)
 
-TIER_USED_BYTES = Gauge("crescent_store_used_bytes", "Bytes of this store's blocks, by tier (dram, ssd)", ["tier"])
-TIER_CAPACITY_BYTES = Gauge("crescent_store_capacity_bytes", "Bytes this store holds at most, by tier", ["tier"])
+TIER_USED_BYTES = Gauge(
+    "crescent_store_used_bytes", "Bytes of this store's blocks, by tier (dram, ssd)", ["tier"]
+)
+TIER_CAPACITY_BYTES = Gauge(
+    "crescent_store_capacity_bytes", "Bytes this store holds at most, by tier", ["tier"]
+)

@@ -24,7 +24,9 @@ class PoolError(RecoverableError):
 
 class PoolFullError(PoolError):
     def __init__(self, tier: str, num_pinned: int) -> None:
-        super().__init__(f"{tier} pool full: every slot is pinned or being written ({num_pinned} pinned)")
+        super().__init__(
+            f"{tier} pool full: every slot is pinned or being written ({num_pinned} pinned)"
+        )
         self.tier = tier
 
 
@@ -75,10 +77,15 @@ class BlockPool:
         self.num_dram_slots = num_dram_slots
         self.num_ssd_slots = num_ssd_slots
         self.blocks: dict[BlockKey, Block] = {}
-        self._free: dict[Tier, list[int]] = {Tier.DRAM: list(range(num_dram_slots - 1, -1, -1)),
-                                              Tier.SSD: list(range(num_ssd_slots - 1, -1, -1))}
+        self._free: dict[Tier, list[int]] = {
+            Tier.DRAM: list(range(num_dram_slots - 1, -1, -1)),
+            Tier.SSD: list(range(num_ssd_slots - 1, -1, -1)),
+        }
         # Ready blocks per tier, least recently used first.
-        self._lru: dict[Tier, OrderedDict[BlockKey, None]] = {Tier.DRAM: OrderedDict(), Tier.SSD: OrderedDict()}
+        self._lru: dict[Tier, OrderedDict[BlockKey, None]] = {
+            Tier.DRAM: OrderedDict(),
+            Tier.SSD: OrderedDict(),
+        }
 
     def num_free(self, tier: Tier) -> int:
         return len(self._free[tier])
@@ -182,7 +189,9 @@ class BlockPool:
         self.expire(now)
         if self._free[Tier.DRAM]:
             return Plan(slot=self._free[Tier.DRAM].pop())
-        victim = next((self.blocks[k] for k in self._lru[Tier.DRAM] if not self.blocks[k].is_pinned), None)
+        victim = next(
+            (self.blocks[k] for k in self._lru[Tier.DRAM] if not self.blocks[k].is_pinned), None
+        )
         if victim is None:
             raise PoolFullError("DRAM", sum(1 for b in self.blocks.values() if b.is_pinned))
         plan = Plan(slot=victim.slot)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from crescent.transfer import TransferEngine
 from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+from crescent.transfer import TransferEngine
 
 
 class TransferCollector(Collector):
@@ -29,11 +30,18 @@ class TransferCollector(Collector):
             self._engines[name] = engine
 
     def collect(self) -> Iterator[CounterMetricFamily]:
-        moved = CounterMetricFamily("crescent_transfer_bytes", "bytes moved on the data plane, per transport; "
-                                    "side=client: by this engine's batches, side=served: by its server for "
-                                    "peers' batches", labels=["engine", "transport", "side"])
-        transfers = CounterMetricFamily("crescent_transfer_transfers", "entries (contiguous regions) moved by "
-                                        "this engine's batches, per transport", labels=["engine", "transport"])
+        moved = CounterMetricFamily(
+            "crescent_transfer_bytes",
+            "bytes moved on the data plane, per transport; "
+            "side=client: by this engine's batches, side=served: by its server for "
+            "peers' batches",
+            labels=["engine", "transport", "side"],
+        )
+        transfers = CounterMetricFamily(
+            "crescent_transfer_transfers",
+            "entries (contiguous regions) moved by this engine's batches, per transport",
+            labels=["engine", "transport"],
+        )
         with self._lock:
             engines = dict(self._engines)
         for name, engine in engines.items():

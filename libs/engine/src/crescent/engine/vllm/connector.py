@@ -24,6 +24,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
 from crescent.common.tracing import setup_tracing
 from crescent.engine.kv_store import BlockOps, BridgeConfig, SharedBridges
 from crescent.engine.vllm.events import EventLog
@@ -37,11 +43,6 @@ from crescent.engine.vllm.plan import (
 from crescent.engine.vllm.runtime import ConnectorRuntime
 from crescent.engine.vllm.scheduler_side import SchedulerSide
 from crescent.engine.vllm.worker_side import WorkerSide
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
-    KVConnectorMetadata,
-    KVConnectorRole,
-)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -55,29 +56,48 @@ __all__ = ["PARAM_LOAD", "PARAM_SAVE_TO", "PARAM_TRACE", "CrescentConnector", "C
 
 
 class CrescentConnector(KVConnectorBase_V1):
-    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole,
-                 kv_cache_config: KVCacheConfig | None = None) -> None:
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        role: KVConnectorRole,
+        kv_cache_config: KVCacheConfig | None = None,
+    ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         config = ConnectorConfig.from_extra(extra)
         vllm_block_size = vllm_config.cache_config.block_size
         if config.block_size % vllm_block_size:
-            raise ValueError(f"Crescent block size {config.block_size} is not a multiple of vLLM's "
-                             f"{vllm_block_size}")
+            raise ValueError(
+                f"Crescent block size {config.block_size} is not a multiple of vLLM's "
+                f"{vllm_block_size}"
+            )
         # vLLM builds this connector once per role; only the worker side moves bytes, and where
         # both roles share a process they share its bridge (kv_store.SharedBridges).
-        bridge = SharedBridges.acquire(BridgeConfig(
-            nats_url=config.nats_url, etcd_url=config.etcd_url, cluster=config.cluster,
-            node=config.node, name=f"{config.node}-{config.role}-kv", timeout_s=config.timeout_s,
-            use_mapping=config.use_mapping, transports=config.transports,
-            has_data_plane=role == KVConnectorRole.WORKER))
+        bridge = SharedBridges.acquire(
+            BridgeConfig(
+                nats_url=config.nats_url,
+                etcd_url=config.etcd_url,
+                cluster=config.cluster,
+                node=config.node,
+                name=f"{config.node}-{config.role}-kv",
+                timeout_s=config.timeout_s,
+                use_mapping=config.use_mapping,
+                transports=config.transports,
+                has_data_plane=role == KVConnectorRole.WORKER,
+            )
+        )
         # vLLM's engine core may run in a child process: give it its own exporter, so the
         # connector's spans (load_kv, kv.transfer) join the request's trace from there.
         self.tracer_provider = setup_tracing(f"{config.role}-kv", config.node)
         self.runtime = ConnectorRuntime(
-            config=config, bridge=bridge, ops=BlockOps(bridge, config.cluster, config.model, config.timeout_s),
-            events=EventLog(config.event_log), tracer=self.tracer_provider.get_tracer("crescent"),
-            vllm_block_size=vllm_block_size, vllm_blocks_per_block=config.block_size // vllm_block_size)
+            config=config,
+            bridge=bridge,
+            ops=BlockOps(bridge, config.cluster, config.model, config.timeout_s),
+            events=EventLog(config.event_log),
+            tracer=self.tracer_provider.get_tracer("crescent"),
+            vllm_block_size=vllm_block_size,
+            vllm_blocks_per_block=config.block_size // vllm_block_size,
+        )
         self._scheduler = SchedulerSide(self.runtime) if role == KVConnectorRole.SCHEDULER else None
         self._worker = WorkerSide(self.runtime) if role == KVConnectorRole.WORKER else None
 
@@ -89,16 +109,22 @@ class CrescentConnector(KVConnectorBase_V1):
         self.tracer_provider.shutdown()
 
     # scheduler side ------------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
         return self._scheduler.num_new_matched_tokens(request, num_computed_tokens)
 
-    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
         self._scheduler.after_alloc(request, list(blocks.get_block_ids()[0]), num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self._scheduler.build_meta(scheduler_output)
 
-    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
         """Saves snapshot their layers inside the step, so the blocks may be freed now."""
         self._scheduler.forget(request.request_id)
         return False, None
@@ -117,7 +143,9 @@ class CrescentConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         self._worker.wait_layer(layer_name)
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
         self._worker.save_layer(layer_name, kv_layer)
 
     def wait_for_save(self) -> None:

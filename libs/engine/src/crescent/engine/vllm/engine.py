@@ -46,10 +46,14 @@ def _stats_recorder(stats: EngineStats):
         def __init__(self, vllm_config, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
+        def record(
+            self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0
+        ) -> None:
             if scheduler_stats is not None:
                 stats.num_running = scheduler_stats.num_running_reqs
-                stats.num_waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+                stats.num_waiting = (
+                    scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+                )
                 stats.kv_usage = scheduler_stats.kv_cache_usage
                 stats.updated_at = time.monotonic()
 
@@ -70,14 +74,25 @@ class StoreEndpoints:
 
 
 def connector_extra_config(settings: EngineSettings, role: str, endpoints: StoreEndpoints) -> dict:
-    return {"nats_url": endpoints.nats_url, "etcd_url": endpoints.etcd_url, "cluster": endpoints.cluster,
-            "node": endpoints.node, "model": settings.model_name, "block_size": settings.block_size,
-            "role": role, "timeout_s": settings.kv_timeout_s,
-            "event_log": settings.kv_event_log, "fault": settings.kv_fault,
-            "use_mapping": settings.kv_use_mapping, "transports": settings.kv_transports}
+    return {
+        "nats_url": endpoints.nats_url,
+        "etcd_url": endpoints.etcd_url,
+        "cluster": endpoints.cluster,
+        "node": endpoints.node,
+        "model": settings.model_name,
+        "block_size": settings.block_size,
+        "role": role,
+        "timeout_s": settings.kv_timeout_s,
+        "event_log": settings.kv_event_log,
+        "fault": settings.kv_fault,
+        "use_mapping": settings.kv_use_mapping,
+        "transports": settings.kv_transports,
+    }
 
 
-def engine_args(settings: EngineSettings, checkpoint: Checkpoint, role: str, endpoints: StoreEndpoints | None):
+def engine_args(
+    settings: EngineSettings, checkpoint: Checkpoint, role: str, endpoints: StoreEndpoints | None
+):
     """AsyncEngineArgs for this worker; `endpoints` None runs plain vLLM (no connector)."""
     from vllm.config import KVTransferConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -85,16 +100,32 @@ def engine_args(settings: EngineSettings, checkpoint: Checkpoint, role: str, end
     kv_transfer = None
     if endpoints is not None:
         kv_transfer = KVTransferConfig(
-            kv_connector="CrescentConnector", kv_connector_module_path="crescent.engine.vllm.connector",
-            kv_role="kv_both", kv_load_failure_policy="recompute",
-            kv_connector_extra_config=connector_extra_config(settings, role, endpoints))
-    eager = {"enforce_eager": True, "compilation_config": {"mode": 0}} if settings.vllm_enforce_eager else {}
+            kv_connector="CrescentConnector",
+            kv_connector_module_path="crescent.engine.vllm.connector",
+            kv_role="kv_both",
+            kv_load_failure_policy="recompute",
+            kv_connector_extra_config=connector_extra_config(settings, role, endpoints),
+        )
+    eager = (
+        {"enforce_eager": True, "compilation_config": {"mode": 0}}
+        if settings.vllm_enforce_eager
+        else {}
+    )
     return AsyncEngineArgs(
-        model=str(checkpoint.path), served_model_name=[settings.model_name], dtype=checkpoint.dtype,
-        max_model_len=max_model_len(settings, checkpoint), block_size=settings.vllm_block_size,
-        max_num_seqs=settings.vllm_max_num_seqs, max_num_batched_tokens=settings.vllm_max_num_batched_tokens,
-        enable_prefix_caching=settings.vllm_prefix_caching, seed=settings.vllm_seed,
-        distributed_executor_backend="uni", kv_transfer_config=kv_transfer, disable_log_stats=True, **eager)
+        model=str(checkpoint.path),
+        served_model_name=[settings.model_name],
+        dtype=checkpoint.dtype,
+        max_model_len=max_model_len(settings, checkpoint),
+        block_size=settings.vllm_block_size,
+        max_num_seqs=settings.vllm_max_num_seqs,
+        max_num_batched_tokens=settings.vllm_max_num_batched_tokens,
+        enable_prefix_caching=settings.vllm_prefix_caching,
+        seed=settings.vllm_seed,
+        distributed_executor_backend="uni",
+        kv_transfer_config=kv_transfer,
+        disable_log_stats=True,
+        **eager,
+    )
 
 
 def max_model_len(settings: EngineSettings, checkpoint: Checkpoint) -> int:
@@ -106,19 +137,25 @@ def max_model_len(settings: EngineSettings, checkpoint: Checkpoint) -> int:
 def set_cpu_environment(settings: EngineSettings) -> None:
     """Environment the EngineCore child inherits (vLLM reads these at start)."""
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(settings.vllm_kv_cache_gib)
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # several engines share this host's cores
+    os.environ.setdefault(
+        "VLLM_CPU_OMP_THREADS_BIND", "nobind"
+    )  # several engines share this host's cores
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
 class VllmEngine:
     """An AsyncLLM behind the interface the prefill and decode workers drive."""
 
-    def __init__(self, settings: EngineSettings, role: str, endpoints: StoreEndpoints | None) -> None:
+    def __init__(
+        self, settings: EngineSettings, role: str, endpoints: StoreEndpoints | None
+    ) -> None:
         self.checkpoint = inspect_checkpoint(settings.model)
         try:
             import vllm  # noqa: F401
         except ImportError as exc:
-            raise ConfigError("--engine vllm needs vLLM in this environment (`make install-vllm`)") from exc
+            raise ConfigError(
+                "--engine vllm needs vLLM in this environment (`make install-vllm`)"
+            ) from exc
         self.settings = settings
         self.role = role
         self.endpoints = endpoints
@@ -140,12 +177,20 @@ class VllmEngine:
         recorder = _stats_recorder(self.stats)
         # The EngineCore child takes seconds to start and AsyncLLM waits for it synchronously:
         # build it off the event loop (it starts its output handler on the first request).
-        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=[recorder])
+        self._llm = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, args, stat_loggers=[recorder]
+        )
         cache = self._llm.vllm_config.cache_config
         self.kv_capacity_tokens = (cache.num_gpu_blocks or 0) * cache.block_size
-        log.info("vLLM engine started", extra={"role": self.role, "model": str(self.checkpoint.path),
-                                                "seconds": round(time.monotonic() - started, 2),
-                                                "kv_capacity_tokens": self.kv_capacity_tokens})
+        log.info(
+            "vLLM engine started",
+            extra={
+                "role": self.role,
+                "model": str(self.checkpoint.path),
+                "seconds": round(time.monotonic() - started, 2),
+                "kv_capacity_tokens": self.kv_capacity_tokens,
+            },
+        )
 
     async def close(self) -> None:
         if self._llm is not None:
@@ -153,8 +198,11 @@ class VllmEngine:
             self._llm = None
 
     def _params(self, sampling: CrescentSampling, max_tokens: int, kv: dict):
-        extra = ({"kv_transfer_params": {**kv, PARAM_TRACE: tracing.inject_headers() or {}}}
-                 if kv and self.endpoints else None)
+        extra = (
+            {"kv_transfer_params": {**kv, PARAM_TRACE: tracing.inject_headers() or {}}}
+            if kv and self.endpoints
+            else None
+        )
         try:
             return vllm_params(sampling, max_tokens, extra)
         except ValueError as exc:  # vLLM's own checks of each parameter
@@ -162,44 +210,67 @@ class VllmEngine:
 
     def _check_length(self, num_tokens: int) -> None:
         if not 0 < num_tokens <= self.max_model_len:
-            raise EngineRequestError(f"{num_tokens} tokens are outside 1..{self.max_model_len} "
-                                     f"(the model's context)")
+            raise EngineRequestError(
+                f"{num_tokens} tokens are outside 1..{self.max_model_len} (the model's context)"
+            )
 
-    async def prefill(self, token_ids: Sequence[int], request_id: str, sampling: CrescentSampling | None = None,
-                      save_to: Sequence[str] = ()) -> PrefillOutput:
+    async def prefill(
+        self,
+        token_ids: Sequence[int],
+        request_id: str,
+        sampling: CrescentSampling | None = None,
+        save_to: Sequence[str] = (),
+    ) -> PrefillOutput:
         """Compute the prompt (loading what the store has), return its first token."""
         from vllm.inputs import TokensPrompt
 
         self._check_length(len(token_ids))
         sampling = sampling or CrescentSampling()
         # Prompt logprobs need every prompt token computed: nothing is loaded from the store.
-        kv = {PARAM_SAVE_TO: list(save_to), **({PARAM_LOAD: False} if sampling.prompt_logprobs is not None else {})}
+        kv = {
+            PARAM_SAVE_TO: list(save_to),
+            **({PARAM_LOAD: False} if sampling.prompt_logprobs is not None else {}),
+        }
         params = self._params(sampling, 1, kv)
         started = time.monotonic()
         first, num_cached, first_logprobs, prompt = None, 0, [], []
         try:
-            async for output in self._llm.generate(TokensPrompt(prompt_token_ids=list(token_ids)), params,
-                                                   request_id):
+            async for output in self._llm.generate(
+                TokensPrompt(prompt_token_ids=list(token_ids)), params, request_id
+            ):
                 completion = output.outputs[0] if output.outputs else None
                 if completion is not None and completion.token_ids and first is None:
                     first = completion.token_ids[0]
-                    first_logprobs = output_logprobs(completion.token_ids[:1], completion.logprobs,
-                                                     sampling.logprobs)
-                prompt = prompt or prompt_logprobs(token_ids, output.prompt_logprobs, sampling.prompt_logprobs)
+                    first_logprobs = output_logprobs(
+                        completion.token_ids[:1], completion.logprobs, sampling.logprobs
+                    )
+                prompt = prompt or prompt_logprobs(
+                    token_ids, output.prompt_logprobs, sampling.prompt_logprobs
+                )
                 num_cached = output.num_cached_tokens or num_cached
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from exc
         if first is None:
             raise EngineRequestError(f"prefill of {request_id} produced no token")
-        return PrefillOutput(first_token=first, num_computed_tokens=len(token_ids) - num_cached,
-                             num_cached_tokens=num_cached, compute_s=time.monotonic() - started,
-                             first_logprobs=first_logprobs[0] if first_logprobs else None,
-                             prompt_logprobs=prompt)
+        return PrefillOutput(
+            first_token=first,
+            num_computed_tokens=len(token_ids) - num_cached,
+            num_cached_tokens=num_cached,
+            compute_s=time.monotonic() - started,
+            first_logprobs=first_logprobs[0] if first_logprobs else None,
+            prompt_logprobs=prompt,
+        )
 
-    async def generate(self, request_id: str, token_ids: Sequence[int], first_token: int | None,
-                       max_new_tokens: int, stop_token_ids: Sequence[int] = (),
-                       sampling: CrescentSampling | None = None, save_to: Sequence[str] = (),
-                       ) -> AsyncIterator[DecodeStep]:
+    async def generate(
+        self,
+        request_id: str,
+        token_ids: Sequence[int],
+        first_token: int | None,
+        max_new_tokens: int,
+        stop_token_ids: Sequence[int] = (),
+        sampling: CrescentSampling | None = None,
+        save_to: Sequence[str] = (),
+    ) -> AsyncIterator[DecodeStep]:
         """Tokens after `first_token`; the prompt's full blocks come from this node's store.
         Without a first token the prompt's uncached part is computed here (conditional
         disaggregation), its new full blocks saved to the `save_to` nodes' stores, and the
@@ -212,16 +283,23 @@ class VllmEngine:
             return
         prompt = [*token_ids] if first_token is None else [*token_ids, first_token]
         self._check_length(len(prompt) + max_new_tokens - 1)
-        params = self._params(sampling, max_new_tokens, {PARAM_LOAD: True, PARAM_SAVE_TO: list(save_to)})
+        params = self._params(
+            sampling, max_new_tokens, {PARAM_LOAD: True, PARAM_SAVE_TO: list(save_to)}
+        )
         finished, is_first = False, True
         try:
-            async for output in self._llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id):
+            async for output in self._llm.generate(
+                TokensPrompt(prompt_token_ids=prompt), params, request_id
+            ):
                 completion = output.outputs[0]
                 finished = output.finished
                 new_tokens = list(completion.token_ids)
-                yield DecodeStep(new_tokens, completion.finish_reason if finished else None,
-                                 num_cached_tokens=(output.num_cached_tokens or 0) if is_first else None,
-                                 logprobs=output_logprobs(new_tokens, completion.logprobs, sampling.logprobs))
+                yield DecodeStep(
+                    new_tokens,
+                    completion.finish_reason if finished else None,
+                    num_cached_tokens=(output.num_cached_tokens or 0) if is_first else None,
+                    logprobs=output_logprobs(new_tokens, completion.logprobs, sampling.logprobs),
+                )
                 is_first = False
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from exc

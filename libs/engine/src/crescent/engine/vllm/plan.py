@@ -59,7 +59,9 @@ class SaveSpec:
     vllm_block_ids: list[int]  # vllm_blocks_per_block per store block, in order
     targets: list[str]
     trace: dict[str, str] = field(default_factory=dict)
-    is_last: bool = False  # the prompt ends in this step: its first token waits for targets[0]'s commit
+    is_last: bool = (
+        False  # the prompt ends in this step: its first token waits for targets[0]'s commit
+    )
 
 
 @dataclass

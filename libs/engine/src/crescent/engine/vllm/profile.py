@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import sys
@@ -28,16 +29,30 @@ from crescent.engine.settings import EngineSettings
 
 PREFILL_FORMAT = "crescent.prefill_poly.v1"
 DECODE_FORMAT = "crescent.decode_linear.v1"
-TERMS = ((0, 0), (1, 0), (0, 1), (2, 0), (1, 1), (0, 2))  # nⁱ·pʲ, the conductor's order for degree 2
+TERMS = (
+    (0, 0),
+    (1, 0),
+    (0, 1),
+    (2, 0),
+    (1, 1),
+    (0, 2),
+)  # nⁱ·pʲ, the conductor's order for degree 2
 
 
 def fit_prefill(samples: list[tuple[int, int, float]]) -> dict:
     import numpy as np
 
     scale = float(max(max(n, p) for n, p, _ in samples)) or 1.0
-    rows = np.array([[(n / scale) ** i * (p / scale) ** j for i, j in TERMS] for n, p, _ in samples])
+    rows = np.array(
+        [[(n / scale) ** i * (p / scale) ** j for i, j in TERMS] for n, p, _ in samples]
+    )
     coefficients, *_ = np.linalg.lstsq(rows, np.array([s for _, _, s in samples]), rcond=None)
-    return {"format": PREFILL_FORMAT, "degree": 2, "scale": scale, "coefficients": [float(c) for c in coefficients]}
+    return {
+        "format": PREFILL_FORMAT,
+        "degree": 2,
+        "scale": scale,
+        "coefficients": [float(c) for c in coefficients],
+    }
 
 
 def fit_decode(samples: list[tuple[int, int, float]]) -> dict:
@@ -45,9 +60,15 @@ def fit_decode(samples: list[tuple[int, int, float]]) -> dict:
     import numpy as np
 
     rows = np.array([[1.0, b, c] for b, c, _ in samples])
-    (base, per_request, per_token), *_ = np.linalg.lstsq(rows, np.array([s for _, _, s in samples]), rcond=None)
-    return {"format": DECODE_FORMAT, "base_s": float(base), "per_request_s": float(per_request),
-            "per_context_token_s": float(per_token)}
+    (base, per_request, per_token), *_ = np.linalg.lstsq(
+        rows, np.array([s for _, _, s in samples]), rcond=None
+    )
+    return {
+        "format": DECODE_FORMAT,
+        "base_s": float(base),
+        "per_request_s": float(per_request),
+        "per_context_token_s": float(per_token),
+    }
 
 
 def _tokens(length: int, seed: int) -> list[int]:
@@ -81,18 +102,24 @@ class Profiler:
         sampling = SamplingParams(ignore_eos=True)
 
         async def one(i: int) -> None:
-            async for step in self.engine.generate(f"decode-{self._seed}-{i}", prompts[i], 5, num_steps,
-                                                   sampling=sampling):
+            async for step in self.engine.generate(
+                f"decode-{self._seed}-{i}", prompts[i], 5, num_steps, sampling=sampling
+            ):
                 arrivals[i].append(time.perf_counter())
 
         await asyncio.gather(*(one(i) for i in range(batch)))
         start = max(a[0] for a in arrivals)  # every request has joined the batch
-        gaps = [b - a for times in arrivals for a, b in zip(times, times[1:]) if a >= start]
+        gaps = [b - a for times in arrivals for a, b in itertools.pairwise(times) if a >= start]
         return statistics.median(gaps)
 
 
-async def profile(settings: EngineSettings, lengths: list[int], batches: list[int], contexts: list[int],
-                  repeats: int) -> dict:
+async def profile(
+    settings: EngineSettings,
+    lengths: list[int],
+    batches: list[int],
+    contexts: list[int],
+    repeats: int,
+) -> dict:
     from crescent.engine.vllm.engine import VllmEngine
 
     engine = VllmEngine(settings, "profile", None)
@@ -108,17 +135,29 @@ async def profile(settings: EngineSettings, lengths: list[int], batches: list[in
         decode = [(b, b * c, await profiler.decode_step_s(b, c)) for b in batches for c in contexts]
     finally:
         await engine.close()
-    return {**fit_prefill(prefill), "decode": fit_decode(decode), "model": settings.model,
-            "samples": {"prefill": [list(s) for s in prefill], "decode": [list(s) for s in decode]}}
+    return {
+        **fit_prefill(prefill),
+        "decode": fit_decode(decode),
+        "model": settings.model,
+        "samples": {"prefill": [list(s) for s in prefill], "decode": [list(s) for s in decode]},
+    }
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, metavar="DIR", help="local Hugging Face checkpoint (Llama family)")
-    parser.add_argument("--json", required=True, metavar="FILE", help="where to write the fitted models")
-    parser.add_argument("--lengths", default="256,512,1024,2048", help="prompt lengths n (comma-separated)")
+    parser.add_argument(
+        "--model", required=True, metavar="DIR", help="local Hugging Face checkpoint (Llama family)"
+    )
+    parser.add_argument(
+        "--json", required=True, metavar="FILE", help="where to write the fitted models"
+    )
+    parser.add_argument(
+        "--lengths", default="256,512,1024,2048", help="prompt lengths n (comma-separated)"
+    )
     parser.add_argument("--batches", default="1,4,8", help="decode batch sizes")
     parser.add_argument("--contexts", default="256,1024", help="decode context lengths per request")
-    parser.add_argument("--repeats", type=int, default=2, help="runs per prefill point (the fastest counts)")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs per prefill point (the fastest counts)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,11 +166,20 @@ def run(args: argparse.Namespace) -> int:
     def numbers(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x]
 
-    settings = EngineSettings(engine="vllm", model=args.model, vllm_connector=False, vllm_prefix_caching=True)
+    settings = EngineSettings(
+        engine="vllm", model=args.model, vllm_connector=False, vllm_prefix_caching=True
+    )
     try:
         settings.validate()
-        result = asyncio.run(profile(settings, numbers(args.lengths), numbers(args.batches), numbers(args.contexts),
-                                     args.repeats))
+        result = asyncio.run(
+            profile(
+                settings,
+                numbers(args.lengths),
+                numbers(args.batches),
+                numbers(args.contexts),
+                args.repeats,
+            )
+        )
     except ConfigError as exc:
         print(f"crescent profile: error: {exc}", file=sys.stderr)
         return 1

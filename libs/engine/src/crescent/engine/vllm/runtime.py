@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opentelemetry.trace import Tracer
+
 from crescent.engine.kv_store import BlockOps, StoreBridge
 from crescent.engine.vllm.events import EventLog
 from crescent.engine.vllm.plan import ConnectorConfig
-from opentelemetry.trace import Tracer
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import logging
 import time
 
 import torch
+
 from crescent.common.store_messages import BlockSlots
 from crescent.common.tracing import extract_headers
 from crescent.engine.kv_store import KvStoreError
@@ -42,7 +43,9 @@ class _SaveJob:
         self.step = step
         self.started_ns = time.time_ns()
         self.slots: dict[str, concurrent.futures.Future[BlockSlots]] = {}
-        self.writes: dict[str, list[concurrent.futures.Future[None]]] = {t: [] for t in spec.targets}
+        self.writes: dict[str, list[concurrent.futures.Future[None]]] = {
+            t: [] for t in spec.targets
+        }
         self.num_layers = 0  # layers handed to every target so far
         self.is_failed = False
         self.is_committing = False  # its commits (or aborts) are on their way
@@ -63,7 +66,9 @@ class Saver:
         self._jobs: list[_SaveJob] = []
         # request → commits of its first target not yet known to be done (all its steps)
         self._first_commits: dict[str, list[concurrent.futures.Future[None]]] = {}
-        self._copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="crescent-kv-copy")
+        self._copier = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="crescent-kv-copy"
+        )
 
     def configure(self, num_layers: int, layer_bytes: int) -> None:
         self.num_layers, self.layer_bytes = num_layers, layer_bytes
@@ -83,7 +88,9 @@ class Saver:
             job = _SaveJob(spec, step)
             if spec.hashes:
                 for target in spec.targets:
-                    job.slots[target] = self.runtime.bridge.submit(self.runtime.ops.alloc(target, spec.hashes))
+                    job.slots[target] = self.runtime.bridge.submit(
+                        self.runtime.ops.alloc(target, spec.hashes)
+                    )
             self._jobs.append(job)
 
     def save_layer(self, layer: int, kv_layer: torch.Tensor, failed_requests: set[str]) -> None:
@@ -96,20 +103,33 @@ class Saver:
                 job.is_failed = True
                 continue
             ids = torch.tensor(job.spec.vllm_block_ids, device=kv_layer.device)
-            data = kv_layer[ids].cpu().contiguous().view(torch.uint8).view(len(job.spec.hashes), self.layer_bytes)
-            self.runtime.events.write("computed", request=job.spec.request_id, step=self._step, layer=layer,
-                                t=computed_at)
+            data = (
+                kv_layer[ids]
+                .cpu()
+                .contiguous()
+                .view(torch.uint8)
+                .view(len(job.spec.hashes), self.layer_bytes)
+            )
+            self.runtime.events.write(
+                "computed", request=job.spec.request_id, step=self._step, layer=layer, t=computed_at
+            )
             for target in job.spec.targets:
-                job.writes[target].append(self.runtime.bridge.submit(self._store_layer(job, target, layer, data)))
+                job.writes[target].append(
+                    self.runtime.bridge.submit(self._store_layer(job, target, layer, data))
+                )
             job.num_layers += 1
             if job.num_layers == self.num_layers:
                 self._start_commits(job)  # while the model finishes the step
 
-    async def _store_layer(self, job: _SaveJob, target: str, layer: int, data: torch.Tensor) -> None:
+    async def _store_layer(
+        self, job: _SaveJob, target: str, layer: int, data: torch.Tensor
+    ) -> None:
         slots = await asyncio.wrap_future(job.slots[target])
         if slots.block_bytes != self.block_bytes:
-            raise KvStoreError(f"the store's blocks are {slots.block_bytes} bytes, this model's are "
-                               f"{self.block_bytes}: start the store with --block-bytes {self.block_bytes}")
+            raise KvStoreError(
+                f"the store's blocks are {slots.block_bytes} bytes, this model's are "
+                f"{self.block_bytes}: start the store with --block-bytes {self.block_bytes}"
+            )
         if not slots.allocated:
             return
         row_of = job.row_of
@@ -117,12 +137,22 @@ class Saver:
         rows = [row_of[h] for h in slots.allocated]
         view = self.runtime.ops.mapped(slots.segment)
         if view is None:
-            await self.runtime.ops.write(slots.segment, offsets, [memoryview(data[r].numpy()) for r in rows])
+            await self.runtime.ops.write(
+                slots.segment, offsets, [memoryview(data[r].numpy()) for r in rows]
+            )
         else:
-            await asyncio.get_running_loop().run_in_executor(self._copier, _copy_rows, view, offsets, data, rows,
-                                                             self.layer_bytes)
-        self.runtime.events.write("stored", request=job.spec.request_id, step=job.step, layer=layer, node=target,
-                            num_blocks=len(slots.allocated), t=time.time())
+            await asyncio.get_running_loop().run_in_executor(
+                self._copier, _copy_rows, view, offsets, data, rows, self.layer_bytes
+            )
+        self.runtime.events.write(
+            "stored",
+            request=job.spec.request_id,
+            step=job.step,
+            layer=layer,
+            node=target,
+            num_blocks=len(slots.allocated),
+            t=time.time(),
+        )
 
     def end_step(self) -> int:
         """Hand each job's commits to the bridge; wait only for the decode node's commits of
@@ -156,20 +186,25 @@ class Saver:
             try:
                 done.result(max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
-                log.warning("the decode node's KV commit missed its deadline; decode recomputes what it lacks",
-                            extra={"request_id": request_id})
+                log.warning(
+                    "the decode node's KV commit missed its deadline; decode recomputes what it lacks",
+                    extra={"request_id": request_id},
+                )
                 return
 
     async def _finish(self, job: _SaveJob, target: str) -> None:
         """After every layer reached `target`: commit there, or abort if any part failed."""
-        span = self.runtime.tracer.start_span("kv.transfer", context=extract_headers(job.spec.trace),
-                                        start_time=job.started_ns)
+        span = self.runtime.tracer.start_span(
+            "kv.transfer", context=extract_headers(job.spec.trace), start_time=job.started_ns
+        )
         span.set_attribute("crescent.num_blocks", len(job.spec.hashes))
         span.set_attribute("crescent.target", target)
         try:
             slots = await asyncio.wrap_future(job.slots[target])
         except Exception as exc:
-            log.warning("KV allocation failed; not saving", extra={"node": target, "error": repr(exc)})
+            log.warning(
+                "KV allocation failed; not saving", extra={"node": target, "error": repr(exc)}
+            )
             span.set_attribute("crescent.failed", True)
             span.end()
             return
@@ -187,9 +222,16 @@ class Saver:
             return
         finally:
             span.end()
-        self.runtime.events.write("aborted" if is_failed else "committed", request=job.spec.request_id,
-                            step=job.step, node=target, num_blocks=len(slots.allocated),
-                            num_existing=len(slots.existing), moved=self._moved(), t=time.time())
+        self.runtime.events.write(
+            "aborted" if is_failed else "committed",
+            request=job.spec.request_id,
+            step=job.step,
+            node=target,
+            num_blocks=len(slots.allocated),
+            num_existing=len(slots.existing),
+            moved=self._moved(),
+            t=time.time(),
+        )
 
     def _moved(self) -> dict[str, int]:
         """Bytes the connector's data plane moved so far, per transport (mapped copies are not
@@ -203,13 +245,17 @@ class Saver:
                 for write in job.writes[target]:
                     await asyncio.wrap_future(write)
         except Exception as exc:
-            log.warning("KV save failed; those blocks are not stored",
-                        extra={"request_id": job.spec.request_id, "node": target, "error": repr(exc)})
+            log.warning(
+                "KV save failed; those blocks are not stored",
+                extra={"request_id": job.spec.request_id, "node": target, "error": repr(exc)},
+            )
             return False
         return True
 
 
-def _copy_rows(view: memoryview, offsets: list[int], data: torch.Tensor, rows: list[int], num_bytes: int) -> None:
+def _copy_rows(
+    view: memoryview, offsets: list[int], data: torch.Tensor, rows: list[int], num_bytes: int
+) -> None:
     """data[row] → view[offset:offset + num_bytes] for each pair (torch copies without the GIL)."""
     for offset, row in zip(offsets, rows):
-        torch.frombuffer(view[offset:offset + num_bytes], dtype=torch.uint8).copy_(data[row])
+        torch.frombuffer(view[offset : offset + num_bytes], dtype=torch.uint8).copy_(data[row])

@@ -63,9 +63,15 @@ class SchedulerSide:
         self._pending_loads: list[LoadSpec] = []
 
     def _hashes(self, request: Request) -> list[bytes]:
-        return block_hashes(list(request.prompt_token_ids or []), self.runtime.config.block_size, self.runtime.config.model)
+        return block_hashes(
+            list(request.prompt_token_ids or []),
+            self.runtime.config.block_size,
+            self.runtime.config.model,
+        )
 
-    def num_new_matched_tokens(self, request: Request, num_computed: int) -> tuple[int | None, bool]:
+    def num_new_matched_tokens(
+        self, request: Request, num_computed: int
+    ) -> tuple[int | None, bool]:
         """Prompt tokens past `num_computed` that this node's store holds, loaded synchronously
         (the second value, vLLM's "load asynchronously", is always False)."""
         params = request.kv_transfer_params or {}
@@ -77,17 +83,23 @@ class SchedulerSide:
         prompt = list(request.prompt_token_ids or [])
         vbs, bs = self.runtime.vllm_block_size, self.runtime.config.block_size
         limit = (len(prompt) - 1) // vbs * vbs  # the last prompt token is always computed
-        hashes = self._hashes(request)[:(limit + bs - 1) // bs]
+        hashes = self._hashes(request)[: (limit + bs - 1) // bs]
         lookup = _Lookup(num_computed, 0)
         if hashes and limit > num_computed:
             try:
-                local = self.runtime.bridge.call(self.runtime.ops.lookup(self.runtime.config.node, hashes))
+                local = self.runtime.bridge.call(
+                    self.runtime.ops.lookup(self.runtime.config.node, hashes)
+                )
                 lookup.num_tokens = max(0, min(local * bs, limit) - num_computed)
                 if self.runtime.config.fault == "evict_after_lookup" and local >= 2:
-                    self.runtime.bridge.call(self.runtime.ops.evict(self.runtime.config.node, hashes[1:2]))
+                    self.runtime.bridge.call(
+                        self.runtime.ops.evict(self.runtime.config.node, hashes[1:2])
+                    )
             except KvStoreError as exc:
-                log.warning("store lookup failed; computing the whole prompt",
-                            extra={"request_id": request.request_id, "error": str(exc)})
+                log.warning(
+                    "store lookup failed; computing the whole prompt",
+                    extra={"request_id": request.request_id, "error": str(exc)},
+                )
         self._lookups[request.request_id] = lookup
         return lookup.num_tokens, False
 
@@ -95,23 +107,33 @@ class SchedulerSide:
         request_id = request.request_id
         lookup = self._lookups.pop(request_id, None)
         if num_external > 0 and lookup is not None:
-            self._pending_loads.append(self._load_spec(request, block_ids, lookup.num_computed,
-                                                       lookup.num_computed + num_external))
+            self._pending_loads.append(
+                self._load_spec(
+                    request, block_ids, lookup.num_computed, lookup.num_computed + num_external
+                )
+            )
         tracked = self._tracked.get(request_id)
         if tracked is not None:
             tracked.block_ids = block_ids
             return
         save_to = list((request.kv_transfer_params or {}).get(PARAM_SAVE_TO) or [])
         if save_to:
-            self._tracked[request_id] = _Tracked(self._hashes(request), block_ids, save_to, _trace(request),
-                                                 len(request.prompt_token_ids or []))
+            self._tracked[request_id] = _Tracked(
+                self._hashes(request),
+                block_ids,
+                save_to,
+                _trace(request),
+                len(request.prompt_token_ids or []),
+            )
 
     def _load_spec(self, request: Request, block_ids: list[int], start: int, end: int) -> LoadSpec:
         vbs, per_block = self.runtime.vllm_block_size, self.runtime.vllm_blocks_per_block
         first_block, last_block = start // (vbs * per_block), (end - 1) // (vbs * per_block)
-        hashes = self._hashes(request)[first_block:last_block + 1]
-        fills = [((v // per_block) - first_block, v % per_block, block_ids[v])
-                 for v in range(start // vbs, end // vbs)]
+        hashes = self._hashes(request)[first_block : last_block + 1]
+        fills = [
+            ((v // per_block) - first_block, v % per_block, block_ids[v])
+            for v in range(start // vbs, end // vbs)
+        ]
         return LoadSpec(request.request_id, hashes, fills, _trace(request))
 
     def build_meta(self, output: SchedulerOutput) -> CrescentMetadata:
@@ -122,7 +144,12 @@ class SchedulerSide:
             tracked = self._tracked.get(new.req_id)
             if tracked is not None:
                 tracked.block_ids = list(new.block_ids[0])
-                self._plan_save(meta, new.req_id, tracked, new.num_computed_tokens + scheduled.get(new.req_id, 0))
+                self._plan_save(
+                    meta,
+                    new.req_id,
+                    tracked,
+                    new.num_computed_tokens + scheduled.get(new.req_id, 0),
+                )
         cached = output.scheduled_cached_reqs
         for i, request_id in enumerate(cached.req_ids):
             tracked = self._tracked.get(request_id)
@@ -134,10 +161,17 @@ class SchedulerSide:
                     tracked.block_ids = list(new_ids[0])
                 else:
                     tracked.block_ids.extend(new_ids[0])
-            self._plan_save(meta, request_id, tracked, cached.num_computed_tokens[i] + scheduled.get(request_id, 0))
+            self._plan_save(
+                meta,
+                request_id,
+                tracked,
+                cached.num_computed_tokens[i] + scheduled.get(request_id, 0),
+            )
         return meta
 
-    def _plan_save(self, meta: CrescentMetadata, request_id: str, tracked: _Tracked, end_tokens: int) -> None:
+    def _plan_save(
+        self, meta: CrescentMetadata, request_id: str, tracked: _Tracked, end_tokens: int
+    ) -> None:
         """Save the blocks completed up to `end_tokens`; the step that ends the prompt always
         gets a SaveSpec (is_last, maybe with no new block) once any block was saved, so the
         worker knows when the first token must wait for the decode node's commits."""
@@ -148,9 +182,17 @@ class SchedulerSide:
         if last <= tracked.num_planned and not (is_last and tracked.num_planned):
             return
         per_block = self.runtime.vllm_blocks_per_block
-        ids = tracked.block_ids[tracked.num_planned * per_block:last * per_block]
-        meta.saves.append(SaveSpec(request_id, tracked.hashes[tracked.num_planned:last], ids, tracked.save_to,
-                                   tracked.trace, is_last))
+        ids = tracked.block_ids[tracked.num_planned * per_block : last * per_block]
+        meta.saves.append(
+            SaveSpec(
+                request_id,
+                tracked.hashes[tracked.num_planned : last],
+                ids,
+                tracked.save_to,
+                tracked.trace,
+                is_last,
+            )
+        )
         tracked.num_planned = last
         tracked.is_last_planned = is_last
 

@@ -12,12 +12,13 @@ import time
 from typing import Any
 
 import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
 from crescent.common.tracing import extract_headers
 from crescent.engine.kv_store import KvStoreError
 from crescent.engine.vllm.plan import CrescentMetadata, LoadSpec
 from crescent.engine.vllm.runtime import ConnectorRuntime
 from crescent.engine.vllm.saver import Saver
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,10 @@ class _LoadJob:
 
     def __init__(self, spec: LoadSpec, num_layers: int, layer_bytes: int) -> None:
         self.spec = spec
-        self.buffers = [torch.empty((len(spec.hashes), layer_bytes), dtype=torch.uint8) for _ in range(num_layers)]
+        self.buffers = [
+            torch.empty((len(spec.hashes), layer_bytes), dtype=torch.uint8)
+            for _ in range(num_layers)
+        ]
         self.layer_done = [threading.Event() for _ in range(num_layers)]
         self.num_pinned = 0
         self.error: BaseException | None = None
@@ -55,7 +59,9 @@ class WorkerSide:
         self.saver = Saver(runtime)
         self._save_s = 0.0  # this step's time in save_layer and finish_saves
         self._invalid: set[int] = set()
-        self._failed_requests: set[str] = set()  # requests whose load failed this step: saves skipped
+        self._failed_requests: set[str] = (
+            set()
+        )  # requests whose load failed this step: saves skipped
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         names = _layer_order(list(kv_caches))
@@ -66,8 +72,10 @@ class WorkerSide:
             raise ValueError(f"layers have different KV block sizes {sorted(per_block)}")
         self.layer_bytes = self.runtime.vllm_blocks_per_block * per_block.pop()
         self.saver.configure(len(names), self.layer_bytes)
-        log.info("CrescentConnector registered KV caches", extra={
-            "num_layers": len(names), "store_block_bytes": self.layer_bytes * len(names)})
+        log.info(
+            "CrescentConnector registered KV caches",
+            extra={"num_layers": len(names), "store_block_bytes": self.layer_bytes * len(names)},
+        )
 
     @property
     def block_bytes(self) -> int:
@@ -100,7 +108,9 @@ class WorkerSide:
     async def _read_layers(self, job: _LoadJob) -> None:
         node, hashes = self.runtime.config.node, job.spec.hashes
         pinned = None
-        span = self.span(f"{self.runtime.config.role}.load_kv", job.spec.trace, num_blocks=len(hashes))
+        span = self.span(
+            f"{self.runtime.config.role}.load_kv", job.spec.trace, num_blocks=len(hashes)
+        )
         try:
             pinned = await self.runtime.ops.pin(node, hashes)
             self._check_block_bytes(pinned.block_bytes)
@@ -127,8 +137,10 @@ class WorkerSide:
 
     def _check_block_bytes(self, store_bytes: int) -> None:
         if store_bytes != self.block_bytes:
-            raise KvStoreError(f"the store's blocks are {store_bytes} bytes, this model's are {self.block_bytes}: "
-                               f"start the store with --block-bytes {self.block_bytes}")
+            raise KvStoreError(
+                f"the store's blocks are {store_bytes} bytes, this model's are {self.block_bytes}: "
+                f"start the store with --block-bytes {self.block_bytes}"
+            )
 
     def wait_layer(self, layer_name: str) -> None:
         layer = self.layer_index.get(layer_name)
@@ -138,9 +150,15 @@ class WorkerSide:
         for job in self._loads:
             spec = job.spec
             if not job.layer_done[layer].wait(self.runtime.config.timeout_s) and job.error is None:
-                job.error = KvStoreError(f"layer {layer} of {spec.request_id} not read within the deadline")
+                job.error = KvStoreError(
+                    f"layer {layer} of {spec.request_id} not read within the deadline"
+                )
             usable = 0 if job.error is not None else job.num_pinned
-            good = [(i * self.runtime.vllm_blocks_per_block + sub, dst) for i, sub, dst in spec.fills if i < usable]
+            good = [
+                (i * self.runtime.vllm_blocks_per_block + sub, dst)
+                for i, sub, dst in spec.fills
+                if i < usable
+            ]
             if good:
                 self._fill(kv, job.buffers[layer], good)
             bad = [dst for i, _, dst in spec.fills if i >= usable]
@@ -148,9 +166,15 @@ class WorkerSide:
                 self._invalid.update(bad)
                 self._failed_requests.add(spec.request_id)
             if layer == 0:
-                self.runtime.events.write("load", request=spec.request_id, step=self._step, num_blocks=len(spec.hashes),
-                                    num_loaded=min(usable, len(spec.hashes)), num_vllm_blocks=len(good),
-                                    error=repr(job.error) if job.error else None)
+                self.runtime.events.write(
+                    "load",
+                    request=spec.request_id,
+                    step=self._step,
+                    num_blocks=len(spec.hashes),
+                    num_loaded=min(usable, len(spec.hashes)),
+                    num_vllm_blocks=len(good),
+                    error=repr(job.error) if job.error else None,
+                )
 
     def take_invalid_block_ids(self) -> set[int]:
         invalid, self._invalid = self._invalid, set()
@@ -171,13 +195,19 @@ class WorkerSide:
         num_saves = self.saver.end_step()
         self._save_s += time.perf_counter() - started
         if num_saves:
-            self.runtime.events.write("step", step=self._step, num_saves=num_saves, save_s=self._save_s)
+            self.runtime.events.write(
+                "step", step=self._step, num_saves=num_saves, save_s=self._save_s
+            )
         self._save_s = 0.0
         self._loads = []
 
-    def span(self, name: str, trace: dict[str, str], start_ns: int | None = None, **attributes: Any):
+    def span(
+        self, name: str, trace: dict[str, str], start_ns: int | None = None, **attributes: Any
+    ):
         """A span of the request whose trace context the plan carries, started now or at `start_ns`."""
-        span = self.runtime.tracer.start_span(name, context=extract_headers(trace), start_time=start_ns)
+        span = self.runtime.tracer.start_span(
+            name, context=extract_headers(trace), start_time=start_ns
+        )
         for key, value in attributes.items():
             span.set_attribute(f"crescent.{key}", value)
         return span

@@ -26,7 +26,9 @@ def is_available(kind: TransportKind, rdma_device: str | None = None) -> bool:
     return kind is not TransportKind.RDMA or unavailable_reason(rdma_device) is None
 
 
-def check_transports(kinds: tuple[TransportKind, ...] | None, rdma_device: str | None = None) -> None:
+def check_transports(
+    kinds: tuple[TransportKind, ...] | None, rdma_device: str | None = None
+) -> None:
     """TransportUnavailable, with the reason, for the first of `kinds` that cannot run here,
     so a service asked for a transport fails at start instead of falling back to another."""
     for kind in kinds or ():

@@ -31,7 +31,6 @@ from crescent.transfer.segment import Segment, ShmMapping, ShmSegment, shm_file_
 from crescent.transfer.transports.base import Transport, TransportContext, WorkItem
 from crescent.transfer.transports.shm_plan import Chunk, RowCopy, Run, plan_runs, split
 
-
 # Chunks up to this size are copied by memoryview assignment: a plain memcpy with less
 # call overhead than numpy, holding the GIL for a few microseconds only. Larger chunks go
 # through numpy, which releases the GIL while it copies.
@@ -80,7 +79,9 @@ class ShmTransport(Transport):
         self._fail_dead_owners(mappings, items, outcomes)
         return outcomes
 
-    async def _copy_rows(self, rows: RowCopy, items: Sequence[WorkItem], deadline: Deadline) -> set[int]:
+    async def _copy_rows(
+        self, rows: RowCopy, items: Sequence[WorkItem], deadline: Deadline
+    ) -> set[int]:
         """One numpy call for the whole batch (bounded by it, so checked before, not during)."""
         if deadline.is_expired():
             return set(range(len(items)))
@@ -90,7 +91,9 @@ class ShmTransport(Transport):
             await asyncio.get_running_loop().run_in_executor(self.context.executor, rows.run)
         return set()
 
-    async def _copy_chunks(self, runs: list[Run], mappings: list[ShmMapping], deadline: Deadline) -> set[int]:
+    async def _copy_chunks(
+        self, runs: list[Run], mappings: list[ShmMapping], deadline: Deadline
+    ) -> set[int]:
         config = self.context.config
         num_bytes = sum(run.length for run in runs)
         num_threads = _num_copy_threads(num_bytes, len(runs), config)
@@ -100,7 +103,10 @@ class ShmTransport(Transport):
         if num_bytes <= config.shm_inline_bytes:
             return copier.run(chunks)
         loop = asyncio.get_running_loop()
-        futures = [loop.run_in_executor(self.context.executor, copier.run, part) for part in split(chunks, num_threads)]
+        futures = [
+            loop.run_in_executor(self.context.executor, copier.run, part)
+            for part in split(chunks, num_threads)
+        ]
         try:
             parts = await asyncio.gather(*futures)
         except asyncio.CancelledError:

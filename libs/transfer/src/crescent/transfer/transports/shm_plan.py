@@ -35,12 +35,31 @@ MIN_ROW_ENTRIES = 8
 class Run:
     """Items [first, end) of a batch that lie back to back in the local and the remote segment."""
 
-    __slots__ = ("end", "first", "length", "local", "local_offset", "mapping", "op", "remote_offset")
+    __slots__ = (
+        "end",
+        "first",
+        "length",
+        "local",
+        "local_offset",
+        "mapping",
+        "op",
+        "remote_offset",
+    )
 
     def __init__(self, index: int, item: WorkItem, mapping: ShmMapping) -> None:
         entry = item.entry
-        self.first, self.end, self.op, self.local, self.mapping = index, index + 1, entry.op, item.local, mapping
-        self.local_offset, self.remote_offset, self.length = entry.local_offset, entry.remote_offset, entry.length
+        self.first, self.end, self.op, self.local, self.mapping = (
+            index,
+            index + 1,
+            entry.op,
+            item.local,
+            mapping,
+        )
+        self.local_offset, self.remote_offset, self.length = (
+            entry.local_offset,
+            entry.remote_offset,
+            entry.length,
+        )
 
     def extend(self, index: int, item: WorkItem, mapping: ShmMapping) -> bool:
         """Take the next item if it continues this run on both sides."""
@@ -65,7 +84,13 @@ class Run:
         if self.length <= chunk_bytes:
             return [(self.first, self.end, dst, src, self.mapping)]
         return [
-            (self.first, self.end, dst[start : start + chunk_bytes], src[start : start + chunk_bytes], self.mapping)
+            (
+                self.first,
+                self.end,
+                dst[start : start + chunk_bytes],
+                src[start : start + chunk_bytes],
+                self.mapping,
+            )
             for start in range(0, self.length, chunk_bytes)
         ]
 
@@ -89,23 +114,42 @@ class RowCopy:
     at least one side and aligned on the other: one numpy call copies them all. `of` says
     whether a batch qualifies."""
 
-    def __init__(self, dst_rows: np.ndarray, dst_index: np.ndarray | slice, src_rows: np.ndarray,
-                 src_index: np.ndarray | slice) -> None:
+    def __init__(
+        self,
+        dst_rows: np.ndarray,
+        dst_index: np.ndarray | slice,
+        src_rows: np.ndarray,
+        src_index: np.ndarray | slice,
+    ) -> None:
         self._dst_rows, self._dst_index = dst_rows, dst_index
         self._src_rows, self._src_index = src_rows, src_index
 
     @classmethod
-    def of(cls, items: Sequence[WorkItem], mappings: dict[str, ShmMapping],
-           outcomes: list[TransferError | None]) -> RowCopy | None:
+    def of(
+        cls,
+        items: Sequence[WorkItem],
+        mappings: dict[str, ShmMapping],
+        outcomes: list[TransferError | None],
+    ) -> RowCopy | None:
         if len(items) < MIN_ROW_ENTRIES:
             return None
         first = items[0]
-        length, op, local, remote = first.entry.length, first.entry.op, first.local, first.remote.name
+        length, op, local, remote = (
+            first.entry.length,
+            first.entry.op,
+            first.local,
+            first.remote.name,
+        )
         local_offsets, remote_offsets = [], []
         for item, outcome in zip(items, outcomes):
             entry = item.entry
-            if (outcome is not None or entry.length != length or entry.op is not op or item.local is not local
-                    or item.remote.name != remote):
+            if (
+                outcome is not None
+                or entry.length != length
+                or entry.op is not op
+                or item.local is not local
+                or item.remote.name != remote
+            ):
                 return None
             local_offsets.append(entry.local_offset)
             remote_offsets.append(entry.remote_offset)
@@ -124,10 +168,18 @@ class RowCopy:
         if isinstance(self._src_index, slice):  # a scatter (or one block) from contiguous rows
             self._dst_rows[self._dst_index] = self._src_rows[self._src_index]
         else:  # a gather straight into contiguous rows (mode="clip": "raise" buffers `out`)
-            np.take(self._src_rows, self._src_index, axis=0, out=self._dst_rows[self._dst_index], mode="clip")
+            np.take(
+                self._src_rows,
+                self._src_index,
+                axis=0,
+                out=self._dst_rows[self._dst_index],
+                mode="clip",
+            )
 
 
-def _rows(view: memoryview, offsets: list[int], length: int) -> tuple[np.ndarray, np.ndarray | slice] | None:
+def _rows(
+    view: memoryview, offsets: list[int], length: int
+) -> tuple[np.ndarray, np.ndarray | slice] | None:
     """`view` as rows of `length` bytes aligned with the offsets, and the offsets as row
     numbers (a slice where they follow each other); None if they do not share an alignment."""
     base = offsets[0] % length

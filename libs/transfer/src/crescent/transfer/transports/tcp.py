@@ -62,7 +62,11 @@ class TcpTransport(Transport):
 
     @property
     def num_served_bytes(self) -> int:
-        return self._server.num_served_bytes if self._server is not None else self._num_served_before_close
+        return (
+            self._server.num_served_bytes
+            if self._server is not None
+            else self._num_served_before_close
+        )
 
     @property
     def address(self) -> tuple[str, int]:

@@ -46,22 +46,29 @@ class Admission(ABC):
             raise ValueError(f"retry_after_s must be > 0, got {retry_after_s}")
         self.retry_after_s = retry_after_s
 
-    def decode_loads(self, decodes: Sequence[InstanceSnapshot], snapshot: ClusterSnapshot,
-                     prefill: PrefillChoice, now: float) -> list[DecodeLoad]:
+    def decode_loads(
+        self,
+        decodes: Sequence[InstanceSnapshot],
+        snapshot: ClusterSnapshot,
+        prefill: PrefillChoice,
+        now: float,
+    ) -> list[DecodeLoad]:
         """The decode load the decode choice and the TBT test see: the current one by default."""
         return current_loads(decodes)
 
     @abstractmethod
-    def judge(self, prefill: PrefillChoice, decode: DecodeChoice, snapshot: ClusterSnapshot,
-              now: float) -> Rejection | None:
+    def judge(
+        self, prefill: PrefillChoice, decode: DecodeChoice, snapshot: ClusterSnapshot, now: float
+    ) -> Rejection | None:
         """None to accept."""
 
 
 class NoAdmission(Admission):
     name = "none"
 
-    def judge(self, prefill: PrefillChoice, decode: DecodeChoice, snapshot: ClusterSnapshot,
-              now: float) -> Rejection | None:
+    def judge(
+        self, prefill: PrefillChoice, decode: DecodeChoice, snapshot: ClusterSnapshot, now: float
+    ) -> Rejection | None:
         return None
 
 
@@ -72,51 +79,86 @@ class EarlyRejection(Admission):
         super().__init__(retry_after_s)
         self.slo = slo
 
-    def judge(self, prefill: PrefillChoice, decode: DecodeChoice, snapshot: ClusterSnapshot,
-              now: float) -> Rejection | None:
+    def judge(
+        self, prefill: PrefillChoice, decode: DecodeChoice, snapshot: ClusterSnapshot, now: float
+    ) -> Rejection | None:
         ttft, tbt = prefill.predicted_ttft_s, decode.predicted_tbt_s
         if ttft > self.slo.ttft_s:
             # The queue must drain by at least the excess before a retry can meet the SLO.
-            return Rejection(RejectReason.TTFT_SLO,
-                             f"predicted TTFT {ttft:.3f} s on {prefill.instance_id} > SLO {self.slo.ttft_s} s",
-                             max(self.retry_after_s, ttft - self.slo.ttft_s), ttft, tbt)
+            return Rejection(
+                RejectReason.TTFT_SLO,
+                f"predicted TTFT {ttft:.3f} s on {prefill.instance_id} > SLO {self.slo.ttft_s} s",
+                max(self.retry_after_s, ttft - self.slo.ttft_s),
+                ttft,
+                tbt,
+            )
         if tbt > self.slo.tbt_s:
-            return Rejection(RejectReason.TBT_SLO,
-                             f"predicted TBT {tbt:.4f} s on {decode.instance_id} > SLO {self.slo.tbt_s} s",
-                             self._tbt_retry_after(decode, snapshot, now), ttft, tbt)
+            return Rejection(
+                RejectReason.TBT_SLO,
+                f"predicted TBT {tbt:.4f} s on {decode.instance_id} > SLO {self.slo.tbt_s} s",
+                self._tbt_retry_after(decode, snapshot, now),
+                ttft,
+                tbt,
+            )
         return None
 
-    def _tbt_retry_after(self, decode: DecodeChoice, snapshot: ClusterSnapshot, now: float) -> float:
+    def _tbt_retry_after(
+        self, decode: DecodeChoice, snapshot: ClusterSnapshot, now: float
+    ) -> float:
         return self.retry_after_s
 
 
 class PredictiveRejection(EarlyRejection):
     name = "predictive"
 
-    def __init__(self, slo: Slo, decode_time: DecodeTimeEstimator | None = None,
-                 retry_after_s: float = DEFAULT_RETRY_AFTER_S) -> None:
+    def __init__(
+        self,
+        slo: Slo,
+        decode_time: DecodeTimeEstimator | None = None,
+        retry_after_s: float = DEFAULT_RETRY_AFTER_S,
+    ) -> None:
         super().__init__(slo, retry_after_s)
         # Owned by the caller, who feeds it observed decode durations.
         self.decode_time = decode_time if decode_time is not None else DecodeTimeEstimator()
 
-    def decode_loads(self, decodes: Sequence[InstanceSnapshot], snapshot: ClusterSnapshot,
-                     prefill: PrefillChoice, now: float) -> list[DecodeLoad]:
-        return projected_loads(decodes, snapshot.inflight, now + prefill.predicted_ttft_s,
-                               self.decode_time.estimate(now))
+    def decode_loads(
+        self,
+        decodes: Sequence[InstanceSnapshot],
+        snapshot: ClusterSnapshot,
+        prefill: PrefillChoice,
+        now: float,
+    ) -> list[DecodeLoad]:
+        return projected_loads(
+            decodes,
+            snapshot.inflight,
+            now + prefill.predicted_ttft_s,
+            self.decode_time.estimate(now),
+        )
 
-    def _tbt_retry_after(self, decode: DecodeChoice, snapshot: ClusterSnapshot, now: float) -> float:
+    def _tbt_retry_after(
+        self, decode: DecodeChoice, snapshot: ClusterSnapshot, now: float
+    ) -> float:
         """Until the chosen instance's next request is expected to finish."""
         t_d = self.decode_time.estimate(now)
-        ends = [r.decode_start_s + t_d for r in snapshot.inflight
-                if r.is_decoding and r.decode_instance_id == decode.instance_id and r.decode_start_s + t_d > now]
+        ends = [
+            r.decode_start_s + t_d
+            for r in snapshot.inflight
+            if r.is_decoding
+            and r.decode_instance_id == decode.instance_id
+            and r.decode_start_s + t_d > now
+        ]
         return max(self.retry_after_s, min(ends) - now) if ends else self.retry_after_s
 
 
 ADMISSIONS = ("none", "early", "predictive")
 
 
-def make_admission(name: str, slo: Slo | None = None, decode_time: DecodeTimeEstimator | None = None,
-                   retry_after_s: float = DEFAULT_RETRY_AFTER_S) -> Admission:
+def make_admission(
+    name: str,
+    slo: Slo | None = None,
+    decode_time: DecodeTimeEstimator | None = None,
+    retry_after_s: float = DEFAULT_RETRY_AFTER_S,
+) -> Admission:
     if name == "none":
         return NoAdmission(retry_after_s)
     if name not in ADMISSIONS:

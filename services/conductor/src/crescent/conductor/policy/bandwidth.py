@@ -14,8 +14,11 @@ DEFAULT_BYTES_PER_S = 12.5e9  # one 100 Gb/s NIC
 class BandwidthTable:
     """(source node, destination node) → bytes/s; directional, since links congest per direction."""
 
-    def __init__(self, default_bytes_per_s: float = DEFAULT_BYTES_PER_S,
-                 measured: Mapping[tuple[str, str], float] | None = None) -> None:
+    def __init__(
+        self,
+        default_bytes_per_s: float = DEFAULT_BYTES_PER_S,
+        measured: Mapping[tuple[str, str], float] | None = None,
+    ) -> None:
         _check_rate(default_bytes_per_s)
         self.default_bytes_per_s = default_bytes_per_s
         self._measured: dict[tuple[str, str], float] = {}
@@ -36,7 +39,9 @@ class BandwidthTable:
     def max_rate(self) -> float:
         """The fastest link anywhere (the default included): a floor for any transfer's time."""
         if self._max_rate is None:
-            self._max_rate = max(self.default_bytes_per_s, max(self._measured.values(), default=0.0))
+            self._max_rate = max(
+                self.default_bytes_per_s, max(self._measured.values(), default=0.0)
+            )
         return self._max_rate
 
     def fastest_source(self, sources: Iterable[str], dst: str) -> tuple[str, float]:

@@ -26,11 +26,15 @@ class ScheduleRequest:
 
     def __post_init__(self) -> None:
         if self.num_prompt_tokens < 1 or self.block_size < 1 or self.max_tokens < 0:
-            raise ValueError(f"request {self.request_id}: bad sizes (prompt {self.num_prompt_tokens}, "
-                             f"block {self.block_size}, max_tokens {self.max_tokens})")
+            raise ValueError(
+                f"request {self.request_id}: bad sizes (prompt {self.num_prompt_tokens}, "
+                f"block {self.block_size}, max_tokens {self.max_tokens})"
+            )
         if len(self.block_hashes) * self.block_size > self.num_prompt_tokens:
-            raise ValueError(f"request {self.request_id}: {len(self.block_hashes)} blocks of "
-                             f"{self.block_size} exceed {self.num_prompt_tokens} prompt tokens")
+            raise ValueError(
+                f"request {self.request_id}: {len(self.block_hashes)} blocks of "
+                f"{self.block_size} exceed {self.num_prompt_tokens} prompt tokens"
+            )
 
     @property
     def num_kv_tokens(self) -> int:

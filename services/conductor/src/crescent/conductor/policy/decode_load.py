@@ -44,12 +44,21 @@ def current_loads(instances: Sequence[InstanceSnapshot]) -> list[DecodeLoad]:
     # tuple.__new__ and the context read inline: a decision builds one load per decode
     # instance, and NamedTuple's Python-level constructor plus a property cost 8× as much.
     new = tuple.__new__
-    return [new(DecodeLoad, (s, s.num_running, s.kv_used_tokens if s.context_tokens is None else s.context_tokens))
-            for s in instances]
+    return [
+        new(
+            DecodeLoad,
+            (s, s.num_running, s.kv_used_tokens if s.context_tokens is None else s.context_tokens),
+        )
+        for s in instances
+    ]
 
 
-def projected_loads(instances: Sequence[InstanceSnapshot], inflight: Sequence[InflightRequest],
-                    at_s: float, decode_time_s: float) -> list[DecodeLoad]:
+def projected_loads(
+    instances: Sequence[InstanceSnapshot],
+    inflight: Sequence[InflightRequest],
+    at_s: float,
+    decode_time_s: float,
+) -> list[DecodeLoad]:
     """Each instance's load at time `at_s`, from its current load and the requests in flight."""
     delta: dict[str, list[int]] = {}
     for request in inflight:
@@ -66,13 +75,17 @@ def projected_loads(instances: Sequence[InstanceSnapshot], inflight: Sequence[In
     for s in instances:
         change = delta.get(s.instance_id, (0, 0))
         # Telemetry and the conductor's own records can disagree briefly: never below empty.
-        loads.append(DecodeLoad(s, max(0, s.num_running + change[0]),
-                                max(0, s.num_context_tokens + change[1])))
+        loads.append(
+            DecodeLoad(
+                s, max(0, s.num_running + change[0]), max(0, s.num_context_tokens + change[1])
+            )
+        )
     return loads
 
 
-def choose_by_tbt(request: ScheduleRequest, loads: Sequence[DecodeLoad],
-                  decode_step_s: DecodeStepFn) -> DecodeChoice | None:
+def choose_by_tbt(
+    request: ScheduleRequest, loads: Sequence[DecodeLoad], decode_step_s: DecodeStepFn
+) -> DecodeChoice | None:
     """The instance with the least TBT after adding the request; ties to the smaller id.
     `loads` must already be filtered for KV room (eligibility.eligible_decode).
 
@@ -86,16 +99,26 @@ def choose_by_tbt(request: ScheduleRequest, loads: Sequence[DecodeLoad],
         return None
     best_id, best_tbt = "", math.inf
     prompt = request.num_prompt_tokens
-    if any(load.instance.costs is not None for load in loads):  # each priced by its own model: no shared bound
+    if any(
+        load.instance.costs is not None for load in loads
+    ):  # each priced by its own model: no shared bound
         for instance, num_running, num_context_tokens in loads:
             tbt = step_fn(instance, decode_step_s)(num_running + 1, num_context_tokens + prompt)
-            if tbt < best_tbt or (tbt == best_tbt and instance.instance_id < best_id) or not best_id:
+            if (
+                tbt < best_tbt
+                or (tbt == best_tbt and instance.instance_id < best_id)
+                or not best_id
+            ):
                 best_id, best_tbt = instance.instance_id, tbt
         return DecodeChoice(best_id, best_tbt)
     fewest_running = min(map(_num_running, loads))
-    for visited, (instance, num_running, num_context_tokens) in enumerate(sorted(loads, key=_num_context)):
-        if visited % _BOUND_EVERY == _BOUND_EVERY - 1 and \
-                decode_step_s(fewest_running + 1, num_context_tokens + prompt) > best_tbt:
+    for visited, (instance, num_running, num_context_tokens) in enumerate(
+        sorted(loads, key=_num_context)
+    ):
+        if (
+            visited % _BOUND_EVERY == _BOUND_EVERY - 1
+            and decode_step_s(fewest_running + 1, num_context_tokens + prompt) > best_tbt
+        ):
             break
         tbt = decode_step_s(num_running + 1, num_context_tokens + prompt)
         if tbt < best_tbt or (tbt == best_tbt and instance.instance_id < best_id) or not best_id:
@@ -103,6 +126,8 @@ def choose_by_tbt(request: ScheduleRequest, loads: Sequence[DecodeLoad],
     return DecodeChoice(best_id, best_tbt)
 
 
-def choice_for(request: ScheduleRequest, load: DecodeLoad, decode_step_s: DecodeStepFn) -> DecodeChoice:
+def choice_for(
+    request: ScheduleRequest, load: DecodeLoad, decode_step_s: DecodeStepFn
+) -> DecodeChoice:
     """A baseline's pick, with the same TBT prediction the TBT-driven choice would report."""
     return DecodeChoice(load.instance.instance_id, load.tbt_with(request, decode_step_s))

@@ -22,8 +22,10 @@ class DecodeTimeEstimator:
 
     def __post_init__(self) -> None:
         if not (self.prior_s > 0 and self.prior_weight >= 0 and self.half_life_s > 0):
-            raise ValueError(f"bad decode time estimator: prior {self.prior_s} s, weight "
-                             f"{self.prior_weight}, half-life {self.half_life_s} s")
+            raise ValueError(
+                f"bad decode time estimator: prior {self.prior_s} s, weight "
+                f"{self.prior_weight}, half-life {self.half_life_s} s"
+            )
 
     def observe(self, duration_s: float, now: float) -> None:
         """A request's decode took `duration_s` (from joining the batch to its last token)."""

@@ -18,7 +18,14 @@ def eligible_prefill(snapshots: Sequence[InstanceSnapshot]) -> list[InstanceSnap
     return [s for s in snapshots if not s.is_stale and s.is_accepting]
 
 
-def eligible_decode(snapshots: Sequence[InstanceSnapshot], num_kv_tokens: int) -> list[InstanceSnapshot]:
+def eligible_decode(
+    snapshots: Sequence[InstanceSnapshot], num_kv_tokens: int
+) -> list[InstanceSnapshot]:
     """Live decode instances with KV room for the whole request (prompt + max output)."""
-    return [s for s in snapshots if not s.is_stale and s.is_accepting
-            and s.kv_capacity_tokens - s.kv_used_tokens >= num_kv_tokens]
+    return [
+        s
+        for s in snapshots
+        if not s.is_stale
+        and s.is_accepting
+        and s.kv_capacity_tokens - s.kv_used_tokens >= num_kv_tokens
+    ]

@@ -23,7 +23,7 @@ def trimmed_mean(values: Sequence[float], trim: float = DEFAULT_TRIM) -> float:
         raise ValueError("trimmed mean of no samples")
     ordered = sorted(values)
     cut = int(trim * len(ordered))
-    kept = ordered[cut:len(ordered) - cut]
+    kept = ordered[cut : len(ordered) - cut]
     return sum(kept) / len(kept)
 
 
@@ -34,7 +34,8 @@ def slo_load(predicted_s: float, slo_s: float) -> float:
     return predicted_s / slo_s
 
 
-def imbalance_factor(prefill_loads: Sequence[float], decode_loads: Sequence[float],
-                     trim: float = DEFAULT_TRIM) -> float:
+def imbalance_factor(
+    prefill_loads: Sequence[float], decode_loads: Sequence[float], trim: float = DEFAULT_TRIM
+) -> float:
     """f_im over recent load samples of each side; both sides need at least one sample."""
     return (trimmed_mean(decode_loads, trim) + 1.0) / (trimmed_mean(prefill_loads, trim) + 1.0)

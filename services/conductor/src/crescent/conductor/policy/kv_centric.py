@@ -42,9 +42,16 @@ class _Planner:
     """Plans one request's prefix per node. Plans are memoised by prefix length (and, for pulls,
     by source and link speed): a cluster has many nodes but a request sees few distinct ones."""
 
-    def __init__(self, request: ScheduleRequest, predictors: CostPredictors, match: PrefixMatch,
-                 bandwidth: BandwidthTable | None, threshold: float, allow_transfer: bool,
-                 transfer_only_if_cheaper: bool) -> None:
+    def __init__(
+        self,
+        request: ScheduleRequest,
+        predictors: CostPredictors,
+        match: PrefixMatch,
+        bandwidth: BandwidthTable | None,
+        threshold: float,
+        allow_transfer: bool,
+        transfer_only_if_cheaper: bool,
+    ) -> None:
         self.request = request
         self.predictors = predictors
         self.match = match
@@ -79,8 +86,14 @@ class _Planner:
         if floor is None:  # a few distinct lengths per request: computed once each
             floor = self.prefill_s(local)
             best = self.match.best_len
-            if self.bandwidth is not None and self.allow_transfer and exceeds_threshold(best, local, self.threshold):
-                bytes_missing = (best - local) * self.request.block_size * self.predictors.kv_bytes_per_token
+            if (
+                self.bandwidth is not None
+                and self.allow_transfer
+                and exceeds_threshold(best, local, self.threshold)
+            ):
+                bytes_missing = (
+                    (best - local) * self.request.block_size * self.predictors.kv_bytes_per_token
+                )
                 floor = min(floor, bytes_missing / self.bandwidth.max_rate() + self.prefill_s(best))
             self._floor[local] = floor
         return floor
@@ -90,13 +103,19 @@ class _Planner:
         local = match.lengths.get(node, 0)
         best = match.best_len
         bandwidth = self.bandwidth
-        if bandwidth is None or not self.allow_transfer or not exceeds_threshold(best, local, self.threshold):
+        if (
+            bandwidth is None
+            or not self.allow_transfer
+            or not exceeds_threshold(best, local, self.threshold)
+        ):
             return self.local_plan(local)
         source, rate = bandwidth.fastest_source(match.best_nodes, node)
         key = (local, source, rate)
         plan = self._pull.get(key)
         if plan is None:
-            transfer_s = (best - local) * self.request.block_size * self.predictors.kv_bytes_per_token / rate
+            transfer_s = (
+                (best - local) * self.request.block_size * self.predictors.kv_bytes_per_token / rate
+            )
             prefill_s = self.prefill_s(best)
             if self.transfer_only_if_cheaper and not transfer_s < self.prefill_s(local) - prefill_s:
                 plan = self.local_plan(local)
@@ -113,17 +132,25 @@ def exceeds_threshold(best_len: int, local_len: int, threshold: float) -> bool:
     return local_len == 0 or best_len / local_len > threshold
 
 
-def choose_prefill(request: ScheduleRequest, candidates: Sequence[InstanceSnapshot], match: PrefixMatch,
-                   bandwidth: BandwidthTable, predictors: CostPredictors,
-                   threshold: float = DEFAULT_BALANCING_THRESHOLD, *, allow_transfer: bool = True,
-                   transfer_only_if_cheaper: bool = True) -> PrefillChoice | None:
+def choose_prefill(
+    request: ScheduleRequest,
+    candidates: Sequence[InstanceSnapshot],
+    match: PrefixMatch,
+    bandwidth: BandwidthTable,
+    predictors: CostPredictors,
+    threshold: float = DEFAULT_BALANCING_THRESHOLD,
+    *,
+    allow_transfer: bool = True,
+    transfer_only_if_cheaper: bool = True,
+) -> PrefillChoice | None:
     """The candidate with the least predicted TTFT; None when there is no candidate."""
     if not threshold > 0:
         raise ValueError(f"kvcache_balancing_threshold must be > 0, got {threshold}")
     if not candidates:
         return None
-    planner = _Planner(request, predictors, match, bandwidth, threshold, allow_transfer,
-                       transfer_only_if_cheaper)
+    planner = _Planner(
+        request, predictors, match, bandwidth, threshold, allow_transfer, transfer_only_if_cheaper
+    )
     # Branch and bound: queue time plus the floor of its node's plans bounds an instance's TTFT
     # from below, and an instance whose bound exceeds a TTFT already found cannot win or tie,
     # so it is never planned. The bounds are computed in C (map, min, compress); Python runs
@@ -142,13 +169,17 @@ def choose_prefill(request: ScheduleRequest, candidates: Sequence[InstanceSnapsh
         if position == first:
             continue
         instance, plan, ttft = _priced(candidates[position], planner)
-        if ttft < winner_ttft or (ttft == winner_ttft and instance.instance_id < winner.instance_id):
+        if ttft < winner_ttft or (
+            ttft == winner_ttft and instance.instance_id < winner.instance_id
+        ):
             winner, winner_plan, winner_ttft = instance, plan, ttft
             limit = ttft + _rounding_slack(ttft)
     return _choice(request, winner, winner_plan)
 
 
-def _priced(instance: InstanceSnapshot, planner: _Planner) -> tuple[InstanceSnapshot, _NodePlan, float]:
+def _priced(
+    instance: InstanceSnapshot, planner: _Planner
+) -> tuple[InstanceSnapshot, _NodePlan, float]:
     """An instance, its node's plan and its TTFT, summed in PrefillChoice.predicted_ttft_s's
     order so that reported and compared TTFTs agree."""
     plan = planner.plan(instance.node)
@@ -160,18 +191,31 @@ def _rounding_slack(seconds: float) -> float:
     return abs(seconds) * 1e-9 + 1e-12
 
 
-def price_local(request: ScheduleRequest, instance: InstanceSnapshot, match: PrefixMatch,
-                predictors: CostPredictors) -> PrefillChoice:
+def price_local(
+    request: ScheduleRequest,
+    instance: InstanceSnapshot,
+    match: PrefixMatch,
+    predictors: CostPredictors,
+) -> PrefillChoice:
     """The TTFT terms of an instance that a cache-unaware policy picked: it still reuses what
     its node holds (the engine's connector finds it), but pulls nothing."""
-    planner = _Planner(request, predictors, match, None, DEFAULT_BALANCING_THRESHOLD,
-                       allow_transfer=False, transfer_only_if_cheaper=True)
+    planner = _Planner(
+        request,
+        predictors,
+        match,
+        None,
+        DEFAULT_BALANCING_THRESHOLD,
+        allow_transfer=False,
+        transfer_only_if_cheaper=True,
+    )
     return _choice(request, instance, planner.local_plan(match.length(instance.node)))
 
 
 def _choice(request: ScheduleRequest, instance: InstanceSnapshot, plan: _NodePlan) -> PrefillChoice:
     size = request.block_size
-    hashes = tuple(request.block_hashes[plan.local_blocks:plan.prefix_blocks]) if plan.source else ()
+    hashes = (
+        tuple(request.block_hashes[plan.local_blocks : plan.prefix_blocks]) if plan.source else ()
+    )
     return PrefillChoice(
         instance_id=instance.instance_id,
         node=instance.node,

@@ -17,9 +17,13 @@ def choose_prefill(candidates: Sequence[InstanceSnapshot]) -> InstanceSnapshot |
     return min(candidates, key=lambda c: (c.queue_time_s, c.num_queued, c.instance_id))
 
 
-def choose_decode(candidates: Sequence[InstanceSnapshot], num_tokens: int) -> InstanceSnapshot | None:
+def choose_decode(
+    candidates: Sequence[InstanceSnapshot], num_tokens: int
+) -> InstanceSnapshot | None:
     """Among instances with KV room for `num_tokens`, the one with the fewest requests."""
     fitting = [c for c in candidates if c.kv_free_tokens >= num_tokens]
     if not fitting:
         return None
-    return min(fitting, key=lambda c: (c.num_running + c.num_queued, -c.kv_free_tokens, c.instance_id))
+    return min(
+        fitting, key=lambda c: (c.num_running + c.num_queued, -c.kv_free_tokens, c.instance_id)
+    )

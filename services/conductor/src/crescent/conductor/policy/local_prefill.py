@@ -12,7 +12,9 @@ from __future__ import annotations
 from crescent.conductor.policy.decision import ScheduleRequest
 
 
-def prefill_on_decode(request: ScheduleRequest, decode_node_prefix_tokens: int, max_uncached_tokens: int) -> bool:
+def prefill_on_decode(
+    request: ScheduleRequest, decode_node_prefix_tokens: int, max_uncached_tokens: int
+) -> bool:
     """True when the decode instance should compute the prompt itself: the feature is on
     (`max_uncached_tokens` > 0), the request allows it, and the prompt's part not cached on the
     decode instance's node is at most `max_uncached_tokens`."""

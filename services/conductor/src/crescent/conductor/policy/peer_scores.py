@@ -43,23 +43,34 @@ def _blocks(tokens: int, block_size: int) -> float:
     return tokens / block_size
 
 
-def dynamo_prefill_pick(request: ScheduleRequest, candidates: Sequence[InstanceSnapshot], match: PrefixMatch,
-                        weights: DynamoWeights = DynamoWeights()) -> InstanceSnapshot:
+def dynamo_prefill_pick(
+    request: ScheduleRequest,
+    candidates: Sequence[InstanceSnapshot],
+    match: PrefixMatch,
+    weights: DynamoWeights = DynamoWeights(),
+) -> InstanceSnapshot:
     """The prefill instance with the least overlap-weighted prefill blocks (never empty input)."""
     size = request.block_size
 
     def cost(instance: InstanceSnapshot) -> tuple[float, str]:
         cached = min(match.length(instance.node) * size, request.num_prompt_tokens)
         new_blocks = _blocks(request.num_prompt_tokens - cached, size)
-        return weights.overlap_weight * (_blocks(instance.kv_used_tokens, size) + new_blocks), instance.instance_id
+        return weights.overlap_weight * (
+            _blocks(instance.kv_used_tokens, size) + new_blocks
+        ), instance.instance_id
 
     return min(candidates, key=cost)
 
 
-def dynamo_decode_pick(request: ScheduleRequest, candidates: Sequence[InstanceSnapshot]) -> InstanceSnapshot:
+def dynamo_decode_pick(
+    request: ScheduleRequest, candidates: Sequence[InstanceSnapshot]
+) -> InstanceSnapshot:
     """The decode instance with the fewest KV blocks once this request has joined."""
     size = request.block_size
-    return min(candidates, key=lambda s: (_blocks(s.kv_used_tokens + request.num_kv_tokens, size), s.instance_id))
+    return min(
+        candidates,
+        key=lambda s: (_blocks(s.kv_used_tokens + request.num_kv_tokens, size), s.instance_id),
+    )
 
 
 def _queue_scores(candidates: Sequence[InstanceSnapshot]) -> list[float]:
@@ -81,21 +92,33 @@ def _best(candidates: Sequence[InstanceSnapshot], scores: Sequence[float]) -> In
     return ranked[0][0]
 
 
-def llmd_prefill_pick(request: ScheduleRequest, candidates: Sequence[InstanceSnapshot], match: PrefixMatch,
-                      weights: LlmdWeights = LlmdWeights()) -> InstanceSnapshot:
+def llmd_prefill_pick(
+    request: ScheduleRequest,
+    candidates: Sequence[InstanceSnapshot],
+    match: PrefixMatch,
+    weights: LlmdWeights = LlmdWeights(),
+) -> InstanceSnapshot:
     """The prefill instance with the highest weighted prefix + queue + KV-utilisation score."""
     num_blocks = len(request.block_hashes)
     queue = _queue_scores(candidates)
     scores = []
     for instance, queue_score in zip(candidates, queue):
         prefix = match.length(instance.node) / num_blocks if num_blocks else 0.0
-        scores.append(weights.prefix * prefix + weights.queue * queue_score
-                      + weights.kv_utilization * _kv_utilization_score(instance))
+        scores.append(
+            weights.prefix * prefix
+            + weights.queue * queue_score
+            + weights.kv_utilization * _kv_utilization_score(instance)
+        )
     return _best(candidates, scores)
 
 
-def llmd_decode_pick(candidates: Sequence[InstanceSnapshot], weights: LlmdWeights = LlmdWeights()) -> InstanceSnapshot:
+def llmd_decode_pick(
+    candidates: Sequence[InstanceSnapshot], weights: LlmdWeights = LlmdWeights()
+) -> InstanceSnapshot:
     """The decode instance with the highest weighted queue + KV-utilisation score."""
     queue = _queue_scores(candidates)
-    scores = [weights.queue * q + weights.kv_utilization * _kv_utilization_score(s) for s, q in zip(candidates, queue)]
+    scores = [
+        weights.queue * q + weights.kv_utilization * _kv_utilization_score(s)
+        for s, q in zip(candidates, queue)
+    ]
     return _best(candidates, scores)

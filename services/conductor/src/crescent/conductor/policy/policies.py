@@ -48,24 +48,34 @@ from crescent.conductor.policy.snapshot import ClusterSnapshot, InstanceSnapshot
 
 class Policy(ABC):
     name: str
-    local_prefill_max_tokens: int = 0  # conditional disaggregation threshold; 0: always disaggregate
+    local_prefill_max_tokens: int = (
+        0  # conditional disaggregation threshold; 0: always disaggregate
+    )
 
     def __init__(self, predictors: CostPredictors, admission: Admission) -> None:
         self.predictors = predictors
         self.admission = admission
 
-    def choose(self, request: ScheduleRequest, snapshot: ClusterSnapshot, now: float) -> Decision | Rejection:
+    def choose(
+        self, request: ScheduleRequest, snapshot: ClusterSnapshot, now: float
+    ) -> Decision | Rejection:
         prefills = eligible_prefill(snapshot.prefill)
         if not prefills:
-            return Rejection(RejectReason.NO_PREFILL, "no live prefill instance takes work",
-                             self.admission.retry_after_s)
+            return Rejection(
+                RejectReason.NO_PREFILL,
+                "no live prefill instance takes work",
+                self.admission.retry_after_s,
+            )
         match = snapshot.index.match(request.block_hashes)
         prefill = self.choose_prefill(request, prefills, match, snapshot)
         decodes = eligible_decode(snapshot.decode, request.num_kv_tokens)
         if not decodes:
-            return Rejection(RejectReason.NO_DECODE,
-                             f"no live decode instance has room for {request.num_kv_tokens} tokens",
-                             self.admission.retry_after_s, prefill.predicted_ttft_s)
+            return Rejection(
+                RejectReason.NO_DECODE,
+                f"no live decode instance has room for {request.num_kv_tokens} tokens",
+                self.admission.retry_after_s,
+                prefill.predicted_ttft_s,
+            )
         loads = self.admission.decode_loads(decodes, snapshot, prefill, now)
         decode = self.choose_decode(request, loads)
         rejection = self.admission.judge(prefill, decode, snapshot, now)
@@ -73,23 +83,34 @@ class Policy(ABC):
             return rejection
         self.accepted(prefill, decode)
         decode_node = next(s.node for s in decodes if s.instance_id == decode.instance_id)
-        if prefill_on_decode(request, match.length(decode_node) * request.block_size, self.local_prefill_max_tokens):
+        if prefill_on_decode(
+            request, match.length(decode_node) * request.block_size, self.local_prefill_max_tokens
+        ):
             return Decision(prefill, decode, prefill_on_decode=True)
         return Decision(prefill, decode, self.replication(prefill))
 
-    def choose_new_decode(self, request: ScheduleRequest, snapshot: ClusterSnapshot) -> DecodeChoice | Rejection:
+    def choose_new_decode(
+        self, request: ScheduleRequest, snapshot: ClusterSnapshot
+    ) -> DecodeChoice | Rejection:
         """Where an admitted request goes on decoding when its decode instance is gone: the same
         decode pick among instances with room, without admission (the request was admitted)."""
         decodes = eligible_decode(snapshot.decode, request.num_kv_tokens)
         if not decodes:
-            return Rejection(RejectReason.NO_DECODE,
-                             f"no live decode instance has room for {request.num_kv_tokens} tokens",
-                             self.admission.retry_after_s)
+            return Rejection(
+                RejectReason.NO_DECODE,
+                f"no live decode instance has room for {request.num_kv_tokens} tokens",
+                self.admission.retry_after_s,
+            )
         return self.choose_decode(request, current_loads(decodes))
 
     @abstractmethod
-    def choose_prefill(self, request: ScheduleRequest, candidates: Sequence[InstanceSnapshot],
-                       match: PrefixMatch, snapshot: ClusterSnapshot) -> PrefillChoice:
+    def choose_prefill(
+        self,
+        request: ScheduleRequest,
+        candidates: Sequence[InstanceSnapshot],
+        match: PrefixMatch,
+        snapshot: ClusterSnapshot,
+    ) -> PrefillChoice:
         """Pick among usable prefill instances (never empty)."""
 
     @abstractmethod
@@ -102,7 +123,9 @@ class Policy(ABC):
     def replication(self, prefill: PrefillChoice) -> tuple[ReplicationOrder, ...]:
         return ()
 
-    def _price_local(self, request: ScheduleRequest, instance: InstanceSnapshot, match: PrefixMatch) -> PrefillChoice:
+    def _price_local(
+        self, request: ScheduleRequest, instance: InstanceSnapshot, match: PrefixMatch
+    ) -> PrefillChoice:
         return kv_centric.price_local(request, instance, match, instance.costs or self.predictors)
 
     def _by_tbt(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
@@ -115,26 +138,46 @@ class KvCentricPolicy(Policy):
     name = "kv-centric"
     allow_transfer = True
 
-    def __init__(self, predictors: CostPredictors, admission: Admission,
-                 kvcache_balancing_threshold: float = kv_centric.DEFAULT_BALANCING_THRESHOLD,
-                 transfer_only_if_cheaper: bool = True) -> None:
+    def __init__(
+        self,
+        predictors: CostPredictors,
+        admission: Admission,
+        kvcache_balancing_threshold: float = kv_centric.DEFAULT_BALANCING_THRESHOLD,
+        transfer_only_if_cheaper: bool = True,
+    ) -> None:
         super().__init__(predictors, admission)
         if not kvcache_balancing_threshold > 0:
-            raise ValueError(f"kvcache_balancing_threshold must be > 0, got {kvcache_balancing_threshold}")
+            raise ValueError(
+                f"kvcache_balancing_threshold must be > 0, got {kvcache_balancing_threshold}"
+            )
         self.threshold = kvcache_balancing_threshold
         self.transfer_only_if_cheaper = transfer_only_if_cheaper
 
-    def choose_prefill(self, request: ScheduleRequest, candidates: Sequence[InstanceSnapshot],
-                       match: PrefixMatch, snapshot: ClusterSnapshot) -> PrefillChoice:
+    def choose_prefill(
+        self,
+        request: ScheduleRequest,
+        candidates: Sequence[InstanceSnapshot],
+        match: PrefixMatch,
+        snapshot: ClusterSnapshot,
+    ) -> PrefillChoice:
         """Algorithm 1 over each group of instances priced by one cost model, then the least
         TTFT of the groups' winners (equal TTFTs to the smaller id, as within a group)."""
         best: PrefillChoice | None = None
         for predictors, group in _by_cost_model(candidates, self.predictors):
-            choice = kv_centric.choose_prefill(request, group, match, snapshot.bandwidth, predictors,
-                                               self.threshold, allow_transfer=self.allow_transfer,
-                                               transfer_only_if_cheaper=self.transfer_only_if_cheaper)
-            if best is None or (choice.predicted_ttft_s, choice.instance_id) < (best.predicted_ttft_s,
-                                                                                 best.instance_id):
+            choice = kv_centric.choose_prefill(
+                request,
+                group,
+                match,
+                snapshot.bandwidth,
+                predictors,
+                self.threshold,
+                allow_transfer=self.allow_transfer,
+                transfer_only_if_cheaper=self.transfer_only_if_cheaper,
+            )
+            if best is None or (choice.predicted_ttft_s, choice.instance_id) < (
+                best.predicted_ttft_s,
+                best.instance_id,
+            ):
                 best = choice
         return best
 
@@ -156,12 +199,19 @@ class LocalCacheAwarePolicy(KvCentricPolicy):
 class LeastLoadedPolicy(Policy):
     name = "least-loaded"
 
-    def choose_prefill(self, request: ScheduleRequest, candidates: Sequence[InstanceSnapshot],
-                       match: PrefixMatch, snapshot: ClusterSnapshot) -> PrefillChoice:
+    def choose_prefill(
+        self,
+        request: ScheduleRequest,
+        candidates: Sequence[InstanceSnapshot],
+        match: PrefixMatch,
+        snapshot: ClusterSnapshot,
+    ) -> PrefillChoice:
         return self._price_local(request, least_loaded.choose_prefill(candidates), match)
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
-        chosen = least_loaded.choose_decode([load.instance for load in loads], request.num_kv_tokens)
+        chosen = least_loaded.choose_decode(
+            [load.instance for load in loads], request.num_kv_tokens
+        )
         load = next(load for load in loads if load.instance is chosen)
         return choice_for(request, load, self.predictors.decode_step_s)
 
@@ -169,12 +219,19 @@ class LeastLoadedPolicy(Policy):
 class RandomPolicy(Policy):
     name = "random"
 
-    def __init__(self, predictors: CostPredictors, admission: Admission, rng: random.Random) -> None:
+    def __init__(
+        self, predictors: CostPredictors, admission: Admission, rng: random.Random
+    ) -> None:
         super().__init__(predictors, admission)
         self.rng = rng
 
-    def choose_prefill(self, request: ScheduleRequest, candidates: Sequence[InstanceSnapshot],
-                       match: PrefixMatch, snapshot: ClusterSnapshot) -> PrefillChoice:
+    def choose_prefill(
+        self,
+        request: ScheduleRequest,
+        candidates: Sequence[InstanceSnapshot],
+        match: PrefixMatch,
+        snapshot: ClusterSnapshot,
+    ) -> PrefillChoice:
         instance = baselines.random_pick(candidates, [c.instance_id for c in candidates], self.rng)
         return self._price_local(request, instance, match)
 
@@ -186,20 +243,31 @@ class RandomPolicy(Policy):
 class RoundRobinPolicy(Policy):
     name = "round-robin"
 
-    def __init__(self, predictors: CostPredictors, admission: Admission,
-                 cursor: baselines.RoundRobinCursor | None = None) -> None:
+    def __init__(
+        self,
+        predictors: CostPredictors,
+        admission: Admission,
+        cursor: baselines.RoundRobinCursor | None = None,
+    ) -> None:
         super().__init__(predictors, admission)
         self.cursor = cursor if cursor is not None else baselines.RoundRobinCursor()
 
-    def choose_prefill(self, request: ScheduleRequest, candidates: Sequence[InstanceSnapshot],
-                       match: PrefixMatch, snapshot: ClusterSnapshot) -> PrefillChoice:
-        instance = baselines.next_in_turn(candidates, [c.instance_id for c in candidates],
-                                          self.cursor.last_prefill)
+    def choose_prefill(
+        self,
+        request: ScheduleRequest,
+        candidates: Sequence[InstanceSnapshot],
+        match: PrefixMatch,
+        snapshot: ClusterSnapshot,
+    ) -> PrefillChoice:
+        instance = baselines.next_in_turn(
+            candidates, [c.instance_id for c in candidates], self.cursor.last_prefill
+        )
         return self._price_local(request, instance, match)
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
-        load = baselines.next_in_turn(loads, [load.instance.instance_id for load in loads],
-                                      self.cursor.last_decode)
+        load = baselines.next_in_turn(
+            loads, [load.instance.instance_id for load in loads], self.cursor.last_decode
+        )
         return choice_for(request, load, self.predictors.decode_step_s)
 
     def accepted(self, prefill: PrefillChoice, decode: DecodeChoice) -> None:
@@ -212,14 +280,24 @@ class DynamoKvPolicy(Policy):
 
     name = "dynamo-kv"
 
-    def choose_prefill(self, request: ScheduleRequest, candidates: Sequence[InstanceSnapshot],
-                       match: PrefixMatch, snapshot: ClusterSnapshot) -> PrefillChoice:
-        return self._price_local(request, peer_scores.dynamo_prefill_pick(request, candidates, match), match)
+    def choose_prefill(
+        self,
+        request: ScheduleRequest,
+        candidates: Sequence[InstanceSnapshot],
+        match: PrefixMatch,
+        snapshot: ClusterSnapshot,
+    ) -> PrefillChoice:
+        return self._price_local(
+            request, peer_scores.dynamo_prefill_pick(request, candidates, match), match
+        )
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
         chosen = peer_scores.dynamo_decode_pick(request, [load.instance for load in loads])
-        return choice_for(request, next(load for load in loads if load.instance is chosen),
-                          self.predictors.decode_step_s)
+        return choice_for(
+            request,
+            next(load for load in loads if load.instance is chosen),
+            self.predictors.decode_step_s,
+        )
 
 
 class LlmdScorePolicy(Policy):
@@ -227,18 +305,30 @@ class LlmdScorePolicy(Policy):
 
     name = "llmd-score"
 
-    def choose_prefill(self, request: ScheduleRequest, candidates: Sequence[InstanceSnapshot],
-                       match: PrefixMatch, snapshot: ClusterSnapshot) -> PrefillChoice:
-        return self._price_local(request, peer_scores.llmd_prefill_pick(request, candidates, match), match)
+    def choose_prefill(
+        self,
+        request: ScheduleRequest,
+        candidates: Sequence[InstanceSnapshot],
+        match: PrefixMatch,
+        snapshot: ClusterSnapshot,
+    ) -> PrefillChoice:
+        return self._price_local(
+            request, peer_scores.llmd_prefill_pick(request, candidates, match), match
+        )
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
         chosen = peer_scores.llmd_decode_pick([load.instance for load in loads])
-        return choice_for(request, next(load for load in loads if load.instance is chosen),
-                          self.predictors.decode_step_s)
+        return choice_for(
+            request,
+            next(load for load in loads if load.instance is chosen),
+            self.predictors.decode_step_s,
+        )
 
 
-def _by_cost_model(candidates: Sequence[InstanceSnapshot], default: CostPredictors,
-                   ) -> list[tuple[CostPredictors, list[InstanceSnapshot]]]:
+def _by_cost_model(
+    candidates: Sequence[InstanceSnapshot],
+    default: CostPredictors,
+) -> list[tuple[CostPredictors, list[InstanceSnapshot]]]:
     """Candidates grouped by the cost model that prices them (one group in a uniform cluster)."""
     groups: dict[int, tuple[CostPredictors, list[InstanceSnapshot]]] = {}
     for candidate in candidates:
@@ -258,11 +348,20 @@ POLICIES: dict[str, Callable[..., Policy]] = {
 }
 
 
-def make_policy(name: str, *, predictors: CostPredictors, admission: str = "none", slo: Slo | None = None,
-                decode_time: DecodeTimeEstimator | None = None, retry_after_s: float = DEFAULT_RETRY_AFTER_S,
-                kvcache_balancing_threshold: float = kv_centric.DEFAULT_BALANCING_THRESHOLD,
-                transfer_only_if_cheaper: bool = True, rng: random.Random | None = None,
-                cursor: baselines.RoundRobinCursor | None = None, local_prefill_max_tokens: int = 0) -> Policy:
+def make_policy(
+    name: str,
+    *,
+    predictors: CostPredictors,
+    admission: str = "none",
+    slo: Slo | None = None,
+    decode_time: DecodeTimeEstimator | None = None,
+    retry_after_s: float = DEFAULT_RETRY_AFTER_S,
+    kvcache_balancing_threshold: float = kv_centric.DEFAULT_BALANCING_THRESHOLD,
+    transfer_only_if_cheaper: bool = True,
+    rng: random.Random | None = None,
+    cursor: baselines.RoundRobinCursor | None = None,
+    local_prefill_max_tokens: int = 0,
+) -> Policy:
     """A policy by name, with an admission by name ("none", "early", "predictive").
 
     Parameters a policy does not use are ignored, so one parameter set can sweep all policies;
@@ -271,17 +370,32 @@ def make_policy(name: str, *, predictors: CostPredictors, admission: str = "none
     """
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
-    policy = _build(name, predictors, make_admission(admission, slo, decode_time, retry_after_s),
-                    kvcache_balancing_threshold, transfer_only_if_cheaper, rng, cursor)
+    policy = _build(
+        name,
+        predictors,
+        make_admission(admission, slo, decode_time, retry_after_s),
+        kvcache_balancing_threshold,
+        transfer_only_if_cheaper,
+        rng,
+        cursor,
+    )
     policy.local_prefill_max_tokens = local_prefill_max_tokens
     return policy
 
 
-def _build(name: str, predictors: CostPredictors, gate: Admission, kvcache_balancing_threshold: float,
-           transfer_only_if_cheaper: bool, rng: random.Random | None,
-           cursor: baselines.RoundRobinCursor | None) -> Policy:
+def _build(
+    name: str,
+    predictors: CostPredictors,
+    gate: Admission,
+    kvcache_balancing_threshold: float,
+    transfer_only_if_cheaper: bool,
+    rng: random.Random | None,
+    cursor: baselines.RoundRobinCursor | None,
+) -> Policy:
     if name in (KvCentricPolicy.name, LocalCacheAwarePolicy.name):
-        return POLICIES[name](predictors, gate, kvcache_balancing_threshold, transfer_only_if_cheaper)
+        return POLICIES[name](
+            predictors, gate, kvcache_balancing_threshold, transfer_only_if_cheaper
+        )
     if name == RandomPolicy.name:
         if rng is None:
             raise ValueError("policy 'random' needs rng=random.Random(seed)")

@@ -32,15 +32,17 @@ class PrefillTimeModel:
         if self.degree < 0 or not self.scale > 0:
             raise ValueError(f"bad prefill model: degree {self.degree}, scale {self.scale}")
         if len(self.coefficients) != len(_terms(self.degree)):
-            raise ValueError(f"degree {self.degree} needs {len(_terms(self.degree))} coefficients, "
-                             f"got {len(self.coefficients)}")
+            raise ValueError(
+                f"degree {self.degree} needs {len(_terms(self.degree))} coefficients, "
+                f"got {len(self.coefficients)}"
+            )
 
     def predict(self, num_tokens: int, num_cached_tokens: int = 0) -> float:
         n = num_tokens / self.scale
         p = min(num_cached_tokens, num_tokens) / self.scale
         total = 0.0
         for (i, j), coef in zip(_terms(self.degree), self.coefficients):
-            total += coef * n ** i * p ** j
+            total += coef * n**i * p**j
         return max(0.0, total)
 
     __call__ = predict
@@ -50,9 +52,13 @@ class PrefillTimeModel:
         """Least squares over (num_tokens, num_cached_tokens, seconds) profile samples."""
         terms = _terms(degree)
         if len(samples) < len(terms):
-            raise ValueError(f"a degree-{degree} fit needs at least {len(terms)} samples, got {len(samples)}")
+            raise ValueError(
+                f"a degree-{degree} fit needs at least {len(terms)} samples, got {len(samples)}"
+            )
         scale = float(max(max(n, p) for n, p, _ in samples)) or 1.0
-        rows = [[(n / scale) ** i * (min(p, n) / scale) ** j for i, j in terms] for n, p, _ in samples]
+        rows = [
+            [(n / scale) ** i * (min(p, n) / scale) ** j for i, j in terms] for n, p, _ in samples
+        ]
         targets = [seconds for _, _, seconds in samples]
         k = len(terms)
         gram = [[sum(r[a] * r[b] for r in rows) for b in range(k)] for a in range(k)]
@@ -60,14 +66,22 @@ class PrefillTimeModel:
         return cls(degree, scale, tuple(_solve(gram, rhs)))
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "degree": self.degree, "scale": self.scale,
-                "coefficients": list(self.coefficients)}
+        return {
+            "format": FORMAT,
+            "degree": self.degree,
+            "scale": self.scale,
+            "coefficients": list(self.coefficients),
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> PrefillTimeModel:
         if data.get("format") != FORMAT:
-            raise ValueError(f"not a prefill time model: format {data.get('format')!r}, want {FORMAT!r}")
-        return cls(int(data["degree"]), float(data["scale"]), tuple(float(c) for c in data["coefficients"]))
+            raise ValueError(
+                f"not a prefill time model: format {data.get('format')!r}, want {FORMAT!r}"
+            )
+        return cls(
+            int(data["degree"]), float(data["scale"]), tuple(float(c) for c in data["coefficients"])
+        )
 
 
 def _solve(matrix: list[list[float]], rhs: list[float]) -> list[float]:

@@ -27,8 +27,9 @@ def on_demand_order(choice: PrefillChoice) -> ReplicationOrder | None:
     """The replica a transfer in `choice` leaves behind; None when the choice pulls nothing."""
     if choice.transfer_source is None or not choice.transfer_hashes:
         return None
-    return ReplicationOrder(choice.transfer_source, choice.node, choice.transfer_hashes,
-                            ReplicationReason.ON_DEMAND)
+    return ReplicationOrder(
+        choice.transfer_source, choice.node, choice.transfer_hashes, ReplicationReason.ON_DEMAND
+    )
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,13 @@ def rank_target_nodes(prefill: Sequence[InstanceSnapshot]) -> list[str]:
     return sorted(queue, key=lambda node: (queue[node], node))
 
 
-def hot_spot_orders(heat: BlockHeat, target_nodes: Sequence[str], bandwidth: BandwidthTable,
-                    now: float, config: HotSpotConfig = HotSpotConfig()) -> list[ReplicationOrder]:
+def hot_spot_orders(
+    heat: BlockHeat,
+    target_nodes: Sequence[str],
+    bandwidth: BandwidthTable,
+    now: float,
+    config: HotSpotConfig = HotSpotConfig(),
+) -> list[ReplicationOrder]:
     """Orders giving each hot block up to `max_new_per_block` more replicas, below the cap.
 
     Targets are tried in the given order, so the blocks of one hot prefix land on the same
@@ -75,7 +81,11 @@ def hot_spot_orders(heat: BlockHeat, target_nodes: Sequence[str], bandwidth: Ban
                 continue
             source, _ = bandwidth.fastest_source(holders, target)
             depth = heat.depth(block.hash)
-            planned.setdefault((source, target), []).append((0 if depth is None else depth, block.hash))
+            planned.setdefault((source, target), []).append(
+                (0 if depth is None else depth, block.hash)
+            )
             wanted -= 1
-    return [ReplicationOrder(src, dst, tuple(h for _, h in sorted(blocks)), ReplicationReason.HOT_SPOT)
-            for (src, dst), blocks in sorted(planned.items())]
+    return [
+        ReplicationOrder(src, dst, tuple(h for _, h in sorted(blocks)), ReplicationReason.HOT_SPOT)
+        for (src, dst), blocks in sorted(planned.items())
+    ]
