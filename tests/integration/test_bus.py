@@ -84,7 +84,7 @@ async def test_request_deadline_fires(infra):
         started = time.monotonic()
         with pytest.raises(RequestTimeoutError) as info:
             await client.request("x.slow", DecodeCancel(request_id="r"), Ack, timeout_s=0.3)
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 4  # gave up before the 5 s handler could answer
         assert isinstance(info.value, asyncio.TimeoutError)
         with pytest.raises(NoRespondersError):
             await client.request("x.nobody", DecodeCancel(request_id="r"), Ack, timeout_s=2)
