@@ -168,3 +168,19 @@ def test_contradictory_timings_are_not_learned_from_and_logged_once(caplog):
     )
     feedback.on_prefilled("r3", fine, measured_ttft_s=2.2)
     assert pricing.correction.ratio("p0", "prefill") == pytest.approx(2.0)
+
+
+def test_an_unobserved_instance_is_priced_like_its_observed_peers():
+    """Every instance pays the control path's overhead: one with no samples yet must not look
+    cheaper than the instance that holds a request's prefix just because it was never measured."""
+    correction = CostCorrection()
+    for _ in range(3):
+        correction.observe("p0", "prefill", published_s=0.1, measured_s=0.2)
+        correction.observe_overhead("p0", 0.05)
+    fresh = correction.of("p1")
+    assert fresh.ratios["prefill"] == pytest.approx(2.0) and fresh.overhead_s == pytest.approx(0.05)
+    assert fresh.ratios["decode"] == 1.0  # nobody measured decode yet
+    correction.observe("p1", "prefill", published_s=0.1, measured_s=0.1)
+    own = correction.of("p1")
+    assert own.ratios["prefill"] == pytest.approx(1.0) and own.overhead_s == pytest.approx(0.05)
+    assert CostCorrection(is_enabled=False).of("p1").overhead_s == 0.0

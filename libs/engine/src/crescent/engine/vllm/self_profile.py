@@ -84,18 +84,35 @@ async def _prefill_sample(
 async def _decode_sample(
     engine, prompts: _Prompts, batch: int, context: int
 ) -> tuple[int, int, float]:
-    arrivals: list[list[float]] = [[] for _ in range(batch)]
+    """The median time per token between outputs once every request of the batch is running.
+    vLLM may deliver several tokens in one output: a gap counts per token it brought. On a busy
+    machine a request can start after the others have finished; then every gap counts, and if
+    every output came at once, the whole run per token (an over-estimate: it holds the prefill)."""
+    arrivals: list[list[tuple[float, int]]] = [[] for _ in range(batch)]
     sampling = SamplingParams(ignore_eos=True)
 
     async def one(i: int) -> None:
-        async for _ in engine.generate(
+        async for step in engine.generate(
             prompts.request_id("decode"), prompts.fresh(context), 5, DECODE_STEPS, sampling=sampling
         ):
-            arrivals[i].append(time.perf_counter())
+            arrivals[i].append((time.perf_counter(), len(step.token_ids)))
 
+    started = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(batch)))
-    joined = max(times[0] for times in arrivals)  # every request is in the batch from here on
-    gaps = [b - a for times in arrivals for a, b in itertools.pairwise(times) if a >= joined]
+    elapsed = time.perf_counter() - started
+    joined = max(
+        times[0][0] for times in arrivals if times
+    )  # every request is in the batch from here on
+
+    def per_token_gaps(since: float) -> list[float]:
+        return [
+            (b - a) / num_tokens
+            for times in arrivals
+            for (a, _), (b, num_tokens) in itertools.pairwise(times)
+            if a >= since and num_tokens
+        ]
+
+    gaps = per_token_gaps(joined) or per_token_gaps(0.0) or [elapsed / DECODE_STEPS]
     return batch, batch * context, statistics.median(gaps)
 
 

@@ -19,6 +19,10 @@ mean, because on a busy machine a few requests take many times their usual time 
 first requests, a burst of contention): they must not move the price of the next ones, and the
 median is what minimises the typical (median) error. Ratios stay within [1/max_ratio,
 max_ratio]. Plain Python: the simulator can learn the same way.
+
+An instance, or a kind of time, with no samples yet is priced like its observed peers (the
+median of theirs), not by its bare profile: the overhead above is paid by every instance, and an
+unobserved one priced without it would look cheaper than one holding the request's prefix.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class CostCorrection:
     max_ratio: float = 10.0
     is_enabled: bool = True
     instances: dict[str, InstanceCorrection] = field(default_factory=dict)
+    _typical: InstanceCorrection | None = None  # the peers' medians; None: to be worked out again
 
     def __post_init__(self) -> None:
         if not (self.window >= 1 and self.max_ratio >= 1):
@@ -56,10 +61,32 @@ class CostCorrection:
             )
 
     def of(self, instance_id: str) -> InstanceCorrection:
-        """The instance's correction now (the identity for one never observed, or when off)."""
+        """The instance's correction now: what it learned, and its peers' typical correction for
+        what it has no samples of yet (the identity when nothing was observed, or when off)."""
         if not self.is_enabled:
             return InstanceCorrection()
-        return self.instances.get(instance_id) or InstanceCorrection()
+        known = self.instances.get(instance_id)
+        typical = self.typical()
+        if known is None:
+            return typical
+        if all(known.samples.get(kind) for kind in (*KINDS, "overhead")):
+            return known
+        ratios = {k: known.ratios[k] if known.samples.get(k) else typical.ratios[k] for k in KINDS}
+        overhead_s = known.overhead_s if known.samples.get("overhead") else typical.overhead_s
+        return InstanceCorrection(ratios, overhead_s, known.samples)
+
+    def typical(self) -> InstanceCorrection:
+        """The median correction of the instances observed so far, per kind and for the overhead."""
+        if self._typical is None:
+            ratios = {}
+            for kind in KINDS:
+                learned = [c.ratios[kind] for c in self.instances.values() if c.samples.get(kind)]
+                ratios[kind] = statistics.median(learned) if learned else 1.0
+            overheads = [c.overhead_s for c in self.instances.values() if c.samples.get("overhead")]
+            self._typical = InstanceCorrection(
+                ratios, statistics.median(overheads) if overheads else 0.0
+            )
+        return self._typical
 
     def ratio(self, instance_id: str, kind: str) -> float:
         return self.of(instance_id).ratios[kind]
@@ -74,6 +101,7 @@ class CostCorrection:
         bound = math.log(self.max_ratio)
         sample = max(-bound, min(bound, math.log(measured_s / published_s)))
         state.ratios[kind] = math.exp(self._median_with(state, kind, sample))
+        self._typical = None
 
     def observe_overhead(self, instance_id: str, overhead_s: float) -> None:
         """Time the conductor saw beyond the worker's queue + compute (never below 0)."""
@@ -81,6 +109,7 @@ class CostCorrection:
             return
         state = self.instances.setdefault(instance_id, InstanceCorrection())
         state.overhead_s = self._median_with(state, "overhead", max(0.0, overhead_s))
+        self._typical = None
 
     def _median_with(self, state: InstanceCorrection, kind: str, sample: float) -> float:
         recent = state.samples.setdefault(kind, deque(maxlen=self.window))
@@ -90,3 +119,4 @@ class CostCorrection:
     def forget(self, instance_id: str) -> None:
         """The instance left: a new process under its id starts from its own profile."""
         self.instances.pop(instance_id, None)
+        self._typical = None
