@@ -48,6 +48,11 @@ class EngineSettings(EmulatedDevice, CommonSettings):
     vllm_max_num_batched_tokens: int = setting(
         2048, "vllm: most tokens in one step (chunked prefill above)"
     )
+    prefill_batch_tokens: int = setting(
+        0,
+        "vllm prefill: let queued jobs share the engine while the tokens it still has to compute "
+        "are under this many (0: one job at a time, which the conductor's queue-time prediction assumes)",
+    )
     vllm_prefix_caching: bool = setting(
         True, "vllm: keep vLLM's own prefix cache in front of the store"
     )

@@ -102,8 +102,8 @@ class PrefillWorker:
         self._predicted_s: dict[str, float] = {}  # queued or running job → predicted prefill time
         self._computing_since: dict[str, float] = {}  # jobs inside the engine → monotonic start
         self._jobs: dict[str, asyncio.Task] = {}  # queued or running job → the task running it
-        # vLLM batches prompts, so several jobs share it up to two steps' tokens; emulated: one job
-        self._gate = ComputeGate(2 * settings.vllm_max_num_batched_tokens if self.is_vllm else 0)
+        # one job at a time unless --prefill-batch-tokens lets vLLM batch several; emulated: one
+        self._gate = ComputeGate(settings.prefill_batch_tokens if self.is_vllm else 0)
         self.recent_ttft = Ewma()  # measured queue + compute time of finished jobs
         self._decode_nodes: dict[str, str] = {}
         self._runtime: Runtime | None = None
