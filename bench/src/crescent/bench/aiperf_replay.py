@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from crescent.bench.plain_vllm import vllm_server_argv
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
 
@@ -148,26 +149,7 @@ def _crescent(
 
 def _vllm_server(model_dir: Path, workdir: Path, name: str) -> tuple[ManagedProcess, str]:
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--served-model-name",
-        model_dir.name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--block-size",
-        "32",
-        "--enforce-eager",
-        "--max-model-len",
-        "8192",
-    ]
+    argv = vllm_server_argv(model_dir, port)
     server = ManagedProcess(
         ProcessSpec(name=name, argv=argv, env={**ENV, "VLLM_CPU_KVCACHE_SPACE": "1"}, port=port),
         workdir / "logs",

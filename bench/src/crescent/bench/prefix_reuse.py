@@ -16,13 +16,13 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
+from crescent.bench.plain_vllm import vllm_server_argv
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
 
@@ -105,27 +105,9 @@ def _plain_vllm(
     model_dir: Path, workdir: Path, lengths: tuple[int, ...], repeat: int, prefix_cache: bool
 ) -> dict:
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--served-model-name",
-        model_dir.name,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--dtype",
-        "float32",
-        "--block-size",
-        "32",
-        "--enforce-eager",
-        "--max-model-len",
-        "8192",
-        "--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching",
-    ]
+    argv = vllm_server_argv(
+        model_dir, port, "--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching"
+    )
     server = ManagedProcess(
         ProcessSpec(
             name=f"vllm-{'pc' if prefix_cache else 'plain'}", argv=argv, env=ENV, port=port
