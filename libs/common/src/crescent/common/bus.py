@@ -269,8 +269,15 @@ class Bus:
         return group
 
     async def _flush(self) -> None:
-        """Wait until the server has our subscriptions: only then may peers be told to send."""
+        """Wait until the server has our subscriptions: only then may peers be told to send.
+
+        Twice, because nats-py 2.16 writes a flush's PING straight to the socket while the SUB
+        still waits in its pending buffer: the first PONG can come back before the server has
+        seen the SUB (a peer's request then got "no responders" about 1 time in 20). By the
+        second PING the flusher task has written the SUB, and the socket keeps their order.
+        """
         try:
+            await self._client.flush(timeout=FLUSH_TIMEOUT_S)
             await self._client.flush(timeout=FLUSH_TIMEOUT_S)
         except nats.errors.TimeoutError as exc:
             raise RequestTimeoutError("flush", FLUSH_TIMEOUT_S) from exc
