@@ -52,6 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prefix.add_argument(
         "--repeat", type=int, default=3, help="prompts per case; the median is reported (default 3)"
     )
+    prefix.add_argument(
+        "--lengths",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=None,
+        help="prompt lengths in tokens, comma-separated (default 1024,2048,4096,8000)",
+    )
     schedule = benches.add_parser(
         "schedule", help="scheduling decision time per request (kv-centric vs least-loaded)"
     )
@@ -152,9 +158,9 @@ def run(args: argparse.Namespace) -> int:
             include_mooncake=not args.skip_mooncake,
         )
     elif args.bench == "prefix-reuse":
-        from crescent.bench.prefix_reuse import run_prefix_reuse_bench
+        from crescent.bench.prefix_reuse import LENGTHS, run_prefix_reuse_bench
 
-        result = run_prefix_reuse_bench(args.model, args.repeat)
+        result = run_prefix_reuse_bench(args.model, args.repeat, args.lengths or LENGTHS)
     elif args.bench == "replay-lag":
         from crescent.bench.replay.lag_bench import run_replay_lag_bench
 

@@ -8,7 +8,9 @@ For prompts of 1k–8k tokens (the tiny model's context is 8k), TTFT with nothin
   vllm               one plain vLLM OpenAI server, its prefix cache off
   vllm-prefix-cache  the same server with its prefix cache on
 "90 % cached" means a request sharing that prefix ran just before; TTFT is from sending the
-request to the first streamed token, the median of `repeat` fresh prompts.
+request to the first streamed token, the median of `repeat` fresh prompts. All four systems run
+at once and take each prompt in turn, so their figures share the machine's load of the moment;
+`ratios` compares them against the issue's targets.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import statistics
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import aiohttp
@@ -57,32 +60,49 @@ async def ttft_s(
     return first
 
 
+TARGETS = (  # issue 11: (system, share) over (baseline, share), at most `limit`
+    ("crescent", 0, "vllm", 0, 1.05),
+    ("crescent-store", 90, "vllm-prefix-cache", 90, 2.0),
+    ("crescent", 90, "vllm-prefix-cache", 90, 1.2),
+)
+
+
 async def measure(
-    url: str, model: str, lengths: tuple[int, ...], repeat: int, seed_base: int
-) -> dict[tuple[int, int], float]:
-    results = {}
+    urls: dict[str, str], model: str, lengths: tuple[int, ...], repeat: int
+) -> dict[str, dict[tuple[int, int], float]]:
+    """Every system gets the same prompts, one system after the other for each prompt, in an
+    order that rotates: a drift in the machine's load falls on all systems alike."""
+    samples: dict[str, dict[tuple[int, int], list[float]]] = {name: {} for name in urls}
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        await ttft_s(session, url, model, prompt(64, seed_base))  # warm-up
+        for url in urls.values():
+            await ttft_s(session, url, model, prompt(64, 0))  # warm-up
+        names = list(urls)
+        turn = 0
         for length in lengths:
             for share in CACHED_SHARES:
-                samples = []
                 for r in range(repeat):
-                    seed = seed_base + length * 10 + share * 1000 + r
+                    seed = length * 10 + share * 1000 + r + 1
                     tokens = prompt(length, seed)
-                    if share:
-                        cut = length * share // 100
-                        await ttft_s(
-                            session, url, model, tokens[:cut] + prompt(length - cut, seed + 7)
-                        )
-                    samples.append(await ttft_s(session, url, model, tokens))
-                results[(length, share)] = statistics.median(samples)
-    return results
+                    cut = length * share // 100
+                    turn += 1
+                    for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                        if share:
+                            await ttft_s(
+                                session,
+                                urls[name],
+                                model,
+                                tokens[:cut] + prompt(length - cut, seed + 7),
+                            )
+                        ttft = await ttft_s(session, urls[name], model, tokens)
+                        samples[name].setdefault((length, share), []).append(ttft)
+    return {
+        name: {case: statistics.median(values) for case, values in by_case.items()}
+        for name, by_case in samples.items()
+    }
 
 
-def _crescent(
-    model_dir: Path, workdir: Path, lengths: tuple[int, ...], repeat: int, engine_args: list[str]
-) -> dict:
+def _crescent(model_dir: Path, workdir: Path, engine_args: list[str]) -> LocalCluster:
     spec = ClusterSpec(
         workdir=workdir,
         api_port=free_port(),
@@ -93,17 +113,10 @@ def _crescent(
         store_ssd_bytes=256 << 20,
         engine_args=engine_args,
     )
-    cluster = LocalCluster(spec)
-    cluster.start(timeout_s=300)
-    try:
-        return asyncio.run(measure(cluster.api_url, model_dir.name, lengths, repeat, 1))
-    finally:
-        cluster.stop()
+    return LocalCluster(spec)
 
 
-def _plain_vllm(
-    model_dir: Path, workdir: Path, lengths: tuple[int, ...], repeat: int, prefix_cache: bool
-) -> dict:
+def _plain_vllm(model_dir: Path, workdir: Path, prefix_cache: bool) -> tuple[ManagedProcess, str]:
     port = free_port()
     argv = vllm_server_argv(
         model_dir, port, "--enable-prefix-caching" if prefix_cache else "--no-enable-prefix-caching"
@@ -114,46 +127,59 @@ def _plain_vllm(
         ),
         workdir / "logs",
     )
-    server.start()
-    try:
-        server.wait_ready(300)
-        return asyncio.run(measure(f"http://127.0.0.1:{port}", model_dir.name, lengths, repeat, 2))
-    finally:
-        server.stop()
+    return server, f"http://127.0.0.1:{port}"
 
 
 def run_prefix_reuse_bench(
     model_dir: Path | None = None, repeat: int = 3, lengths: tuple[int, ...] = LENGTHS
 ) -> dict:
-    with tempfile.TemporaryDirectory(prefix="crescent-prefix-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="crescent-prefix-") as tmp, ExitStack() as running:
         workdir = Path(tmp)
         if model_dir is None:
             from crescent.engine.tiny_model import build_tiny_model
 
             model_dir = build_tiny_model(workdir / "tiny-llama")
-        systems = {
-            "crescent": _crescent(model_dir, workdir / "crescent", lengths, repeat, []),
-            "crescent-store": _crescent(
-                model_dir, workdir / "crescent-store", lengths, repeat, ["--no-vllm-prefix-caching"]
-            ),
-            "vllm": _plain_vllm(model_dir, workdir, lengths, repeat, prefix_cache=False),
-            "vllm-prefix-cache": _plain_vllm(
-                model_dir, workdir, lengths, repeat, prefix_cache=True
-            ),
-        }
+        urls = {}
+        for name, engine_args in (
+            ("crescent", []),
+            ("crescent-store", ["--no-vllm-prefix-caching"]),
+        ):
+            cluster = _crescent(model_dir, workdir / name, engine_args)
+            cluster.start(timeout_s=300)
+            running.callback(cluster.stop)
+            urls[name] = cluster.api_url
+        for name, prefix_cache in (("vllm", False), ("vllm-prefix-cache", True)):
+            server, urls[name] = _plain_vllm(model_dir, workdir, prefix_cache)
+            server.start()
+            running.callback(server.stop)
+            server.wait_ready(300)
+        systems = asyncio.run(measure(urls, model_dir.name, lengths, repeat))
     cases = [
         {"case": f"{system}-{length}-{share}", "ttft_ms": round(results[(length, share)] * 1000, 2)}
         for system, results in systems.items()
         for length in lengths
         for share in CACHED_SHARES
     ]
+    ratios = [
+        {
+            "case": f"{system}-{share}/{baseline}-{base_share}-{length}",
+            "ratio": round(
+                systems[system][(length, share)] / systems[baseline][(length, base_share)], 2
+            ),
+            "target_max": limit,
+        }
+        for system, share, baseline, base_share, limit in TARGETS
+        for length in lengths
+    ]
     return {
         "bench": "prefix-reuse",
         "cases": cases,
+        "ratios": ratios,
         "config": {
             "model": str(model_dir),
             "repeat": repeat,
             "statistic": "median",
+            "order": "interleaved: each prompt on every system in turn, rotating",
             "cpu_threads": os.cpu_count(),
         },
     }

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -128,7 +128,6 @@ class _DecodeSide:
     attempt: int = 0
     is_finished: bool = False  # decode released the room itself
     is_moved: bool = False  # decoding went on elsewhere: the prediction no longer applies
-    first_token_at: float = 0.0  # when prefill's first token came (0: a replayed request has none)
 
     @property
     def attempt_id(self) -> str:
@@ -154,6 +153,33 @@ class _Gone:
             for i, started in self._started_at.items()
             if self._view.started_at(self._role, i) in (started, None)
         }
+
+
+class _SteadyGaps:
+    """The mean time between tokens once decode is running: from the first chunk the decode
+    streamed to its last, per token after that first chunk, stalls included (a stream that
+    stalls, then delivers tokens in a bunch, has a long TBT). The wait for the first chunk
+    (decode start, KV load) is left out: it is not a step, and for a short answer it would be
+    the whole "TBT" and teach the predictor a step many times too slow."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._first_chunk_at: float | None = None
+        self._num_tokens_after_first = 0
+
+    def on_chunk(self, num_tokens: int) -> None:
+        if not num_tokens:
+            return
+        if self._first_chunk_at is None:
+            self._first_chunk_at = self._clock()
+        else:
+            self._num_tokens_after_first += num_tokens
+
+    def mean_gap_s(self) -> float | None:
+        """None when the stream brought no token after its first chunk."""
+        if self._first_chunk_at is None or not self._num_tokens_after_first:
+            return None
+        return (self._clock() - self._first_chunk_at) / self._num_tokens_after_first
 
 
 class RequestFlow:
@@ -205,7 +231,6 @@ class RequestFlow:
             ):  # None: the decode instance computes the prompt, streams its first token
                 first_event = self._first_event(result, progress, sampling)
                 if first_event is not None:
-                    decode.first_token_at = self._clock()
                     yield first_event
                     if first_event.finish_reason is not None:
                         return
@@ -418,6 +443,7 @@ class RequestFlow:
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
         num_decoded_tokens = 0
+        steady = _SteadyGaps(self._clock)
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
         while True:
@@ -431,17 +457,14 @@ class RequestFlow:
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
             expected_seq += 1
             num_decoded_tokens += len(chunk.token_ids)
+            steady.on_chunk(len(chunk.token_ids))
             token_ids, logprobs = replay.new_part(chunk.token_ids, chunk.logprobs, chunk.is_final)
             progress.generated.extend(token_ids)
             if chunk.is_final:
                 decode.is_finished = True
-                if num_decoded_tokens and decode.first_token_at and not decode.is_moved:
-                    # The mean gap the client saw after the first token, stalls included (a
-                    # stream that stalls, then delivers tokens in a bunch, has a long TBT).
-                    self._scheduler.on_decoded(
-                        decode.request_id,
-                        (self._clock() - decode.first_token_at) / num_decoded_tokens,
-                    )
+                measured_tbt_s = steady.mean_gap_s()
+                if measured_tbt_s is not None and not decode.is_moved:
+                    self._scheduler.on_decoded(decode.request_id, measured_tbt_s)
             if token_ids or chunk.is_final:
                 yield TokenEvent(
                     token_ids, chunk.finish_reason if chunk.is_final else None, logprobs
