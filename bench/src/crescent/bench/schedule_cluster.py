@@ -131,7 +131,9 @@ class ConductorLoad:
         measured_s = result.queue_s + compute_s + rng.uniform(0.001, 0.01)
         scheduler.on_prefilled(request, decision, result, measured_s)
         scheduler.on_decode_started(request.request_id)
-        scheduler.on_decoded(request.request_id, decision.decode.predicted_tbt_s * rng.uniform(0.8, 1.4))
+        scheduler.on_decoded(
+            request.request_id, decision.decode.predicted_tbt_s * rng.uniform(0.8, 1.4)
+        )
         scheduler.on_finished(request.request_id, is_ok=True)
         scheduler.forget(request, decision)  # its work is done: the next telemetry says so
 
@@ -163,15 +165,20 @@ def _register(scheduler: Scheduler, info: InstanceInfo, profile: CostProfile) ->
     scheduler.pricing.apply_cost_event(MirrorEvent(f"/crescent/bench/costs/{key}", encode(profile)))
 
 
-def build_conductor(num_instances: int, num_blocks: int, seed: int = 0) -> ConductorLoad:
+def build_conductor(
+    num_instances: int, num_blocks: int, seed: int = 0, policy: str = "kv-centric"
+) -> ConductorLoad:
     rng = random.Random(seed)
     clock = Clock()
     settings = ConductorSettings(
         block_size=BLOCK_SIZE,
         kv_bytes_per_block=BLOCK_SIZE * KV_BYTES_PER_TOKEN,
-        ttft_slo_s=30.0,
-        tbt_slo_s=0.1,
+        # Early rejection runs, with SLOs loose enough for half-million-token prompts that every
+        # request is admitted, recorded and later learned from.
+        ttft_slo_s=1e6,
+        tbt_slo_s=1e3,
         admission="early",
+        policy=policy,
     )
     scheduler = Scheduler(settings, ClusterView(clock=clock), clock)
     profiles = (hardware_profile(1.0), hardware_profile(1.6))
@@ -179,29 +186,48 @@ def build_conductor(num_instances: int, num_blocks: int, seed: int = 0) -> Condu
     loads = []
     for i, node in enumerate(nodes):
         info = InstanceInfo(
-            role="prefill", instance_id=f"prefill-{i:03d}", node=node, model=MODEL,
+            role="prefill",
+            instance_id=f"prefill-{i:03d}",
+            node=node,
+            model=MODEL,
             max_model_len=2**20,
         )
         _register(scheduler, info, profiles[i % 2])
         loads.append(
             InstanceLoad(
-                role="prefill", instance_id=info.instance_id, node=node, sent_at=clock.now,
-                period_s=TELEMETRY_PERIOD_S, num_queued=rng.randint(0, 8), num_running=1,
-                queue_time_s=rng.uniform(0.0, 3.0), running_s=rng.uniform(0.0, 0.1),
+                role="prefill",
+                instance_id=info.instance_id,
+                node=node,
+                sent_at=clock.now,
+                period_s=TELEMETRY_PERIOD_S,
+                num_queued=rng.randint(0, 8),
+                num_running=1,
+                queue_time_s=rng.uniform(0.0, 3.0),
+                running_s=rng.uniform(0.0, 0.1),
             )
         )
     for i in range(num_instances):
         info = InstanceInfo(
-            role="decode", instance_id=f"decode-{i:03d}", node=f"dnode-{i:03d}", model=MODEL,
-            max_model_len=2**20, kv_capacity_tokens=DECODE_KV_CAPACITY,
+            role="decode",
+            instance_id=f"decode-{i:03d}",
+            node=f"dnode-{i:03d}",
+            model=MODEL,
+            max_model_len=2**20,
+            kv_capacity_tokens=DECODE_KV_CAPACITY,
         )
         _register(scheduler, info, profiles[i % 2])
         used = rng.randint(0, DECODE_KV_CAPACITY // 2)
         loads.append(
             InstanceLoad(
-                role="decode", instance_id=info.instance_id, node=info.node, sent_at=clock.now,
-                period_s=TELEMETRY_PERIOD_S, num_running=rng.randint(0, 64), kv_used_tokens=used,
-                kv_capacity_tokens=DECODE_KV_CAPACITY, num_context_tokens=used,
+                role="decode",
+                instance_id=info.instance_id,
+                node=info.node,
+                sent_at=clock.now,
+                period_s=TELEMETRY_PERIOD_S,
+                num_running=rng.randint(0, 64),
+                kv_used_tokens=used,
+                kv_capacity_tokens=DECODE_KV_CAPACITY,
+                num_context_tokens=used,
             )
         )
     for load in loads:
@@ -223,7 +249,10 @@ def build_conductor(num_instances: int, num_blocks: int, seed: int = 0) -> Condu
         chain = rng.choice(sessions) if r % 5 else system + _hashes(rng, num_blocks - len(system))
         requests.append(
             ScheduleRequest(
-                f"r{r}", tuple(chain), num_blocks * BLOCK_SIZE + rng.randint(1, 511), BLOCK_SIZE,
+                f"r{r}",
+                tuple(chain),
+                num_blocks * BLOCK_SIZE + rng.randint(1, 511),
+                BLOCK_SIZE,
                 max_tokens=256,
             )
         )

@@ -18,10 +18,11 @@ all land on the instance that looked idlest a moment ago.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import msgspec
 
 from crescent.common.codec import decode
 from crescent.common.errors import MessageError
@@ -48,9 +49,11 @@ class InstanceState:
     queue_s_assigned_since_load: float = 0.0
     was_live: bool = True  # at the last look: each change is logged once
     is_contradiction_logged: bool = False  # contradictory telemetry is logged once per instance
-    # The last snapshot built, until registry, telemetry or an assignment changes the state:
-    # a decision at 512 + 512 instances spent ~2 ms building snapshots anew.
+    # The last snapshot built with the scheduler's pricing, until registry, telemetry, an
+    # assignment or the instance's price changes it: a decision at 512 + 512 instances spent
+    # ~2 ms building snapshots anew. Its queue time is that of the last decision.
     snapshot: InstanceSnapshot | None = None
+    queue_base_s: float = 0.0  # reported queue × the instance's correction − the running job's time
 
 
 @dataclass
@@ -159,28 +162,62 @@ class ClusterView:
     ) -> list[InstanceSnapshot]:
         """Registered instances of `role` serving `model`, with this conductor's recent assignments
         added; stale or not accepting ones are flagged, for the policies to leave out. With
-        `pricing`, each carries its own cost model and its reported queue is corrected with it."""
+        `pricing`, each carries its own cost model and its reported queue is corrected with it.
+
+        Priced snapshots are kept per instance until something about it changes (`pricing` says
+        whose price moved); per decision only busy instances get a new one, for the queue that
+        drained since, and only instances not heard from within the window are judged again."""
+        if pricing is None:
+            return [
+                self._queued(
+                    self._build_snapshot(role, i, s, not self.is_live(s, now), None), s, now, 1.0
+                )
+                for (r, i), s in self.instances.items()
+                if r == role and s.info.model == model
+            ]
+        for key in pricing.take_changed():
+            state = self.instances.get(key)
+            if state is not None:
+                state.snapshot = None
         snapshots = []
+        replace = msgspec.structs.replace
         for (r, instance_id), state in self.instances.items():
             if r != role or state.info.model != model:
                 continue
-            is_stale = not self.is_live(state, now)
-            costs = pricing.predictors(role, instance_id, model) if pricing is not None else None
             snapshot = state.snapshot
-            if snapshot is None or snapshot.is_stale != is_stale or snapshot.costs is not costs:
+            load = state.load
+            if (
+                load is not None
+                and now - state.load_received_at <= self.stale_periods * load.period_s
+            ):
+                is_stale = False  # heard within the window: live, whatever the others did
+            else:
+                is_stale = not self.is_live(state, now)
+            if snapshot is None or snapshot.is_stale != is_stale:
+                costs = pricing.predictors(role, instance_id, model)
                 snapshot = state.snapshot = self._build_snapshot(
                     role, instance_id, state, is_stale, costs
                 )
-            queue_s = self._queue_s(
-                state, now, pricing.queue_ratio(instance_id) if pricing is not None else 1.0
-            )
-            queue_s += state.queue_s_assigned_since_load
-            if (
-                queue_s != snapshot.queue_time_s
-            ):  # the queue drains with time: only busy instances differ
-                snapshot = dataclasses.replace(snapshot, queue_time_s=queue_s)
+                state.queue_base_s = (
+                    load.queue_time_s * pricing.queue_ratio(instance_id) - load.running_s
+                    if load is not None
+                    else 0.0
+                )
+            queue_s = state.queue_s_assigned_since_load
+            if load is not None:
+                queue_s = (
+                    max(0.0, state.queue_base_s - max(0.0, now - state.load_received_at)) + queue_s
+                )
+            if queue_s != snapshot.queue_time_s:  # the queue drains with time: only busy ones
+                snapshot = state.snapshot = replace(snapshot, queue_time_s=queue_s)
             snapshots.append(snapshot)
         return snapshots
+
+    def _queued(
+        self, snapshot: InstanceSnapshot, state: InstanceState, now: float, ratio: float
+    ) -> InstanceSnapshot:
+        queue_s = self._queue_s(state, now, ratio) + state.queue_s_assigned_since_load
+        return msgspec.structs.replace(snapshot, queue_time_s=queue_s)
 
     @staticmethod
     def _build_snapshot(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import add, attrgetter, le
+from operator import add, attrgetter, le, mul
 from typing import NamedTuple
 
 from crescent.common.block_index import PrefixMatch
@@ -62,15 +62,18 @@ class _Planner:
         self._prefill: dict[int, float] = {}
         self._local: dict[int, _NodePlan] = {}
         self._pull: dict[tuple[int, str, float], _NodePlan] = {}
-        self._floor: dict[int, float] = {}
 
     def prefill_s(self, prefix_blocks: int) -> float:
+        return max(0.0, self.model_prefill_s(prefix_blocks))
+
+    def model_prefill_s(self, prefix_blocks: int) -> float:
+        """The model's T_prefill as it says it, before the clamp at 0."""
         seconds = self._prefill.get(prefix_blocks)
         if seconds is None:
             n = self.request.num_prompt_tokens
             # The last prompt token is always computed: its logits give the first token.
             reused = min(prefix_blocks * self.request.block_size, n - 1)
-            seconds = self._prefill[prefix_blocks] = max(0.0, self.predictors.prefill_s(n, reused))
+            seconds = self._prefill[prefix_blocks] = self.predictors.prefill_s(n, reused)
         return seconds
 
     def local_plan(self, local: int) -> _NodePlan:
@@ -78,25 +81,6 @@ class _Planner:
         if plan is None:
             plan = self._local[local] = _NodePlan(local, local, None, 0.0, self.prefill_s(local))
         return plan
-
-    def least_ttft_s(self, local: int) -> float:
-        """A floor under T_transfer + T_prefill of any plan for a node holding `local` blocks:
-        its local plan, or a pull over the fastest link in the cluster."""
-        floor = self._floor.get(local)
-        if floor is None:  # a few distinct lengths per request: computed once each
-            floor = self.prefill_s(local)
-            best = self.match.best_len
-            if (
-                self.bandwidth is not None
-                and self.allow_transfer
-                and exceeds_threshold(best, local, self.threshold)
-            ):
-                bytes_missing = (
-                    (best - local) * self.request.block_size * self.predictors.kv_bytes_per_token
-                )
-                floor = min(floor, bytes_missing / self.bandwidth.max_rate() + self.prefill_s(best))
-            self._floor[local] = floor
-        return floor
 
     def plan(self, node: str) -> _NodePlan:
         match = self.match
@@ -143,24 +127,60 @@ def choose_prefill(
     allow_transfer: bool = True,
     transfer_only_if_cheaper: bool = True,
 ) -> PrefillChoice | None:
-    """The candidate with the least predicted TTFT; None when there is no candidate."""
+    """The candidate with the least predicted TTFT, each priced by its own cost model
+    (`predictors` for those without one); None when there is no candidate."""
     if not threshold > 0:
         raise ValueError(f"kvcache_balancing_threshold must be > 0, got {threshold}")
     if not candidates:
         return None
-    planner = _Planner(
-        request, predictors, match, bandwidth, threshold, allow_transfer, transfer_only_if_cheaper
-    )
-    # Branch and bound: queue time plus the floor of its node's plans bounds an instance's TTFT
-    # from below, and an instance whose bound exceeds a TTFT already found cannot win or tie,
-    # so it is never planned. The bounds are computed in C (map, min, compress); Python runs
-    # once per distinct prefix length and per instance left in the running: at 512 instances,
-    # a handful.
+    costs = [s.costs or predictors for s in candidates]
+    roots = [c.base or c for c in costs]
+    root_ids = list(map(id, roots))
+    planners = {
+        root_id: _Planner(
+            request, root, match, bandwidth, threshold, allow_transfer, transfer_only_if_cheaper
+        )
+        for root_id, root in dict(zip(root_ids, roots)).items()
+    }
+    ratios = list(map(_prefill_ratio, costs))
+    overheads = list(map(_prefill_overhead, costs))
+    floor = _Floor(min(ratios), max(ratios), min(overheads), min(map(_kv_bytes, costs)))
+    # Branch and bound: queue time plus a floor under the plans of its node and its cost model
+    # (its shared base, scaled by the smallest correction of any candidate) bounds an instance's
+    # TTFT from below, and an instance whose bound exceeds a TTFT already found cannot win or
+    # tie, so it is never planned. The bounds are computed in C (map, min, compress); Python
+    # runs once per distinct (base, prefix length) and per instance left in the running: at 512
+    # instances, a handful.
     local_lengths = list(map(match.lengths.get, map(_node, candidates), repeat(0)))
-    floor_of = {length: planner.least_ttft_s(length) for length in set(local_lengths)}
-    bounds = list(map(add, map(_queue_time, candidates), map(floor_of.__getitem__, local_lengths)))
+    keys = list(zip(root_ids, local_lengths))
+    distinct = set(keys)
+    scaled = {key: floor.scaled_s(planners[key[0]], key[1]) for key in distinct}
+    queues = map(_queue_time, candidates)
+    if min(scaled.values()) >= 0:  # each instance's own ratio and overhead: a tight bound
+        own_s = map(add, overheads, map(mul, ratios, map(scaled.__getitem__, keys)))
+        bounds = list(map(add, queues, own_s))
+    else:  # a model prices some prefill below 0: the smallest terms of all, clamped at 0
+        floor_of = {key: floor.ttft_s(planners[key[0]], key[1]) for key in distinct}
+        bounds = list(map(add, queues, map(floor_of.__getitem__, keys)))
+    own: dict[int, _Planner] = {}
+
+    def priced(position: int) -> tuple[InstanceSnapshot, _NodePlan, float]:
+        model = costs[position]
+        planner = own.get(id(model))
+        if planner is None:
+            planner = own[id(model)] = _Planner(
+                request,
+                model,
+                match,
+                bandwidth,
+                threshold,
+                allow_transfer,
+                transfer_only_if_cheaper,
+            )
+        return _priced(candidates[position], planner)
+
     first = min(range(len(candidates)), key=bounds.__getitem__)
-    winner, winner_plan, winner_ttft = _priced(candidates[first], planner)
+    winner, winner_plan, winner_ttft = priced(first)
     limit = winner_ttft + _rounding_slack(winner_ttft)
     in_running = compress(range(len(candidates)), map(le, bounds, repeat(limit)))
     for position in sorted(in_running, key=bounds.__getitem__):
@@ -168,13 +188,72 @@ def choose_prefill(
             break
         if position == first:
             continue
-        instance, plan, ttft = _priced(candidates[position], planner)
+        instance, plan, ttft = priced(position)
         if ttft < winner_ttft or (
             ttft == winner_ttft and instance.instance_id < winner.instance_id
         ):
             winner, winner_plan, winner_ttft = instance, plan, ttft
             limit = ttft + _rounding_slack(ttft)
     return _choice(request, winner, winner_plan)
+
+
+_prefill_ratio = attrgetter("prefill_ratio")
+_prefill_overhead = attrgetter("prefill_overhead_s")
+_kv_bytes = attrgetter("kv_bytes_per_token")
+
+
+class _Floor(NamedTuple):
+    """The smallest correction terms of any candidate: with a shared base's prices they bound
+    from below the prices of every model derived from it."""
+
+    prefill_ratio: float
+    max_prefill_ratio: float
+    prefill_overhead_s: float
+    kv_bytes_per_token: float
+
+    def scaled_s(self, base: _Planner, local: int) -> float:
+        """F with overhead_i + ratio_i · F <= T_transfer + T_prefill of any plan for instance i
+        of a model derived from `base`'s on a node holding `local` blocks (valid when F >= 0):
+        its local plan, or a pull at least as long as over the fastest link in the cluster with
+        the smallest bytes per token, whose time is divided by the largest ratio."""
+        scaled = base.model_prefill_s(local)
+        best = base.match.best_len
+        if (
+            base.bandwidth is not None
+            and base.allow_transfer
+            and exceeds_threshold(best, local, base.threshold)
+        ):
+            bytes_missing = (best - local) * base.request.block_size * self.kv_bytes_per_token
+            transfer_s = bytes_missing / base.bandwidth.max_rate()
+            pulled = base.model_prefill_s(best)
+            if self.max_prefill_ratio > 0:
+                pulled += transfer_s / self.max_prefill_ratio
+            scaled = min(scaled, pulled) if pulled >= 0 else pulled
+        return scaled
+
+    def prefill_s(self, base_s: float) -> float:
+        # A derived model prices max(0, overhead + ratio · base) (ratio, overhead >= 0): at
+        # least the smallest overhead + ratio · base when base >= 0, and at least 0 always.
+        return self.prefill_overhead_s + self.prefill_ratio * base_s if base_s >= 0 else 0.0
+
+    def ttft_s(self, base: _Planner, local: int) -> float:
+        """A floor under T_transfer + T_prefill of any plan, for any model derived from
+        `base`'s, on a node holding `local` blocks: its local plan, or a pull over the fastest
+        link in the cluster."""
+        floor = self.prefill_s(base.model_prefill_s(local))
+        best = base.match.best_len
+        if (
+            base.bandwidth is not None
+            and base.allow_transfer
+            and exceeds_threshold(best, local, base.threshold)
+        ):
+            bytes_missing = (best - local) * base.request.block_size * self.kv_bytes_per_token
+            floor = min(
+                floor,
+                bytes_missing / base.bandwidth.max_rate()
+                + self.prefill_s(base.model_prefill_s(best)),
+            )
+        return floor
 
 
 def _priced(
