@@ -1,3 +1,6 @@
+import random
+
+import msgspec
 import pytest
 
 from crescent.common.codec import encode
@@ -186,7 +189,9 @@ def test_snapshots_are_reused_until_the_instance_changes():
     clock = Clock()
     view = ClusterView(clock=clock)
     pricing = Pricing(
-        CostPredictors(prefill_s=lambda n, p: 1.0, decode_step_s=lambda b, c: 0.1, kv_bytes_per_token=1.0)
+        CostPredictors(
+            prefill_s=lambda n, p: 1.0, decode_step_s=lambda b, c: 0.1, kv_bytes_per_token=1.0
+        )
     )
     register(view, "decode", "d0")
     view.apply_load(load("decode", "d0", num_running=2, kv_used_tokens=10, kv_capacity_tokens=100))
@@ -206,3 +211,44 @@ def test_snapshots_are_reused_until_the_instance_changes():
     pricing.correction.observe("d0", "decode", 0.1, 0.2)  # its price moved: a new snapshot
     [repriced] = view.snapshot("decode", "m", clock.now, pricing)
     assert repriced.costs.decode_step_s(1, 0) == pytest.approx(0.2)
+
+
+def test_kept_snapshots_equal_snapshots_built_anew_through_any_changes():
+    """The priced view keeps snapshots between decisions and redoes only what changed: after
+    any sequence of telemetry, assignments, silences, registry changes and time passing, it
+    reports what building every snapshot anew reports."""
+    rng = random.Random(3)
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    pricing = Pricing(
+        CostPredictors(
+            prefill_s=lambda n, p: 1.0, decode_step_s=lambda b, c: 0.1, kv_bytes_per_token=1.0
+        )
+    )
+    ids = [f"p{i}" for i in range(6)]
+    for instance_id in ids:
+        register(view, "prefill", instance_id)
+    for _ in range(400):
+        event = rng.random()
+        instance_id = rng.choice(ids)
+        if event < 0.3:
+            view.apply_load(
+                load(
+                    "prefill",
+                    instance_id,
+                    queue_time_s=rng.choice([0.0, 0.05, 0.3]),
+                    running_s=rng.choice([0.0, 0.01]),
+                    num_queued=rng.randint(0, 3),
+                )
+            )
+        elif event < 0.5:
+            view.note_assignment("prefill", instance_id, 10, rng.choice([0.0, 0.02, -0.02]))
+        elif event < 0.53:
+            register(view, "prefill", instance_id, kv_capacity_tokens=rng.randint(0, 9))
+        elif event < 0.55 and instance_id != "p0":
+            ids.remove(instance_id)
+            view.apply_registry(MirrorEvent(f"/crescent/c/instances/prefill/{instance_id}", None))
+        clock.now += rng.choice([0.001, 0.01, 0.1, 0.4, 1.0])
+        kept = view.snapshot("prefill", "m", clock.now, pricing)
+        anew = view.snapshot("prefill", "m", clock.now)
+        assert [msgspec.structs.replace(s, costs=None) for s in kept] == anew

@@ -68,7 +68,6 @@ def run_schedule_bench(
     repeat: int = 200, instances: tuple[int, ...] = INSTANCES, blocks: tuple[int, ...] = BLOCKS
 ) -> dict:
     """Every (instances, blocks) case for kv-centric, then least-loaded on the same cluster."""
-    logging.getLogger("crescent").setLevel(logging.ERROR)  # bench feedback is not news
     cases: dict[str, list[dict]] = {policy: [] for policy in POLICIES}
     for num_instances in instances:
         for num_blocks in blocks:
@@ -106,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat", type=int, default=200, help="timed decisions per case (default 200)"
     )
     args = parser.parse_args(argv)
+    logging.getLogger("crescent").setLevel(logging.ERROR)  # the bench's feedback is not news
     result = run_schedule_bench(args.repeat)
     print(format_table(result))
     target = next((c for c in result["cases"] if c["case"] == TARGET_CASE), None)

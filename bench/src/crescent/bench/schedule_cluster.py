@@ -135,7 +135,6 @@ class ConductorLoad:
             request.request_id, decision.decode.predicted_tbt_s * rng.uniform(0.8, 1.4)
         )
         scheduler.on_finished(request.request_id, is_ok=True)
-        scheduler.forget(request, decision)  # its work is done: the next telemetry says so
 
 
 def _resent(load: InstanceLoad, now: float) -> InstanceLoad:

@@ -1,0 +1,74 @@
+"""The conductor's priced snapshots of one role of one model, kept from decision to decision.
+
+ClusterView.snapshot runs for both roles on every request. Building every instance's snapshot
+anew cost ~0.7 µs an instance, 0.7 ms a decision at 512 + 512 instances; this keeps the list and
+redoes only what can have moved since the last decision: the instances whose telemetry,
+assignments or price changed (`dirty`), the busy ones (a queue drains with the clock), and all
+of them once the first of them is no longer heard within the liveness window (from then on its
+liveness depends on what the others were heard saying, ClusterView.is_live).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from crescent.conductor.policy.snapshot import InstanceSnapshot
+
+Key = tuple[str, str]  # (role, instance id)
+
+
+@dataclass
+class Refreshed:
+    """One instance's snapshot at `now`, and what says when it must be looked at again."""
+
+    snapshot: InstanceSnapshot
+    sure_until: float  # live by its own telemetry until then (-inf: judged from the others')
+    is_busy: bool  # its queue may be > 0: recomputed at every decision
+
+
+@dataclass
+class RoleSnapshots:
+    keys: list[Key]
+    snapshots: list[InstanceSnapshot]
+    busy: set[int]
+    sure_until: float
+    position: dict[Key, int] = field(default_factory=dict)
+    dirty: set[Key] = field(default_factory=set)
+
+    @classmethod
+    def build(cls, keys: list[Key], refresh: Callable[[Key], Refreshed]) -> RoleSnapshots:
+        snapshots, busy, sure_until = [], set(), float("inf")
+        for position, key in enumerate(keys):
+            entry = refresh(key)
+            snapshots.append(entry.snapshot)
+            sure_until = min(sure_until, entry.sure_until)
+            if entry.is_busy:
+                busy.add(position)
+        return cls(keys, snapshots, busy, sure_until, {key: i for i, key in enumerate(keys)})
+
+    def update(
+        self, refresh: Callable[[Key], Refreshed], drained: Callable[[Key], tuple[float, bool]]
+    ) -> list[InstanceSnapshot]:
+        """The snapshots at the caller's `now`: dirty instances refreshed, busy queues drained."""
+        for key in self.dirty:
+            position = self.position[key]
+            entry = refresh(key)
+            self.snapshots[position] = entry.snapshot
+            self.sure_until = min(self.sure_until, entry.sure_until)
+            if entry.is_busy:
+                self.busy.add(position)
+        self.dirty.clear()
+        replace = msgspec.structs.replace
+        idle = []
+        for position in self.busy:
+            queue_s, is_busy = drained(self.keys[position])
+            if not is_busy:
+                idle.append(position)
+            snapshot = self.snapshots[position]
+            if queue_s != snapshot.queue_time_s:
+                self.snapshots[position] = replace(snapshot, queue_time_s=queue_s)
+        self.busy.difference_update(idle)
+        return list(self.snapshots)
