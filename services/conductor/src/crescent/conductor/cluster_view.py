@@ -193,7 +193,7 @@ class ClusterView:
             keys = [k for k, s in self.instances.items() if k[0] == role and s.info.model == model]
             group = self._groups[(role, model)] = RoleSnapshots.build(keys, refresh)
             return list(group.snapshots)
-        return group.update(refresh, lambda key: self._drained(self.instances[key], now))
+        return group.update(refresh, self.instances, now)
 
     def _mark(self, key: Key) -> None:
         """Something about the instance changed: its snapshot is built anew at the next look."""

@@ -10,12 +10,16 @@ liveness depends on what the others were heard saying, ClusterView.is_live).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from crescent.conductor.policy.snapshot import InstanceSnapshot
+
+if TYPE_CHECKING:  # the view's state type; cluster_view imports this module
+    from crescent.conductor.cluster_view import InstanceState
 
 Key = tuple[str, str]  # (role, instance id)
 
@@ -50,9 +54,11 @@ class RoleSnapshots:
         return cls(keys, snapshots, busy, sure_until, {key: i for i, key in enumerate(keys)})
 
     def update(
-        self, refresh: Callable[[Key], Refreshed], drained: Callable[[Key], tuple[float, bool]]
+        self, refresh: Callable[[Key], Refreshed], states: Mapping[Key, InstanceState], now: float
     ) -> list[InstanceSnapshot]:
-        """The snapshots at the caller's `now`: dirty instances refreshed, busy queues drained."""
+        """The snapshots at `now`: dirty instances refreshed, busy queues drained (the reported
+        queue, scaled at the last refresh, less the time since, plus this conductor's own
+        assignments; the same sum as ClusterView._queue_s)."""
         for key in self.dirty:
             position = self.position[key]
             entry = refresh(key)
@@ -63,12 +69,15 @@ class RoleSnapshots:
         self.dirty.clear()
         replace = msgspec.structs.replace
         idle = []
+        keys, snapshots = self.keys, self.snapshots
         for position in self.busy:
-            queue_s, is_busy = drained(self.keys[position])
-            if not is_busy:
+            state = states[keys[position]]
+            reported_s = max(0.0, state.queue_base_s - max(0.0, now - state.load_received_at))
+            queue_s = reported_s + state.queue_s_assigned_since_load
+            if not reported_s > 0:  # drained: it stays so until its next telemetry
                 idle.append(position)
-            snapshot = self.snapshots[position]
+            snapshot = snapshots[position]
             if queue_s != snapshot.queue_time_s:
-                self.snapshots[position] = replace(snapshot, queue_time_s=queue_s)
+                snapshots[position] = replace(snapshot, queue_time_s=queue_s)
         self.busy.difference_update(idle)
         return list(self.snapshots)

@@ -13,9 +13,10 @@ Without transfers (`allow_transfer=False`) this is the paper's local cache-aware
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import add, attrgetter, le, mul
+from operator import add, attrgetter, itemgetter, le, mul, truediv
 from typing import NamedTuple
 
 from crescent.common.block_index import PrefixMatch
@@ -144,21 +145,38 @@ def choose_prefill(
     }
     ratios = list(map(_prefill_ratio, costs))
     overheads = list(map(_prefill_overhead, costs))
-    floor = _Floor(min(ratios), max(ratios), min(overheads), min(map(_kv_bytes, costs)))
-    # Branch and bound: queue time plus a floor under the plans of its node and its cost model
-    # (its shared base, scaled by the smallest correction of any candidate) bounds an instance's
-    # TTFT from below, and an instance whose bound exceeds a TTFT already found cannot win or
-    # tie, so it is never planned. The bounds are computed in C (map, min, compress); Python
-    # runs once per distinct (base, prefix length) and per instance left in the running: at 512
+    floor = _Floor(min(ratios), min(overheads), min(map(_kv_bytes, costs)))
+    # Branch and bound: queue time plus a floor under the plans of its node priced by its model
+    # (its shared base's prices, scaled by its own correction terms) bounds an instance's TTFT
+    # from below, and an instance whose bound exceeds a TTFT already found cannot win or tie,
+    # so it is never planned. The bounds are computed in C (map, min, compress); Python runs
+    # once per distinct (base, prefix length) and per instance left in the running: at 512
     # instances, a handful.
-    local_lengths = list(map(match.lengths.get, map(_node, candidates), repeat(0)))
+    nodes = list(map(_node, candidates))
+    local_lengths = list(map(match.lengths.get, nodes, repeat(0)))
     keys = list(zip(root_ids, local_lengths))
     distinct = set(keys)
-    scaled = {key: floor.scaled_s(planners[key[0]], key[1]) for key in distinct}
+    terms = {key: floor.terms(planners[key[0]], key[1]) for key in distinct}
     queues = map(_queue_time, candidates)
-    if min(scaled.values()) >= 0:  # each instance's own ratio and overhead: a tight bound
-        own_s = map(add, overheads, map(mul, ratios, map(scaled.__getitem__, keys)))
-        bounds = list(map(add, queues, own_s))
+    if all(local >= 0 and pulled >= 0 for local, _, pulled in terms.values()):
+        # Each instance's own terms: overhead + min(ratio · local T_prefill, the pull's tokens ·
+        # bytes per token / the rate of its node's fastest link from a best node + ratio ·
+        # T_prefill after the pull), both T_prefill by its base.
+        rates = (
+            bandwidth.fastest_rates(match.best_nodes, nodes)
+            if bandwidth is not None and match.best_nodes
+            else repeat(1.0)
+        )
+        local_s = map(mul, ratios, map(_local_s, map(terms.__getitem__, keys)))
+        pulled_bytes = map(
+            mul, map(_kv_bytes, costs), map(_pull_tokens, map(terms.__getitem__, keys))
+        )
+        pull_s = map(
+            add,
+            map(truediv, pulled_bytes, rates),
+            map(mul, ratios, map(_pulled_s, map(terms.__getitem__, keys))),
+        )
+        bounds = list(map(add, map(add, queues, overheads), map(min, local_s, pull_s)))
     else:  # a model prices some prefill below 0: the smallest terms of all, clamped at 0
         floor_of = {key: floor.ttft_s(planners[key[0]], key[1]) for key in distinct}
         bounds = list(map(add, queues, map(floor_of.__getitem__, keys)))
@@ -200,6 +218,7 @@ def choose_prefill(
 _prefill_ratio = attrgetter("prefill_ratio")
 _prefill_overhead = attrgetter("prefill_overhead_s")
 _kv_bytes = attrgetter("kv_bytes_per_token")
+_local_s, _pull_tokens, _pulled_s = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 class _Floor(NamedTuple):
@@ -207,29 +226,21 @@ class _Floor(NamedTuple):
     from below the prices of every model derived from it."""
 
     prefill_ratio: float
-    max_prefill_ratio: float
     prefill_overhead_s: float
     kv_bytes_per_token: float
 
-    def scaled_s(self, base: _Planner, local: int) -> float:
-        """F with overhead_i + ratio_i · F <= T_transfer + T_prefill of any plan for instance i
-        of a model derived from `base`'s on a node holding `local` blocks (valid when F >= 0):
-        its local plan, or a pull at least as long as over the fastest link in the cluster with
-        the smallest bytes per token, whose time is divided by the largest ratio."""
-        scaled = base.model_prefill_s(local)
+    def terms(self, base: _Planner, local: int) -> tuple[float, float, float]:
+        """By `base`'s model, on a node holding `local` blocks: T_prefill of the local plan, the
+        tokens a pull would move (inf: no pull), and T_prefill after the pull."""
         best = base.match.best_len
         if (
             base.bandwidth is not None
             and base.allow_transfer
             and exceeds_threshold(best, local, base.threshold)
         ):
-            bytes_missing = (best - local) * base.request.block_size * self.kv_bytes_per_token
-            transfer_s = bytes_missing / base.bandwidth.max_rate()
-            pulled = base.model_prefill_s(best)
-            if self.max_prefill_ratio > 0:
-                pulled += transfer_s / self.max_prefill_ratio
-            scaled = min(scaled, pulled) if pulled >= 0 else pulled
-        return scaled
+            tokens = (best - local) * base.request.block_size
+            return base.model_prefill_s(local), tokens, base.model_prefill_s(best)
+        return base.model_prefill_s(local), math.inf, 0.0
 
     def prefill_s(self, base_s: float) -> float:
         # A derived model prices max(0, overhead + ratio · base) (ratio, overhead >= 0): at
