@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import add, attrgetter, itemgetter, le, mul, truediv
+from operator import add, attrgetter, le, mul, truediv
 from typing import NamedTuple
 
 from crescent.common.block_index import PrefixMatch
@@ -154,9 +154,15 @@ def choose_prefill(
     # instances, a handful.
     nodes = list(map(_node, candidates))
     local_lengths = list(map(match.lengths.get, nodes, repeat(0)))
-    keys = list(zip(root_ids, local_lengths))
+    # One base (a uniform cluster) needs no (base, length) pairs: the length is the key.
+    keys = local_lengths if len(planners) == 1 else list(zip(root_ids, local_lengths))
     distinct = set(keys)
-    terms = {key: floor.terms(planners[key[0]], key[1]) for key in distinct}
+    terms = {
+        key: floor.terms(planners[root_ids[0]], key)
+        if len(planners) == 1
+        else floor.terms(planners[key[0]], key[1])
+        for key in distinct
+    }
     queues = map(_queue_time, candidates)
     if all(local >= 0 and pulled >= 0 for local, _, pulled in terms.values()):
         # Each instance's own terms: overhead + min(ratio · local T_prefill, the pull's tokens ·
@@ -167,18 +173,22 @@ def choose_prefill(
             if bandwidth is not None and match.best_nodes
             else repeat(1.0)
         )
-        local_s = map(mul, ratios, map(_local_s, map(terms.__getitem__, keys)))
-        pulled_bytes = map(
-            mul, map(_kv_bytes, costs), map(_pull_tokens, map(terms.__getitem__, keys))
-        )
+        local_of, tokens_of, pulled_of = ({k: t[i] for k, t in terms.items()} for i in range(3))
+        local_s = map(mul, ratios, map(local_of.__getitem__, keys))
+        pulled_bytes = map(mul, map(_kv_bytes, costs), map(tokens_of.__getitem__, keys))
         pull_s = map(
             add,
             map(truediv, pulled_bytes, rates),
-            map(mul, ratios, map(_pulled_s, map(terms.__getitem__, keys))),
+            map(mul, ratios, map(pulled_of.__getitem__, keys)),
         )
         bounds = list(map(add, map(add, queues, overheads), map(min, local_s, pull_s)))
     else:  # a model prices some prefill below 0: the smallest terms of all, clamped at 0
-        floor_of = {key: floor.ttft_s(planners[key[0]], key[1]) for key in distinct}
+        floor_of = {
+            key: floor.ttft_s(planners[root_ids[0]], key)
+            if len(planners) == 1
+            else floor.ttft_s(planners[key[0]], key[1])
+            for key in distinct
+        }
         bounds = list(map(add, queues, map(floor_of.__getitem__, keys)))
     own: dict[int, _Planner] = {}
 
@@ -218,7 +228,6 @@ def choose_prefill(
 _prefill_ratio = attrgetter("prefill_ratio")
 _prefill_overhead = attrgetter("prefill_overhead_s")
 _kv_bytes = attrgetter("kv_bytes_per_token")
-_local_s, _pull_tokens, _pulled_s = itemgetter(0), itemgetter(1), itemgetter(2)
 
 
 class _Floor(NamedTuple):
