@@ -190,10 +190,12 @@ class ClusterView:
             return self._refresh(key, now, pricing)
 
         if group is None or not now < group.sure_until:
-            keys = [k for k, s in self.instances.items() if k[0] == role and s.info.model == model]
-            group = self._groups[(role, model)] = RoleSnapshots.build(keys, refresh)
+            members = {
+                k: s for k, s in self.instances.items() if k[0] == role and s.info.model == model
+            }
+            group = self._groups[(role, model)] = RoleSnapshots.build(members, refresh)
             return list(group.snapshots)
-        return group.update(refresh, self.instances, now)
+        return group.update(refresh, now)
 
     def _mark(self, key: Key) -> None:
         """Something about the instance changed: its snapshot is built anew at the next look."""

@@ -35,27 +35,28 @@ class Refreshed:
 
 @dataclass
 class RoleSnapshots:
-    keys: list[Key]
-    snapshots: list[InstanceSnapshot]
+    states: list[InstanceState]  # the view's own objects, in registry order
+    snapshots: list[InstanceSnapshot]  # the same order
     busy: set[int]
     sure_until: float
     position: dict[Key, int] = field(default_factory=dict)
     dirty: set[Key] = field(default_factory=set)
 
     @classmethod
-    def build(cls, keys: list[Key], refresh: Callable[[Key], Refreshed]) -> RoleSnapshots:
+    def build(
+        cls, members: Mapping[Key, InstanceState], refresh: Callable[[Key], Refreshed]
+    ) -> RoleSnapshots:
         snapshots, busy, sure_until = [], set(), float("inf")
-        for position, key in enumerate(keys):
+        for position, key in enumerate(members):
             entry = refresh(key)
             snapshots.append(entry.snapshot)
             sure_until = min(sure_until, entry.sure_until)
             if entry.is_busy:
                 busy.add(position)
-        return cls(keys, snapshots, busy, sure_until, {key: i for i, key in enumerate(keys)})
+        position = {key: i for i, key in enumerate(members)}
+        return cls(list(members.values()), snapshots, busy, sure_until, position)
 
-    def update(
-        self, refresh: Callable[[Key], Refreshed], states: Mapping[Key, InstanceState], now: float
-    ) -> list[InstanceSnapshot]:
+    def update(self, refresh: Callable[[Key], Refreshed], now: float) -> list[InstanceSnapshot]:
         """The snapshots at `now`: dirty instances refreshed, busy queues drained (the reported
         queue, scaled at the last refresh, less the time since, plus this conductor's own
         assignments; the same sum as ClusterView._queue_s)."""
@@ -69,12 +70,17 @@ class RoleSnapshots:
         self.dirty.clear()
         replace = msgspec.structs.replace
         idle = []
-        keys, snapshots = self.keys, self.snapshots
+        states, snapshots = self.states, self.snapshots
+        # Once per busy instance per decision: max(0, x) spelled as conditionals (the same
+        # values), to keep the loop at a fraction of a microsecond an instance.
         for position in self.busy:
-            state = states[keys[position]]
-            reported_s = max(0.0, state.queue_base_s - max(0.0, now - state.load_received_at))
-            queue_s = reported_s + state.queue_s_assigned_since_load
-            if not reported_s > 0:  # drained: it stays so until its next telemetry
+            state = states[position]
+            elapsed_s = now - state.load_received_at
+            reported_s = state.queue_base_s - (max(0.0, elapsed_s))
+            if reported_s > 0.0:
+                queue_s = reported_s + state.queue_s_assigned_since_load
+            else:  # drained: it stays so until its next telemetry
+                queue_s = 0.0 + state.queue_s_assigned_since_load
                 idle.append(position)
             snapshot = snapshots[position]
             if queue_s != snapshot.queue_time_s:
