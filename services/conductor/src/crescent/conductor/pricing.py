@@ -55,7 +55,8 @@ class Pricing:
         self._checked.pop(key, None)
         self._changed.add(key)
         if event.value is None:
-            self.profiles.pop(key, None)
+            if self.profiles.pop(key, None) is not None:
+                self._prune()
             self.correction.forget(key[1])
             return
         profile = self._interned.get(event.value)
@@ -66,7 +67,10 @@ class Pricing:
                 self._refuse(key, f"malformed: {exc}")
                 return
             self._interned[event.value] = profile
+        replaced = self.profiles.get(key)
         self.profiles[key] = profile
+        if replaced is not None and replaced is not profile:
+            self._prune()
         if key[1] in self.correction.instances:
             self.correction.forget(
                 key[1]
@@ -80,6 +84,13 @@ class Pricing:
                 "hardware": profile.hardware,
             },
         )
+
+    def _prune(self) -> None:
+        """Forget shared profiles (and their base models) that no instance publishes any more:
+        a long-lived conductor sees every restarted worker publish a new one."""
+        live = {id(profile) for profile in self.profiles.values()}
+        self._interned = {k: p for k, p in self._interned.items() if id(p) in live}
+        self._bases = {k: e for k, e in self._bases.items() if e[0] is None or id(e[0]) in live}
 
     def _refuse(self, key: tuple[str, str], reason: str) -> None:
         self.profiles.pop(key, None)
