@@ -14,6 +14,9 @@ would look silent at once. So an instance is stale only when others were heard a
 than the stale window, or when nothing at all was heard for DEAF_PERIODS periods. Between two
 telemetry messages the conductor counts its own assignments, so a burst of requests does not
 all land on the instance that looked idlest a moment ago.
+
+The scheduler asks for both roles' snapshots, priced, on every request; those are kept between
+requests (view_cache) and only what moved since is redone.
 """
 
 from __future__ import annotations
