@@ -125,7 +125,8 @@ class Pricing:
         if role == "decode":
             version: tuple = (id(profile), correction.ratios["decode"])
         else:
-            version = (id(profile), *correction.ratios.values(), correction.overhead_s)
+            ratios = correction.ratios
+            version = (id(profile), ratios["prefill"], ratios["transfer"], correction.overhead_s)
         cached = self._cache.get((role, instance_id))
         if cached is not None and cached[0] == version:
             return cached[1]

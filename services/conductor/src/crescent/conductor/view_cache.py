@@ -5,7 +5,8 @@ anew cost ~0.7 µs an instance, 0.7 ms a decision at 512 + 512 instances; this k
 redoes only what can have moved since the last decision: the instances whose telemetry,
 assignments or price changed (`dirty`), the busy ones (a queue drains with the clock), and all
 of them once the first of them is no longer heard within the liveness window (from then on its
-liveness depends on what the others were heard saying, ClusterView.is_live).
+liveness depends on what the others were heard saying, ClusterView.is_live). The clock only
+moves forward (a drained queue is not looked at again until the instance's next telemetry).
 """
 
 from __future__ import annotations
