@@ -13,6 +13,7 @@ its own model; the policy bounds them through their bases.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import msgspec
@@ -27,6 +28,7 @@ from crescent.conductor.policy import (
     CostPredictors,
     Decision,
     InstanceSnapshot,
+    Policy,
     ScheduleRequest,
     make_policy,
 )
@@ -204,15 +206,32 @@ def test_kv_centric_decisions_equal_the_per_instance_reference(case):
 @settings(max_examples=300, deadline=None)
 @given(case=clusters(per_instance=True))
 def test_decisions_with_per_instance_models_equal_the_reference(case):
-    """Instances priced by their own corrected models, as the conductor prices them."""
-    check_against_reference(case)
-
-
-def check_against_reference(case) -> None:
+    """Instances priced by their own corrected models, as the conductor prices them; one policy
+    decides every case, once more with the models moved between instances, so what it keeps
+    of the last decision's models (kv_centric.candidate_models) never leaks into the next."""
+    check_against_reference(case, KEPT_POLICY)
     holdings, snapshot, request = case
-    outcome = make_policy(
-        "kv-centric", predictors=PREDICTORS, kvcache_balancing_threshold=THRESHOLD
-    ).choose(request, snapshot, 0.0)
+    models = [p.costs for p in snapshot.prefill]
+    moved = [
+        msgspec.structs.replace(p, costs=models[i - 1]) for i, p in enumerate(snapshot.prefill)
+    ]
+    check_against_reference(
+        (holdings, dataclasses.replace(snapshot, prefill=moved), request), KEPT_POLICY
+    )
+
+
+KEPT_POLICY = make_policy(
+    "kv-centric", predictors=PREDICTORS, kvcache_balancing_threshold=THRESHOLD
+)
+
+
+def check_against_reference(case, policy: Policy | None = None) -> None:
+    holdings, snapshot, request = case
+    if policy is None:
+        policy = make_policy(
+            "kv-centric", predictors=PREDICTORS, kvcache_balancing_threshold=THRESHOLD
+        )
+    outcome = policy.choose(request, snapshot, 0.0)
     assert isinstance(outcome, Decision)
     instance_id, source, prefix_tokens, ttft = reference_prefill(request, snapshot, holdings)
     chosen = outcome.prefill

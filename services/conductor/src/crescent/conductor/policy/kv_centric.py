@@ -127,25 +127,30 @@ def choose_prefill(
     *,
     allow_transfer: bool = True,
     transfer_only_if_cheaper: bool = True,
+    models: CandidateModels | None = None,
 ) -> PrefillChoice | None:
     """The candidate with the least predicted TTFT, each priced by its own cost model
-    (`predictors` for those without one); None when there is no candidate."""
+    (`predictors` for those without one); None when there is no candidate. `models`:
+    candidate_models(candidates, predictors, ...) when the caller keeps it between decisions."""
     if not threshold > 0:
         raise ValueError(f"kvcache_balancing_threshold must be > 0, got {threshold}")
     if not candidates:
         return None
-    costs = [s.costs or predictors for s in candidates]
-    roots = [c.base or c for c in costs]
-    root_ids = list(map(id, roots))
+    if models is None:
+        models = candidate_models(candidates, predictors)
+    costs, root_ids, ratios, overheads = (
+        models.costs,
+        models.root_ids,
+        models.ratios,
+        models.overheads,
+    )
+    floor = models.floor
     planners = {
         root_id: _Planner(
             request, root, match, bandwidth, threshold, allow_transfer, transfer_only_if_cheaper
         )
-        for root_id, root in dict(zip(root_ids, roots)).items()
+        for root_id, root in models.roots.items()
     }
-    ratios = list(map(_prefill_ratio, costs))
-    overheads = list(map(_prefill_overhead, costs))
-    floor = _Floor(min(ratios), min(overheads), min(map(_kv_bytes, costs)))
     # Branch and bound: queue time plus a floor under the plans of its node priced by its model
     # (its shared base's prices, scaled by its own correction terms) bounds an instance's TTFT
     # from below, and an instance whose bound exceeds a TTFT already found cannot win or tie,
@@ -175,7 +180,7 @@ def choose_prefill(
         )
         local_of, tokens_of, pulled_of = ({k: t[i] for k, t in terms.items()} for i in range(3))
         local_s = map(mul, ratios, map(local_of.__getitem__, keys))
-        pulled_bytes = map(mul, map(_kv_bytes, costs), map(tokens_of.__getitem__, keys))
+        pulled_bytes = map(mul, models.kv_bytes, map(tokens_of.__getitem__, keys))
         pull_s = map(
             add,
             map(truediv, pulled_bytes, rates),
@@ -223,6 +228,41 @@ def choose_prefill(
             winner, winner_plan, winner_ttft = instance, plan, ttft
             limit = ttft + _rounding_slack(ttft)
     return _choice(request, winner, winner_plan)
+
+
+class CandidateModels(NamedTuple):
+    """What choose_prefill reads of the candidates' cost models, in candidate order. It is the
+    same from one decision to the next while the candidates' models are: a policy keeps the
+    last one (candidate_models) and saves six passes over hundreds of instances."""
+
+    costs: list[CostPredictors]
+    roots: dict[int, CostPredictors]  # id → the shared base models
+    root_ids: list[int]
+    ratios: list[float]
+    overheads: list[float]
+    kv_bytes: list[float]
+    floor: _Floor
+
+
+def candidate_models(
+    candidates: Sequence[InstanceSnapshot],
+    predictors: CostPredictors,
+    last: CandidateModels | None = None,
+) -> CandidateModels:
+    """The candidates' models (`predictors` for those without one); `last` itself when it was
+    made for the same models in the same order."""
+    costs = [s.costs or predictors for s in candidates]
+    if last is not None and last.costs == costs:
+        return last
+    roots = [c.base or c for c in costs]
+    root_ids = list(map(id, roots))
+    ratios = list(map(_prefill_ratio, costs))
+    overheads = list(map(_prefill_overhead, costs))
+    kv_bytes = list(map(_kv_bytes, costs))
+    floor = _Floor(min(ratios), min(overheads), min(kv_bytes)) if costs else _Floor(1.0, 0.0, 0.0)
+    return CandidateModels(
+        costs, dict(zip(root_ids, roots)), root_ids, ratios, overheads, kv_bytes, floor
+    )
 
 
 _prefill_ratio = attrgetter("prefill_ratio")

@@ -152,6 +152,7 @@ class KvCentricPolicy(Policy):
             )
         self.threshold = kvcache_balancing_threshold
         self.transfer_only_if_cheaper = transfer_only_if_cheaper
+        self._models: kv_centric.CandidateModels | None = None  # the last decision's
 
     def choose_prefill(
         self,
@@ -161,6 +162,7 @@ class KvCentricPolicy(Policy):
         snapshot: ClusterSnapshot,
     ) -> PrefillChoice:
         """Algorithm 1, each instance priced by its own cost model (the policy's without one)."""
+        self._models = kv_centric.candidate_models(candidates, self.predictors, self._models)
         return kv_centric.choose_prefill(
             request,
             candidates,
@@ -170,6 +172,7 @@ class KvCentricPolicy(Policy):
             self.threshold,
             allow_transfer=self.allow_transfer,
             transfer_only_if_cheaper=self.transfer_only_if_cheaper,
+            models=self._models,
         )
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
