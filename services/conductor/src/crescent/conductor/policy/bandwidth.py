@@ -24,6 +24,7 @@ class BandwidthTable:
         self.default_bytes_per_s = default_bytes_per_s
         self._measured: dict[tuple[str, str], float] = {}
         self._measured_into: dict[str, dict[str, float]] = {}  # destination → {source: rate}
+        self._measured_from: dict[str, dict[str, float]] = {}  # source → {destination: rate}
         self._max_rate: float | None = None  # cached fastest link; None after a change
         for (src, dst), rate in (measured or {}).items():
             self.set(src, dst, rate)
@@ -35,6 +36,7 @@ class BandwidthTable:
         _check_rate(bytes_per_s)
         self._measured[(src, dst)] = bytes_per_s
         self._measured_into.setdefault(dst, {})[src] = bytes_per_s
+        self._measured_from.setdefault(src, {})[dst] = bytes_per_s
         self._max_rate = None
 
     def max_rate(self) -> float:
@@ -68,9 +70,9 @@ class BandwidthTable:
         fastest link anywhere (no less than that rate) instead of one lookup per source."""
         if len(sources) > max_sources:
             return repeat(self.max_rate(), len(destinations))
-        default, measured = self.default_bytes_per_s, self._measured
+        default, measured_from = self.default_bytes_per_s, self._measured_from
         rates = [
-            map(measured.get, zip(repeat(source), destinations), repeat(default))
+            map(measured_from.get(source, {}).get, destinations, repeat(default))
             for source in sources
         ]
         if len(rates) == 1:
