@@ -211,13 +211,17 @@ def test_decisions_with_per_instance_models_equal_the_reference(case):
     of the last decision's models (kv_centric.candidate_models) never leaks into the next."""
     check_against_reference(case, KEPT_POLICY)
     holdings, snapshot, request = case
-    models = [p.costs for p in snapshot.prefill]
-    moved = [
-        msgspec.structs.replace(p, costs=models[i - 1]) for i, p in enumerate(snapshot.prefill)
-    ]
-    check_against_reference(
-        (holdings, dataclasses.replace(snapshot, prefill=moved), request), KEPT_POLICY
+    moved = dataclasses.replace(
+        snapshot, prefill=models_moved(snapshot.prefill), decode=models_moved(snapshot.decode)
     )
+    check_against_reference((holdings, moved, request), KEPT_POLICY)
+
+
+def models_moved(instances: list[InstanceSnapshot]) -> list[InstanceSnapshot]:
+    """Each instance with the model of the one before it."""
+    return [
+        msgspec.structs.replace(s, costs=instances[i - 1].costs) for i, s in enumerate(instances)
+    ]
 
 
 KEPT_POLICY = make_policy(
@@ -315,3 +319,32 @@ def test_at_512_instances_few_are_priced_in_full(per_instance):
     outcome = make_policy("kv-centric", predictors=predictors).choose(request, snapshot, 0.0)
     assert isinstance(outcome, Decision)
     assert bandwidth.num_plans < 64 and step.num_calls < 64
+
+
+def test_a_policy_bounds_decode_with_the_models_of_this_decision():
+    """A policy keeps the last decision's decode floors (decode_load.step_floors) only while the
+    instances' models are the same: an instance that became cheaper must still win."""
+    policy = make_policy("kv-centric", predictors=PREDICTORS)
+    prefills = [InstanceSnapshot("p0", "n0", 0, 0, 0.0, 0, 0)]
+
+    def decodes(last_ratio: float) -> list[InstanceSnapshot]:
+        return [
+            InstanceSnapshot(
+                f"d{i:02d}",
+                f"dn{i}",
+                0,
+                0,
+                0.0,
+                0,
+                10**7,
+                context_tokens=10_000 * i,
+                costs=derived(PREDICTORS, 1.0, 0.0, 1.0, last_ratio if i == 19 else 1.0),
+            )
+            for i in range(20)
+        ]
+
+    request = ScheduleRequest("r", (), 100, BLOCK, 8)
+    first = policy.choose(request, ClusterSnapshot(prefills, decodes(1.0)), 0.0)
+    assert first.decode.instance_id == "d00"
+    second = policy.choose(request, ClusterSnapshot(prefills, decodes(0.01)), 0.0)
+    assert second.decode.instance_id == "d19"

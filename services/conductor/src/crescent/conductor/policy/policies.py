@@ -35,9 +35,11 @@ from crescent.conductor.policy.decision import (
 )
 from crescent.conductor.policy.decode_load import (
     DecodeLoad,
+    StepFloors,
     choice_for,
     choose_by_tbt,
     current_loads,
+    step_floors,
 )
 from crescent.conductor.policy.decode_time import DecodeTimeEstimator
 from crescent.conductor.policy.eligibility import eligible_decode, eligible_prefill
@@ -55,6 +57,7 @@ class Policy(ABC):
     def __init__(self, predictors: CostPredictors, admission: Admission) -> None:
         self.predictors = predictors
         self.admission = admission
+        self._floors: StepFloors | None = None  # the last TBT-driven decode choice's
 
     def choose(
         self, request: ScheduleRequest, snapshot: ClusterSnapshot, now: float
@@ -129,7 +132,9 @@ class Policy(ABC):
         return kv_centric.price_local(request, instance, match, instance.costs or self.predictors)
 
     def _by_tbt(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
-        return choose_by_tbt(request, loads, self.predictors.decode_step_s)
+        step_s = self.predictors.decode_step_s
+        self._floors = step_floors(loads, step_s, self._floors)
+        return choose_by_tbt(request, loads, step_s, self._floors)
 
 
 class KvCentricPolicy(Policy):
