@@ -207,8 +207,8 @@ def test_kv_centric_decisions_equal_the_per_instance_reference(case):
 @given(case=clusters(per_instance=True))
 def test_decisions_with_per_instance_models_equal_the_reference(case):
     """Instances priced by their own corrected models, as the conductor prices them; one policy
-    decides every case, once more with the models moved between instances, so what it keeps
-    of the last decision's models (kv_centric.candidate_models) never leaks into the next."""
+    decides every case, once more with the models moved between instances, as corrections move
+    from one decision to the next."""
     check_against_reference(case, KEPT_POLICY)
     holdings, snapshot, request = case
     moved = dataclasses.replace(
@@ -322,8 +322,8 @@ def test_at_512_instances_few_are_priced_in_full(per_instance):
 
 
 def test_a_policy_bounds_decode_with_the_models_of_this_decision():
-    """A policy keeps the last decision's decode floors (decode_load.step_floors) only while the
-    instances' models are the same: an instance that became cheaper must still win."""
+    """The decode bound takes the smallest correction of this decision's models: an instance
+    that became cheaper since the last decision still wins from far down the context order."""
     policy = make_policy("kv-centric", predictors=PREDICTORS)
     prefills = [InstanceSnapshot("p0", "n0", 0, 0, 0.0, 0, 0)]
 

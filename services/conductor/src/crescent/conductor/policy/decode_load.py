@@ -14,12 +14,7 @@ from collections.abc import Sequence
 from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
-from crescent.conductor.policy.decision import (
-    CostPredictors,
-    DecodeChoice,
-    DecodeStepFn,
-    ScheduleRequest,
-)
+from crescent.conductor.policy.decision import DecodeChoice, DecodeStepFn, ScheduleRequest
 from crescent.conductor.policy.snapshot import InflightRequest, InstanceSnapshot
 
 
@@ -89,10 +84,7 @@ def projected_loads(
 
 
 def choose_by_tbt(
-    request: ScheduleRequest,
-    loads: Sequence[DecodeLoad],
-    decode_step_s: DecodeStepFn,
-    floors: StepFloors | None = None,
+    request: ScheduleRequest, loads: Sequence[DecodeLoad], decode_step_s: DecodeStepFn
 ) -> DecodeChoice | None:
     """The instance with the least TBT after adding the request, each priced by its own cost
     model (`decode_step_s` for those without one); ties to the smaller id. `loads` must already
@@ -102,16 +94,13 @@ def choose_by_tbt(
     are visited by context, and once the smallest batch with the next instance's context would
     already be slower than the best so far, under every base model and the smallest decode
     correction of any instance, no later instance can win or tie: at hundreds of instances the
-    models are evaluated for a few of them. `floors`: step_floors(loads, decode_step_s, ...)
-    when the caller keeps it between decisions.
+    models are evaluated for a few of them.
     """
     if not loads:
         return None
     best_id, best_tbt = "", math.inf
     prompt = request.num_prompt_tokens
-    if floors is None:
-        floors = step_floors(loads, decode_step_s)
-    floor_steps, ratio = floors.steps, floors.ratio
+    floor_steps, ratio = _step_floors(loads, decode_step_s)
     fewest_running = min(map(_num_running, loads))
     for visited, (instance, num_running, num_context_tokens) in enumerate(
         sorted(loads, key=_num_context)
@@ -129,34 +118,22 @@ def choose_by_tbt(
     return DecodeChoice(best_id, best_tbt)
 
 
-class StepFloors(NamedTuple):
+def _step_floors(
+    loads: Sequence[DecodeLoad], default: DecodeStepFn
+) -> tuple[list[DecodeStepFn], float]:
     """The base step models of the instances' cost models, and the smallest ratio any applies
-    to its base: for every instance, step >= ratio · min over bases (bases non-negative). The
-    same from one decision to the next while the instances' models are (step_floors)."""
-
-    models: list[CostPredictors | None]
-    default: DecodeStepFn  # for the instances without a model
-    steps: list[DecodeStepFn]
-    ratio: float
-
-
-def step_floors(
-    loads: Sequence[DecodeLoad], default: DecodeStepFn, last: StepFloors | None = None
-) -> StepFloors:
-    """The floors of `loads`' models; `last` itself when it was made for the same models."""
+    to its base: for every instance, step >= ratio · min over bases (bases non-negative)."""
     models = [load.instance.costs for load in loads]
-    if last is not None and last.default is default and last.models == models:
-        return last
     derived = [model for model in models if model is not None]
     if not derived:
-        return StepFloors(models, default, [default], 1.0)
+        return [default], 1.0
     roots = [base or model for base, model in zip(map(_base, derived), derived)]
     bases = {id(root): root.decode_step_s for root in dict(zip(map(id, roots), roots)).values()}
     ratio = min(map(_decode_ratio, derived))
     if len(derived) < len(models):
         bases[id(default)] = default
         ratio = min(ratio, 1.0)
-    return StepFloors(models, default, list(bases.values()), ratio)
+    return list(bases.values()), ratio
 
 
 _decode_ratio = attrgetter("decode_ratio")

@@ -127,17 +127,14 @@ def choose_prefill(
     *,
     allow_transfer: bool = True,
     transfer_only_if_cheaper: bool = True,
-    models: CandidateModels | None = None,
 ) -> PrefillChoice | None:
     """The candidate with the least predicted TTFT, each priced by its own cost model
-    (`predictors` for those without one); None when there is no candidate. `models`:
-    candidate_models(candidates, predictors, ...) when the caller keeps it between decisions."""
+    (`predictors` for those without one); None when there is no candidate."""
     if not threshold > 0:
         raise ValueError(f"kvcache_balancing_threshold must be > 0, got {threshold}")
     if not candidates:
         return None
-    if models is None:
-        models = candidate_models(candidates, predictors)
+    models = candidate_models(candidates, predictors)
     costs, root_ids, ratios, overheads = (
         models.costs,
         models.root_ids,
@@ -231,9 +228,7 @@ def choose_prefill(
 
 
 class CandidateModels(NamedTuple):
-    """What choose_prefill reads of the candidates' cost models, in candidate order. It is the
-    same from one decision to the next while the candidates' models are: a policy keeps the
-    last one (candidate_models) and saves six passes over hundreds of instances."""
+    """What choose_prefill reads of the candidates' cost models, in candidate order."""
 
     costs: list[CostPredictors]
     roots: dict[int, CostPredictors]  # id → the shared base models
@@ -245,21 +240,16 @@ class CandidateModels(NamedTuple):
 
 
 def candidate_models(
-    candidates: Sequence[InstanceSnapshot],
-    predictors: CostPredictors,
-    last: CandidateModels | None = None,
+    candidates: Sequence[InstanceSnapshot], predictors: CostPredictors
 ) -> CandidateModels:
-    """The candidates' models (`predictors` for those without one); `last` itself when it was
-    made for the same models in the same order."""
+    """The candidates' models (`predictors` for those without one), read in C where it can."""
     costs = [s.costs or predictors for s in candidates]
-    if last is not None and last.costs == costs:
-        return last
     roots = [c.base or c for c in costs]
     root_ids = list(map(id, roots))
     ratios = list(map(_prefill_ratio, costs))
     overheads = list(map(_prefill_overhead, costs))
     kv_bytes = list(map(_kv_bytes, costs))
-    floor = _Floor(min(ratios), min(overheads), min(kv_bytes)) if costs else _Floor(1.0, 0.0, 0.0)
+    floor = _Floor(min(ratios), min(overheads), min(kv_bytes))
     return CandidateModels(
         costs, dict(zip(root_ids, roots)), root_ids, ratios, overheads, kv_bytes, floor
     )

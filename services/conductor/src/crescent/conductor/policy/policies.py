@@ -35,11 +35,9 @@ from crescent.conductor.policy.decision import (
 )
 from crescent.conductor.policy.decode_load import (
     DecodeLoad,
-    StepFloors,
     choice_for,
     choose_by_tbt,
     current_loads,
-    step_floors,
 )
 from crescent.conductor.policy.decode_time import DecodeTimeEstimator
 from crescent.conductor.policy.eligibility import eligible_decode, eligible_prefill
@@ -57,7 +55,6 @@ class Policy(ABC):
     def __init__(self, predictors: CostPredictors, admission: Admission) -> None:
         self.predictors = predictors
         self.admission = admission
-        self._floors: StepFloors | None = None  # the last TBT-driven decode choice's
 
     def choose(
         self, request: ScheduleRequest, snapshot: ClusterSnapshot, now: float
@@ -132,9 +129,7 @@ class Policy(ABC):
         return kv_centric.price_local(request, instance, match, instance.costs or self.predictors)
 
     def _by_tbt(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
-        step_s = self.predictors.decode_step_s
-        self._floors = step_floors(loads, step_s, self._floors)
-        return choose_by_tbt(request, loads, step_s, self._floors)
+        return choose_by_tbt(request, loads, self.predictors.decode_step_s)
 
 
 class KvCentricPolicy(Policy):
@@ -157,7 +152,6 @@ class KvCentricPolicy(Policy):
             )
         self.threshold = kvcache_balancing_threshold
         self.transfer_only_if_cheaper = transfer_only_if_cheaper
-        self._models: kv_centric.CandidateModels | None = None  # the last decision's
 
     def choose_prefill(
         self,
@@ -167,7 +161,6 @@ class KvCentricPolicy(Policy):
         snapshot: ClusterSnapshot,
     ) -> PrefillChoice:
         """Algorithm 1, each instance priced by its own cost model (the policy's without one)."""
-        self._models = kv_centric.candidate_models(candidates, self.predictors, self._models)
         return kv_centric.choose_prefill(
             request,
             candidates,
@@ -177,7 +170,6 @@ class KvCentricPolicy(Policy):
             self.threshold,
             allow_transfer=self.allow_transfer,
             transfer_only_if_cheaper=self.transfer_only_if_cheaper,
-            models=self._models,
         )
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
