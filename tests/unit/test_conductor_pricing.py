@@ -184,3 +184,23 @@ def test_an_unobserved_instance_is_priced_like_its_observed_peers():
     own = correction.of("p1")
     assert own.ratios["prefill"] == pytest.approx(1.0) and own.overhead_s == pytest.approx(0.05)
     assert CostCorrection(is_enabled=False).of("p1").overhead_s == 0.0
+
+
+def test_equal_profiles_share_a_base_and_changed_prices_are_reported():
+    """Instances publishing the same profile are bounded through one base model, and the view
+    learns whose price moved: the instance itself, or those relying on a typical correction."""
+    pricing = Pricing(DEFAULT)
+    for instance_id in ("p0", "p1"):
+        pricing.apply_cost_event(MirrorEvent(f"/c/costs/prefill/{instance_id}", profile(1e-3)))
+    pricing.apply_cost_event(MirrorEvent("/c/costs/decode/d0", profile(1e-3)))
+    p0, p1 = (pricing.predictors("prefill", i, "m") for i in ("p0", "p1"))
+    assert p0.base is p1.base and p0.base.prefill_s(1000, 0) == pytest.approx(1.0)
+    pricing.predictors("decode", "d0", "m")
+    pricing.take_changed()
+    pricing.correction.observe("p0", "prefill", 1.0, 2.0)  # p1 has no samples: typical moves
+    assert pricing.take_changed() == {("prefill", "p0"), ("decode", "p0"), ("prefill", "p1")}
+    repriced = pricing.predictors("prefill", "p1", "m")
+    assert (repriced.prefill_ratio, repriced.base) == (pytest.approx(2.0), p0.base)
+    assert pricing.take_changed() == set()
+    pricing.correction.observe("d0", "decode", 0.01, 0.01)  # its own: nobody else's price
+    assert pricing.take_changed() == {("prefill", "d0"), ("decode", "d0")}

@@ -1,12 +1,16 @@
+import random
+
+import msgspec
 import pytest
 
 from crescent.common.codec import encode
 from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.conductor.cluster_view import ClusterView
-from crescent.conductor.policy import least_loaded
+from crescent.conductor.policy import CostPredictors, least_loaded
 from crescent.conductor.policy.eligibility import eligible_decode, eligible_prefill
 from crescent.conductor.policy.snapshot import InstanceSnapshot
+from crescent.conductor.pricing import Pricing
 
 
 class Clock:
@@ -184,18 +188,67 @@ def test_a_conductor_that_heard_nobody_for_a_moment_does_not_call_everyone_stale
 def test_snapshots_are_reused_until_the_instance_changes():
     clock = Clock()
     view = ClusterView(clock=clock)
+    pricing = Pricing(
+        CostPredictors(
+            prefill_s=lambda n, p: 1.0, decode_step_s=lambda b, c: 0.1, kv_bytes_per_token=1.0
+        )
+    )
     register(view, "decode", "d0")
     view.apply_load(load("decode", "d0", num_running=2, kv_used_tokens=10, kv_capacity_tokens=100))
-    [first] = view.snapshot("decode", "m", clock.now)
-    assert view.snapshot("decode", "m", clock.now)[0] is first
+    [first] = view.snapshot("decode", "m", clock.now, pricing)
+    assert view.snapshot("decode", "m", clock.now, pricing)[0] is first
     view.note_assignment("decode", "d0", 30)
-    [assigned] = view.snapshot("decode", "m", clock.now)
+    [assigned] = view.snapshot("decode", "m", clock.now, pricing)
     assert assigned.kv_used_tokens == 40 and assigned is not first
     view.apply_load(load("decode", "d0", num_running=3, kv_used_tokens=50, kv_capacity_tokens=100))
-    [loaded] = view.snapshot("decode", "m", clock.now)
+    [loaded] = view.snapshot("decode", "m", clock.now, pricing)
     assert (loaded.num_running, loaded.kv_used_tokens, loaded.is_stale) == (3, 50, False)
     clock.now += 10  # silent for many periods
-    [silent] = view.snapshot("decode", "m", clock.now)
+    [silent] = view.snapshot("decode", "m", clock.now, pricing)
     assert silent.is_stale and silent.num_running == 3
     register(view, "decode", "d0", kv_capacity_tokens=7)
-    assert view.snapshot("decode", "m", clock.now)[0] is not silent
+    assert view.snapshot("decode", "m", clock.now, pricing)[0] is not silent
+    pricing.correction.observe("d0", "decode", 0.1, 0.2)  # its price moved: a new snapshot
+    [repriced] = view.snapshot("decode", "m", clock.now, pricing)
+    assert repriced.costs.decode_step_s(1, 0) == pytest.approx(0.2)
+
+
+def test_kept_snapshots_equal_snapshots_built_anew_through_any_changes():
+    """The priced view keeps snapshots between decisions and redoes only what changed: after
+    any sequence of telemetry, assignments, silences, registry changes and time passing, it
+    reports what building every snapshot anew reports."""
+    rng = random.Random(3)
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    pricing = Pricing(
+        CostPredictors(
+            prefill_s=lambda n, p: 1.0, decode_step_s=lambda b, c: 0.1, kv_bytes_per_token=1.0
+        )
+    )
+    ids = [f"p{i}" for i in range(6)]
+    for instance_id in ids:
+        register(view, "prefill", instance_id)
+    for _ in range(400):
+        event = rng.random()
+        instance_id = rng.choice(ids)
+        if event < 0.3:
+            view.apply_load(
+                load(
+                    "prefill",
+                    instance_id,
+                    queue_time_s=rng.choice([0.0, 0.05, 0.3]),
+                    running_s=rng.choice([0.0, 0.01]),
+                    num_queued=rng.randint(0, 3),
+                )
+            )
+        elif event < 0.5:
+            view.note_assignment("prefill", instance_id, 10, rng.choice([0.0, 0.02, -0.02]))
+        elif event < 0.53:
+            register(view, "prefill", instance_id, kv_capacity_tokens=rng.randint(0, 9))
+        elif event < 0.55 and instance_id != "p0":
+            ids.remove(instance_id)
+            view.apply_registry(MirrorEvent(f"/crescent/c/instances/prefill/{instance_id}", None))
+        clock.now += rng.choice([0.001, 0.01, 0.1, 0.4, 1.0])
+        kept = view.snapshot("prefill", "m", clock.now, pricing)
+        anew = view.snapshot("prefill", "m", clock.now)
+        assert [msgspec.structs.replace(s, costs=None) for s in kept] == anew

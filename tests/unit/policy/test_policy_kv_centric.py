@@ -3,6 +3,8 @@ threshold at, above and below its edge, ties, transfer sources and the §4.2 cos
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from policy_helpers import BLOCK, chain, index_with, linear_predictors, prefill, request
 
@@ -157,3 +159,21 @@ def test_paper_scale_example_with_the_emulated_cost_model():
     assert choice.transfer_s == pytest.approx(8 * 512 * 524288 / 12.5e9)
     assert choice.prefill_s == pytest.approx(expected_prefill)
     assert choice.predicted_ttft_s < 2.0
+
+
+def test_fastest_rates_are_the_rates_fastest_source_picks():
+    """The rates the KV-centric bound reads in C: what fastest_source gives each destination
+    for a few sources, and no less than that for many."""
+    rng = random.Random(5)
+    nodes = [f"n{i}" for i in range(20)]
+    table = BandwidthTable(1e6)
+    for _ in range(60):
+        table.set(rng.choice(nodes), rng.choice(nodes), rng.choice([5e5, 1e6, 2e6, 4e6]))
+    for num_sources in (1, 2, 4, 9):
+        sources = rng.sample(nodes, num_sources)
+        rates = list(table.fastest_rates(sources, nodes))
+        exact = [table.fastest_source(sources, node)[1] for node in nodes]
+        if num_sources <= 4:
+            assert rates == exact
+        else:
+            assert all(rate >= fastest for rate, fastest in zip(rates, exact))

@@ -6,13 +6,18 @@ until the TBT floor exceeds the best. The reference below does none of that: per
 scans the node's blocks, finds the fastest source by brute force, prices Algorithm 1, and
 evaluates the TBT model on every decode instance. Both must pick the same instances, with the
 same predictions, ties included (queue times and loads are drawn from small sets so that
-ties are common).
+ties are common). With per-instance models (`costs`, as the conductor's Pricing builds them:
+a shared base, scaled by the instance's corrections) the reference prices each instance with
+its own model; the policy bounds them through their bases.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
+import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from policy_helpers import chain, index_with
@@ -23,6 +28,7 @@ from crescent.conductor.policy import (
     CostPredictors,
     Decision,
     InstanceSnapshot,
+    Policy,
     ScheduleRequest,
     make_policy,
 )
@@ -42,6 +48,28 @@ def decode_step_s(batch: int, context: int) -> float:
 
 
 PREDICTORS = CostPredictors(prefill_s, decode_step_s, KV_BYTES_PER_TOKEN)
+SLOW_BASE = CostPredictors(
+    lambda n, p: 1.5 * prefill_s(n, p), lambda b, c: 2 * decode_step_s(b, c), KV_BYTES_PER_TOKEN
+)
+
+
+def derived(
+    base: CostPredictors, ratio: float, overhead_s: float, transfer: float, decode: float
+) -> CostPredictors:
+    """An instance's model as Pricing builds one: its published base, corrected."""
+    return CostPredictors(
+        lambda n, p: overhead_s + ratio * base.prefill_s(n, p),
+        lambda b, c: decode * base.decode_step_s(b, c),
+        base.kv_bytes_per_token * transfer,
+        base=base,
+        prefill_ratio=ratio,
+        prefill_overhead_s=overhead_s,
+        decode_ratio=decode,
+    )
+
+
+def model_of(instance: InstanceSnapshot) -> CostPredictors:
+    return instance.costs or PREDICTORS
 
 
 def reference_prefill(
@@ -55,26 +83,27 @@ def reference_prefill(
             n += 1
         return n
 
-    def prefill_of(blocks: int) -> float:
+    def prefill_of(blocks: int, model: CostPredictors) -> float:
         n = request.num_prompt_tokens
-        return max(0.0, prefill_s(n, min(blocks * BLOCK, n - 1)))
+        return max(0.0, model.prefill_s(n, min(blocks * BLOCK, n - 1)))
 
     runs = {node: held_run(node) for node in holdings}
     best = max(runs.values(), default=0)
     best_nodes = sorted(node for node, run in runs.items() if run == best and best)
     priced = []
     for instance in snapshot.prefill:
+        model = model_of(instance)
         local = held_run(instance.node)
         source, transfer, blocks = None, 0.0, local
         if exceeds_threshold(best, local, THRESHOLD):
             source = min(best_nodes, key=lambda s: (-snapshot.bandwidth.get(s, instance.node), s))
             rate = snapshot.bandwidth.get(source, instance.node)
-            transfer = (best - local) * BLOCK * KV_BYTES_PER_TOKEN / rate
-            if transfer < prefill_of(local) - prefill_of(best):
+            transfer = (best - local) * BLOCK * model.kv_bytes_per_token / rate
+            if transfer < prefill_of(local, model) - prefill_of(best, model):
                 blocks = best
             else:
                 source, transfer = None, 0.0
-        ttft = transfer + instance.queue_time_s + prefill_of(blocks)
+        ttft = transfer + instance.queue_time_s + prefill_of(blocks, model)
         priced.append((ttft, instance.instance_id, source, blocks * BLOCK))
     ttft, instance_id, source, prefix_tokens = min(priced)
     return instance_id, source, prefix_tokens, ttft
@@ -83,7 +112,9 @@ def reference_prefill(
 def reference_decode(request: ScheduleRequest, snapshot: ClusterSnapshot) -> tuple[str, float]:
     priced = [
         (
-            decode_step_s(d.num_running + 1, d.num_context_tokens + request.num_prompt_tokens),
+            model_of(d).decode_step_s(
+                d.num_running + 1, d.num_context_tokens + request.num_prompt_tokens
+            ),
             d.instance_id,
         )
         for d in snapshot.decode
@@ -93,8 +124,22 @@ def reference_decode(request: ScheduleRequest, snapshot: ClusterSnapshot) -> tup
     return instance_id, tbt
 
 
+def instance_model(rng: random.Random, per_instance: bool) -> CostPredictors | None:
+    """None (the policy's model) or a corrected model of one of two bases; few distinct values,
+    so that ties between instances of different models are common too."""
+    if not per_instance or rng.random() < 0.2:
+        return None
+    return derived(
+        rng.choice([PREDICTORS, SLOW_BASE]),
+        rng.choice([0.5, 1.0, 1.5]),
+        rng.choice([0.0, 0.0, 0.05]),
+        rng.choice([1.0, 2.0]),
+        rng.choice([0.5, 1.0, 1.25]),
+    )
+
+
 @st.composite
-def clusters(draw):
+def clusters(draw, per_instance: bool = False):
     rng = random.Random(draw(st.integers(0, 2**32)))
     num_nodes = draw(st.integers(1, 80))
     nodes = [f"n{i:02d}" for i in range(num_nodes)]
@@ -111,7 +156,14 @@ def clusters(draw):
         bandwidth.set(rng.choice(nodes), rng.choice(nodes), rng.choice([5e5, 1e6, 2e6]))
     prefills = [
         InstanceSnapshot(
-            f"p{i:02d}", rng.choice(nodes), 0, 0, rng.choice([0.0, 0.05, 0.1, 0.5]), 0, 0
+            f"p{i:02d}",
+            rng.choice(nodes),
+            0,
+            0,
+            rng.choice([0.0, 0.05, 0.1, 0.5]),
+            0,
+            0,
+            costs=instance_model(rng, per_instance),
         )
         for i in range(rng.randint(1, 2 * num_nodes))
     ]
@@ -125,6 +177,7 @@ def clusters(draw):
             used,
             60_000,
             context_tokens=rng.choice([None, 0, 2000, 9000, 30000]),
+            costs=instance_model(rng, per_instance),
         )
         for i in range(rng.randint(1, 80))
         for used in [rng.choice([0, 1000, 30_000])]
@@ -147,10 +200,42 @@ def clusters(draw):
 @settings(max_examples=300, deadline=None)
 @given(case=clusters())
 def test_kv_centric_decisions_equal_the_per_instance_reference(case):
+    check_against_reference(case)
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=clusters(per_instance=True))
+def test_decisions_with_per_instance_models_equal_the_reference(case):
+    """Instances priced by their own corrected models, as the conductor prices them; one policy
+    decides every case, once more with the models moved between instances, as corrections move
+    from one decision to the next."""
+    check_against_reference(case, KEPT_POLICY)
     holdings, snapshot, request = case
-    outcome = make_policy(
-        "kv-centric", predictors=PREDICTORS, kvcache_balancing_threshold=THRESHOLD
-    ).choose(request, snapshot, 0.0)
+    moved = dataclasses.replace(
+        snapshot, prefill=models_moved(snapshot.prefill), decode=models_moved(snapshot.decode)
+    )
+    check_against_reference((holdings, moved, request), KEPT_POLICY)
+
+
+def models_moved(instances: list[InstanceSnapshot]) -> list[InstanceSnapshot]:
+    """Each instance with the model of the one before it."""
+    return [
+        msgspec.structs.replace(s, costs=instances[i - 1].costs) for i, s in enumerate(instances)
+    ]
+
+
+KEPT_POLICY = make_policy(
+    "kv-centric", predictors=PREDICTORS, kvcache_balancing_threshold=THRESHOLD
+)
+
+
+def check_against_reference(case, policy: Policy | None = None) -> None:
+    holdings, snapshot, request = case
+    if policy is None:
+        policy = make_policy(
+            "kv-centric", predictors=PREDICTORS, kvcache_balancing_threshold=THRESHOLD
+        )
+    outcome = policy.choose(request, snapshot, 0.0)
     assert isinstance(outcome, Decision)
     instance_id, source, prefix_tokens, ttft = reference_prefill(request, snapshot, holdings)
     chosen = outcome.prefill
@@ -184,9 +269,11 @@ class CountingBandwidth(BandwidthTable):
         return super().fastest_source(sources, dst)
 
 
-def test_at_512_instances_few_are_priced_in_full():
+@pytest.mark.parametrize("per_instance", [False, True])
+def test_at_512_instances_few_are_priced_in_full(per_instance):
     """The bounds are what keeps a decision under a millisecond at 512 instances: without them
-    every prefill instance's node is planned and the TBT model runs for every decode instance."""
+    every prefill instance's node is planned and the TBT model runs for every decode instance,
+    also when each instance has its own corrected model (the conductor's case)."""
     rng = random.Random(7)
     nodes = [f"n{i:03d}" for i in range(512)]
     family = chain("sys", 64)
@@ -212,6 +299,19 @@ def test_at_512_instances_few_are_priced_in_full():
     ]
     step = CountingDecodeStep()
     predictors = CostPredictors(prefill_s, step, KV_BYTES_PER_TOKEN)
+    if per_instance:
+        prefills = [
+            msgspec.structs.replace(
+                p, costs=derived(predictors, rng.uniform(0.8, 1.6), rng.uniform(0, 0.01), 1.0, 1.0)
+            )
+            for p in prefills
+        ]
+        decodes = [
+            msgspec.structs.replace(
+                d, costs=derived(predictors, 1.0, 0.0, 1.0, rng.uniform(0.8, 1.4))
+            )
+            for d in decodes
+        ]
     snapshot = ClusterSnapshot(
         prefills, decodes, index_with({n: sorted(h) for n, h in holdings.items()}), bandwidth
     )
@@ -219,3 +319,32 @@ def test_at_512_instances_few_are_priced_in_full():
     outcome = make_policy("kv-centric", predictors=predictors).choose(request, snapshot, 0.0)
     assert isinstance(outcome, Decision)
     assert bandwidth.num_plans < 64 and step.num_calls < 64
+
+
+def test_a_policy_bounds_decode_with_the_models_of_this_decision():
+    """The decode bound takes the smallest correction of this decision's models: an instance
+    that became cheaper since the last decision still wins from far down the context order."""
+    policy = make_policy("kv-centric", predictors=PREDICTORS)
+    prefills = [InstanceSnapshot("p0", "n0", 0, 0, 0.0, 0, 0)]
+
+    def decodes(last_ratio: float) -> list[InstanceSnapshot]:
+        return [
+            InstanceSnapshot(
+                f"d{i:02d}",
+                f"dn{i}",
+                0,
+                0,
+                0.0,
+                0,
+                10**7,
+                context_tokens=10_000 * i,
+                costs=derived(PREDICTORS, 1.0, 0.0, 1.0, last_ratio if i == 19 else 1.0),
+            )
+            for i in range(20)
+        ]
+
+    request = ScheduleRequest("r", (), 100, BLOCK, 8)
+    first = policy.choose(request, ClusterSnapshot(prefills, decodes(1.0)), 0.0)
+    assert first.decode.instance_id == "d00"
+    second = policy.choose(request, ClusterSnapshot(prefills, decodes(0.01)), 0.0)
+    assert second.decode.instance_id == "d19"

@@ -1,8 +1,10 @@
-"""The scheduling benchmark runs and reports what its callers read (a tiny case, not a timing)."""
+"""The scheduling benchmark runs and reports what its callers read (a tiny case, not a timing),
+on a cluster priced the way the conductor prices one."""
 
 from __future__ import annotations
 
-from crescent.bench.schedule_bench import build_case, format_table, run_schedule_bench
+from crescent.bench.schedule_bench import format_table, run_schedule_bench
+from crescent.bench.schedule_cluster import MODEL, build_conductor
 
 
 def test_bench_reports_kv_centric_and_least_loaded_cases():
@@ -13,8 +15,15 @@ def test_bench_reports_kv_centric_and_least_loaded_cases():
     assert "least-loaded-8x16" in format_table(result)
 
 
-def test_bench_cluster_has_a_replicated_system_prompt_and_partial_prefixes():
-    snapshot, requests = build_case(8, 16)
-    lengths = [snapshot.index.match(r.block_hashes).best_len for r in requests]
-    assert len(snapshot.prefill) == len({s.node for s in snapshot.prefill}) == 8
+def test_bench_cluster_is_priced_per_instance_with_prefixes_to_reuse():
+    load = build_conductor(8, 16)
+    scheduler = load.scheduler
+    prefill = scheduler.view.snapshot("prefill", MODEL, load.clock.now, scheduler.pricing)
+    assert len(prefill) == len({s.node for s in prefill}) == 8
+    assert len({id(s.costs) for s in prefill}) == 8  # each its own corrected model
+    assert len({id(s.costs.base) for s in prefill}) == 2  # two kinds of hardware
+    lengths = [scheduler.index.match(r.block_hashes).best_len for r in load.requests]
     assert min(lengths) >= 4 and max(lengths) <= 16
+    for request in load.requests[:4]:
+        load.between_decisions(scheduler.schedule(request, MODEL))
+    assert scheduler.inflight  # decisions are admitted and recorded

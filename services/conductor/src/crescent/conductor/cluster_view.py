@@ -14,14 +14,19 @@ would look silent at once. So an instance is stale only when others were heard a
 than the stale window, or when nothing at all was heard for DEAF_PERIODS periods. Between two
 telemetry messages the conductor counts its own assignments, so a burst of requests does not
 all land on the instance that looked idlest a moment ago.
+
+The scheduler asks for both roles' snapshots, priced, on every request; those are kept between
+requests (view_cache) and only what moved since is redone.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import msgspec
 
 from crescent.common.codec import decode
 from crescent.common.errors import MessageError
@@ -30,6 +35,7 @@ from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.conductor.policy.decision import CostPredictors
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 from crescent.conductor.pricing import Pricing
+from crescent.conductor.view_cache import Key, Refreshed, RoleSnapshots
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +54,11 @@ class InstanceState:
     queue_s_assigned_since_load: float = 0.0
     was_live: bool = True  # at the last look: each change is logged once
     is_contradiction_logged: bool = False  # contradictory telemetry is logged once per instance
-    # The last snapshot built, until registry, telemetry or an assignment changes the state:
-    # a decision at 512 + 512 instances spent ~2 ms building snapshots anew.
+    # The last snapshot built with the scheduler's pricing, until registry, telemetry, an
+    # assignment or the instance's price changes it: a decision at 512 + 512 instances spent
+    # ~2 ms building snapshots anew. Its queue time is that of the last decision.
     snapshot: InstanceSnapshot | None = None
+    queue_base_s: float = 0.0  # reported queue × the instance's correction − the running job's time
 
 
 @dataclass
@@ -60,6 +68,8 @@ class ClusterView:
     default_period_s: float = 0.25
     instances: dict[tuple[str, str], InstanceState] = field(default_factory=dict)
     last_heard_any: float = 0.0  # when the newest telemetry from any instance was received
+    # (role, model) → its priced snapshots as of the last decision (view_cache)
+    _groups: dict[tuple[str, str], RoleSnapshots] = field(default_factory=dict)
 
     def apply_registry(self, event: MirrorEvent) -> None:
         """A change under instances/<role>/<id> in etcd."""
@@ -68,6 +78,7 @@ class ClusterView:
             return
         role, instance_id = parts[-2], parts[-1]
         if event.value is None:
+            self._groups.clear()
             if self.instances.pop((role, instance_id), None) is not None:
                 log.warning(
                     "instance gone: its lease ended",
@@ -87,12 +98,14 @@ class ClusterView:
                 "instance joined",
                 extra={"role": role, "instance_id": instance_id, "node": info.node},
             )
+            self._groups.clear()
             self.instances[(role, instance_id)] = InstanceState(
                 info=info, registered_at=self.clock()
             )
         else:
             known.info = info
             known.snapshot = None
+            self._groups.clear()
 
     def apply_load(self, load: InstanceLoad) -> None:
         state = self.instances.get((load.role, load.instance_id))
@@ -119,7 +132,7 @@ class ClusterView:
         state.num_assigned_since_load = 0
         state.kv_assigned_since_load = 0
         state.queue_s_assigned_since_load = 0.0
-        state.snapshot = None
+        self._mark((load.role, load.instance_id))
 
     def is_live(self, state: InstanceState, now: float) -> bool:
         period = state.load.period_s if state.load else self.default_period_s
@@ -159,28 +172,85 @@ class ClusterView:
     ) -> list[InstanceSnapshot]:
         """Registered instances of `role` serving `model`, with this conductor's recent assignments
         added; stale or not accepting ones are flagged, for the policies to leave out. With
-        `pricing`, each carries its own cost model and its reported queue is corrected with it."""
-        snapshots = []
-        for (r, instance_id), state in self.instances.items():
-            if r != role or state.info.model != model:
-                continue
-            is_stale = not self.is_live(state, now)
-            costs = pricing.predictors(role, instance_id, model) if pricing is not None else None
-            snapshot = state.snapshot
-            if snapshot is None or snapshot.is_stale != is_stale or snapshot.costs is not costs:
-                snapshot = state.snapshot = self._build_snapshot(
-                    role, instance_id, state, is_stale, costs
+        `pricing`, each carries its own cost model and its reported queue is corrected with it.
+
+        Priced snapshots are kept per instance until something about it changes (`pricing` says
+        whose price moved); per decision only busy instances get a new one, for the queue that
+        drained since, and only instances not heard from within the window are judged again."""
+        if pricing is None:
+            return [
+                self._queued(
+                    self._build_snapshot(role, i, s, not self.is_live(s, now), None), s, now, 1.0
                 )
-            queue_s = self._queue_s(
-                state, now, pricing.queue_ratio(instance_id) if pricing is not None else 1.0
+                for (r, i), s in self.instances.items()
+                if r == role and s.info.model == model
+            ]
+        for key in pricing.take_changed():
+            self._mark(key)
+        group = self._groups.get((role, model))
+
+        def refresh(key: Key) -> Refreshed:
+            return self._refresh(key, now, pricing)
+
+        if group is None or not now < group.sure_until:
+            members = {
+                k: s for k, s in self.instances.items() if k[0] == role and s.info.model == model
+            }
+            group = self._groups[(role, model)] = RoleSnapshots.build(members, refresh)
+            return list(group.snapshots)
+        return group.update(refresh, now)
+
+    def _mark(self, key: Key) -> None:
+        """Something about the instance changed: its snapshot is built anew at the next look."""
+        state = self.instances.get(key)
+        if state is not None:
+            state.snapshot = None
+            group = self._groups.get((key[0], state.info.model))
+            if group is not None and key in group.position:
+                group.dirty.add(key)
+
+    def _refresh(self, key: Key, now: float, pricing: Pricing) -> Refreshed:
+        role, instance_id = key
+        state = self.instances[key]
+        load = state.load
+        if load is not None:
+            window_s = self.stale_periods * load.period_s
+            is_heard = now - state.load_received_at <= window_s
+            # A margin under the window's end, so that before it the test above holds exactly.
+            sure_until = state.load_received_at + window_s - 1e-9 if is_heard else -math.inf
+        else:
+            is_heard, sure_until = False, -math.inf
+        is_stale = False if is_heard else not self.is_live(state, now)
+        snapshot = state.snapshot
+        if snapshot is None or snapshot.is_stale != is_stale:
+            costs = pricing.predictors(role, instance_id, state.info.model)
+            snapshot = self._build_snapshot(role, instance_id, state, is_stale, costs)
+            state.queue_base_s = (
+                load.queue_time_s * pricing.queue_ratio(instance_id) - load.running_s
+                if load is not None
+                else 0.0
             )
-            queue_s += state.queue_s_assigned_since_load
-            if (
-                queue_s != snapshot.queue_time_s
-            ):  # the queue drains with time: only busy instances differ
-                snapshot = dataclasses.replace(snapshot, queue_time_s=queue_s)
-            snapshots.append(snapshot)
-        return snapshots
+        queue_s, is_busy = self._drained(state, now)
+        if queue_s != snapshot.queue_time_s:
+            snapshot = msgspec.structs.replace(snapshot, queue_time_s=queue_s)
+        state.snapshot = snapshot
+        return Refreshed(snapshot, sure_until, is_busy)
+
+    @staticmethod
+    def _drained(state: InstanceState, now: float) -> tuple[float, bool]:
+        """The queue left now (ClusterView._queue_s with the ratio applied at the last refresh,
+        plus this conductor's assignments), and whether it can still drain further."""
+        queue_s = state.queue_s_assigned_since_load
+        if state.load is None:
+            return queue_s, False
+        reported_s = max(0.0, state.queue_base_s - max(0.0, now - state.load_received_at))
+        return reported_s + queue_s, reported_s > 0
+
+    def _queued(
+        self, snapshot: InstanceSnapshot, state: InstanceState, now: float, ratio: float
+    ) -> InstanceSnapshot:
+        queue_s = self._queue_s(state, now, ratio) + state.queue_s_assigned_since_load
+        return msgspec.structs.replace(snapshot, queue_time_s=queue_s)
 
     @staticmethod
     def _build_snapshot(
@@ -233,7 +303,7 @@ class ClusterView:
             state.num_assigned_since_load += num_requests
             state.kv_assigned_since_load += num_tokens
             state.queue_s_assigned_since_load += queue_s
-            state.snapshot = None
+            self._mark((role, instance_id))
 
     def models(self) -> dict[str, int]:
         """Models a registered prefill instance serves → their smallest max_model_len. Registered,

@@ -162,16 +162,11 @@ class Scheduler:
         return self.policy.choose_new_decode(request, self._snapshot(model, self.clock(), exclude))
 
     def _snapshot(self, model: str, now: float, exclude: Collection[str]) -> ClusterSnapshot:
-        prefills = [
-            s
-            for s in self.view.snapshot("prefill", model, now, self.pricing)
-            if s.instance_id not in exclude
-        ]
-        decodes = [
-            s
-            for s in self.view.snapshot("decode", model, now, self.pricing)
-            if s.instance_id not in exclude
-        ]
+        prefills = self.view.snapshot("prefill", model, now, self.pricing)
+        decodes = self.view.snapshot("decode", model, now, self.pricing)
+        if exclude:  # a retry: most requests exclude nothing, and skip two passes
+            prefills = [s for s in prefills if s.instance_id not in exclude]
+            decodes = [s for s in decodes if s.instance_id not in exclude]
         return ClusterSnapshot(
             prefill=prefills,
             decode=decodes,

@@ -6,7 +6,8 @@ default applies, so a fresh conductor still prices transfers sensibly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from itertools import repeat
 
 DEFAULT_BYTES_PER_S = 12.5e9  # one 100 Gb/s NIC
 
@@ -23,6 +24,7 @@ class BandwidthTable:
         self.default_bytes_per_s = default_bytes_per_s
         self._measured: dict[tuple[str, str], float] = {}
         self._measured_into: dict[str, dict[str, float]] = {}  # destination → {source: rate}
+        self._measured_from: dict[str, dict[str, float]] = {}  # source → {destination: rate}
         self._max_rate: float | None = None  # cached fastest link; None after a change
         for (src, dst), rate in (measured or {}).items():
             self.set(src, dst, rate)
@@ -34,6 +36,7 @@ class BandwidthTable:
         _check_rate(bytes_per_s)
         self._measured[(src, dst)] = bytes_per_s
         self._measured_into.setdefault(dst, {})[src] = bytes_per_s
+        self._measured_from.setdefault(src, {})[dst] = bytes_per_s
         self._max_rate = None
 
     def max_rate(self) -> float:
@@ -58,6 +61,23 @@ class BandwidthTable:
             if rate > best_rate or (rate == best_rate and source < best_source):
                 best_source, best_rate = source, rate
         return best_source, best_rate
+
+    def fastest_rates(
+        self, sources: Collection[str], destinations: Sequence[str], max_sources: int = 4
+    ) -> Iterator[float]:
+        """For each destination, the rate fastest_source(sources, it) would give, looked up in C
+        for a policy bounding hundreds of instances; with more than `max_sources` sources, the
+        fastest link anywhere (no less than that rate) instead of one lookup per source."""
+        if len(sources) > max_sources:
+            return repeat(self.max_rate(), len(destinations))
+        default, measured_from = self.default_bytes_per_s, self._measured_from
+        rates = [
+            map(measured_from.get(source, {}).get, destinations, repeat(default))
+            for source in sources
+        ]
+        if len(rates) == 1:
+            return rates[0]
+        return map(max, *rates)
 
     def transfer_s(self, src: str, dst: str, num_bytes: float) -> float:
         return num_bytes / self.get(src, dst)

@@ -51,6 +51,30 @@ class CostPredictors:
     prefill_s: PrefillTimeFn
     decode_step_s: DecodeStepFn
     kv_bytes_per_token: float
+    # How this model derives from a shared one, when it does (the conductor prices an instance
+    # with its published profile, corrected): prefill_s(n, p) = prefill_overhead_s +
+    # prefill_ratio · base.prefill_s(n, p) and decode_step_s(b, c) = decode_ratio ·
+    # base.decode_step_s(b, c). Policies bound hundreds of instances' costs with one evaluation
+    # per base, then price the few left in the running with their own functions. None: the
+    # model is its own base (ratios 1, no overhead).
+    base: CostPredictors | None = None
+    prefill_ratio: float = 1.0
+    prefill_overhead_s: float = 0.0
+    decode_ratio: float = 1.0
+
+    def __post_init__(self) -> None:
+        terms = (self.prefill_ratio, self.prefill_overhead_s, self.decode_ratio)
+        if (self.base is None and terms != (1.0, 0.0, 1.0)) or not min(terms) >= 0:
+            raise ValueError(
+                f"cost model: ratios and overhead must be >= 0, and 1, 0, 1 without a base; got "
+                f"prefill ratio {self.prefill_ratio}, overhead {self.prefill_overhead_s} s, "
+                f"decode ratio {self.decode_ratio}"
+            )
+
+    @property
+    def root(self) -> CostPredictors:
+        """The shared model this one derives from (itself when it derives from none)."""
+        return self if self.base is None else self.base
 
 
 @dataclass(frozen=True)

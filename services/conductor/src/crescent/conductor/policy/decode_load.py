@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import NamedTuple
 
 from crescent.conductor.policy.decision import DecodeChoice, DecodeStepFn, ScheduleRequest
@@ -86,44 +86,58 @@ def projected_loads(
 def choose_by_tbt(
     request: ScheduleRequest, loads: Sequence[DecodeLoad], decode_step_s: DecodeStepFn
 ) -> DecodeChoice | None:
-    """The instance with the least TBT after adding the request; ties to the smaller id.
-    `loads` must already be filtered for KV room (eligibility.eligible_decode).
+    """The instance with the least TBT after adding the request, each priced by its own cost
+    model (`decode_step_s` for those without one); ties to the smaller id. `loads` must already
+    be filtered for KV room (eligibility.eligible_decode).
 
-    A step takes no less time with more requests or more context (DecodeStepFn), so when one
-    model prices every instance they are visited by context, and once the smallest batch with the
-    next instance's context would already be slower than the best so far, no later instance can
-    win or tie: at hundreds of instances the model is evaluated for a few of them. Instances that
-    carry their own cost models (published profiles) share no such bound and are all priced.
+    A step takes no less time with more requests or more context (DecodeStepFn), so instances
+    are visited by context, and once the smallest batch with the next instance's context would
+    already be slower than the best so far, under every base model and the smallest decode
+    correction of any instance, no later instance can win or tie: at hundreds of instances the
+    models are evaluated for a few of them.
     """
     if not loads:
         return None
     best_id, best_tbt = "", math.inf
     prompt = request.num_prompt_tokens
-    if any(
-        load.instance.costs is not None for load in loads
-    ):  # each priced by its own model: no shared bound
-        for instance, num_running, num_context_tokens in loads:
-            tbt = step_fn(instance, decode_step_s)(num_running + 1, num_context_tokens + prompt)
-            if (
-                tbt < best_tbt
-                or (tbt == best_tbt and instance.instance_id < best_id)
-                or not best_id
-            ):
-                best_id, best_tbt = instance.instance_id, tbt
-        return DecodeChoice(best_id, best_tbt)
+    floor_steps, ratio = _step_floors(loads, decode_step_s)
     fewest_running = min(map(_num_running, loads))
     for visited, (instance, num_running, num_context_tokens) in enumerate(
         sorted(loads, key=_num_context)
     ):
-        if (
-            visited % _BOUND_EVERY == _BOUND_EVERY - 1
-            and decode_step_s(fewest_running + 1, num_context_tokens + prompt) > best_tbt
-        ):
-            break
-        tbt = decode_step_s(num_running + 1, num_context_tokens + prompt)
+        if visited % _BOUND_EVERY == _BOUND_EVERY - 1:
+            floor = min(
+                step(fewest_running + 1, num_context_tokens + prompt) for step in floor_steps
+            )
+            if floor >= 0 and ratio * floor > best_tbt:
+                break
+        step_s = decode_step_s if instance.costs is None else instance.costs.decode_step_s
+        tbt = step_s(num_running + 1, num_context_tokens + prompt)
         if tbt < best_tbt or (tbt == best_tbt and instance.instance_id < best_id) or not best_id:
             best_id, best_tbt = instance.instance_id, tbt
     return DecodeChoice(best_id, best_tbt)
+
+
+def _step_floors(
+    loads: Sequence[DecodeLoad], default: DecodeStepFn
+) -> tuple[list[DecodeStepFn], float]:
+    """The base step models of the instances' cost models, and the smallest ratio any applies
+    to its base: for every instance, step >= ratio · min over bases (bases non-negative)."""
+    models = [load.instance.costs for load in loads]
+    derived = [model for model in models if model is not None]
+    if not derived:
+        return [default], 1.0
+    roots = [base or model for base, model in zip(map(_base, derived), derived)]
+    bases = {id(root): root.decode_step_s for root in dict(zip(map(id, roots), roots)).values()}
+    ratio = min(map(_decode_ratio, derived))
+    if len(derived) < len(models):
+        bases[id(default)] = default
+        ratio = min(ratio, 1.0)
+    return list(bases.values()), ratio
+
+
+_decode_ratio = attrgetter("decode_ratio")
+_base = attrgetter("base")
 
 
 def choice_for(

@@ -13,9 +13,10 @@ Without transfers (`allow_transfer=False`) this is the paper's local cache-aware
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import add, attrgetter, le
+from operator import add, attrgetter, le, mul, truediv
 from typing import NamedTuple
 
 from crescent.common.block_index import PrefixMatch
@@ -62,15 +63,18 @@ class _Planner:
         self._prefill: dict[int, float] = {}
         self._local: dict[int, _NodePlan] = {}
         self._pull: dict[tuple[int, str, float], _NodePlan] = {}
-        self._floor: dict[int, float] = {}
 
     def prefill_s(self, prefix_blocks: int) -> float:
+        return max(0.0, self.model_prefill_s(prefix_blocks))
+
+    def model_prefill_s(self, prefix_blocks: int) -> float:
+        """The model's T_prefill as it says it, before the clamp at 0."""
         seconds = self._prefill.get(prefix_blocks)
         if seconds is None:
             n = self.request.num_prompt_tokens
             # The last prompt token is always computed: its logits give the first token.
             reused = min(prefix_blocks * self.request.block_size, n - 1)
-            seconds = self._prefill[prefix_blocks] = max(0.0, self.predictors.prefill_s(n, reused))
+            seconds = self._prefill[prefix_blocks] = self.predictors.prefill_s(n, reused)
         return seconds
 
     def local_plan(self, local: int) -> _NodePlan:
@@ -78,25 +82,6 @@ class _Planner:
         if plan is None:
             plan = self._local[local] = _NodePlan(local, local, None, 0.0, self.prefill_s(local))
         return plan
-
-    def least_ttft_s(self, local: int) -> float:
-        """A floor under T_transfer + T_prefill of any plan for a node holding `local` blocks:
-        its local plan, or a pull over the fastest link in the cluster."""
-        floor = self._floor.get(local)
-        if floor is None:  # a few distinct lengths per request: computed once each
-            floor = self.prefill_s(local)
-            best = self.match.best_len
-            if (
-                self.bandwidth is not None
-                and self.allow_transfer
-                and exceeds_threshold(best, local, self.threshold)
-            ):
-                bytes_missing = (
-                    (best - local) * self.request.block_size * self.predictors.kv_bytes_per_token
-                )
-                floor = min(floor, bytes_missing / self.bandwidth.max_rate() + self.prefill_s(best))
-            self._floor[local] = floor
-        return floor
 
     def plan(self, node: str) -> _NodePlan:
         match = self.match
@@ -143,24 +128,89 @@ def choose_prefill(
     allow_transfer: bool = True,
     transfer_only_if_cheaper: bool = True,
 ) -> PrefillChoice | None:
-    """The candidate with the least predicted TTFT; None when there is no candidate."""
+    """The candidate with the least predicted TTFT, each priced by its own cost model
+    (`predictors` for those without one); None when there is no candidate."""
     if not threshold > 0:
         raise ValueError(f"kvcache_balancing_threshold must be > 0, got {threshold}")
     if not candidates:
         return None
-    planner = _Planner(
-        request, predictors, match, bandwidth, threshold, allow_transfer, transfer_only_if_cheaper
+    models = candidate_models(candidates, predictors)
+    costs, root_ids, ratios, overheads = (
+        models.costs,
+        models.root_ids,
+        models.ratios,
+        models.overheads,
     )
-    # Branch and bound: queue time plus the floor of its node's plans bounds an instance's TTFT
+    floor = models.floor
+    planners = {
+        root_id: _Planner(
+            request, root, match, bandwidth, threshold, allow_transfer, transfer_only_if_cheaper
+        )
+        for root_id, root in models.roots.items()
+    }
+    # Branch and bound: queue time plus a floor under the plans of its node priced by its model
+    # (its shared base's prices, scaled by its own correction terms) bounds an instance's TTFT
     # from below, and an instance whose bound exceeds a TTFT already found cannot win or tie,
     # so it is never planned. The bounds are computed in C (map, min, compress); Python runs
-    # once per distinct prefix length and per instance left in the running: at 512 instances,
-    # a handful.
-    local_lengths = list(map(match.lengths.get, map(_node, candidates), repeat(0)))
-    floor_of = {length: planner.least_ttft_s(length) for length in set(local_lengths)}
-    bounds = list(map(add, map(_queue_time, candidates), map(floor_of.__getitem__, local_lengths)))
+    # once per distinct (base, prefix length) and per instance left in the running: at 512
+    # instances, a handful.
+    nodes = list(map(_node, candidates))
+    local_lengths = list(map(match.lengths.get, nodes, repeat(0)))
+    # One base (a uniform cluster) needs no (base, length) pairs: the length is the key.
+    keys = local_lengths if len(planners) == 1 else list(zip(root_ids, local_lengths))
+    distinct = set(keys)
+    terms = {
+        key: floor.terms(planners[root_ids[0]], key)
+        if len(planners) == 1
+        else floor.terms(planners[key[0]], key[1])
+        for key in distinct
+    }
+    queues = map(_queue_time, candidates)
+    if all(local >= 0 and pulled >= 0 for local, _, pulled in terms.values()):
+        # Each instance's own terms: overhead + min(ratio · local T_prefill, the pull's tokens ·
+        # bytes per token / the rate of its node's fastest link from a best node + ratio ·
+        # T_prefill after the pull), both T_prefill by its base.
+        rates = (
+            bandwidth.fastest_rates(match.best_nodes, nodes)
+            if bandwidth is not None and match.best_nodes
+            else repeat(1.0)
+        )
+        local_of, tokens_of, pulled_of = ({k: t[i] for k, t in terms.items()} for i in range(3))
+        local_s = map(mul, ratios, map(local_of.__getitem__, keys))
+        pulled_bytes = map(mul, models.kv_bytes, map(tokens_of.__getitem__, keys))
+        pull_s = map(
+            add,
+            map(truediv, pulled_bytes, rates),
+            map(mul, ratios, map(pulled_of.__getitem__, keys)),
+        )
+        bounds = list(map(add, map(add, queues, overheads), map(min, local_s, pull_s)))
+    else:  # a model prices some prefill below 0: the smallest terms of all, clamped at 0
+        floor_of = {
+            key: floor.ttft_s(planners[root_ids[0]], key)
+            if len(planners) == 1
+            else floor.ttft_s(planners[key[0]], key[1])
+            for key in distinct
+        }
+        bounds = list(map(add, queues, map(floor_of.__getitem__, keys)))
+    own: dict[int, _Planner] = {}
+
+    def priced(position: int) -> tuple[InstanceSnapshot, _NodePlan, float]:
+        model = costs[position]
+        planner = own.get(id(model))
+        if planner is None:
+            planner = own[id(model)] = _Planner(
+                request,
+                model,
+                match,
+                bandwidth,
+                threshold,
+                allow_transfer,
+                transfer_only_if_cheaper,
+            )
+        return _priced(candidates[position], planner)
+
     first = min(range(len(candidates)), key=bounds.__getitem__)
-    winner, winner_plan, winner_ttft = _priced(candidates[first], planner)
+    winner, winner_plan, winner_ttft = priced(first)
     limit = winner_ttft + _rounding_slack(winner_ttft)
     in_running = compress(range(len(candidates)), map(le, bounds, repeat(limit)))
     for position in sorted(in_running, key=bounds.__getitem__):
@@ -168,13 +218,92 @@ def choose_prefill(
             break
         if position == first:
             continue
-        instance, plan, ttft = _priced(candidates[position], planner)
+        instance, plan, ttft = priced(position)
         if ttft < winner_ttft or (
             ttft == winner_ttft and instance.instance_id < winner.instance_id
         ):
             winner, winner_plan, winner_ttft = instance, plan, ttft
             limit = ttft + _rounding_slack(ttft)
     return _choice(request, winner, winner_plan)
+
+
+class CandidateModels(NamedTuple):
+    """What choose_prefill reads of the candidates' cost models, in candidate order."""
+
+    costs: list[CostPredictors]
+    roots: dict[int, CostPredictors]  # id → the shared base models
+    root_ids: list[int]
+    ratios: list[float]
+    overheads: list[float]
+    kv_bytes: list[float]
+    floor: _Floor
+
+
+def candidate_models(
+    candidates: Sequence[InstanceSnapshot], predictors: CostPredictors
+) -> CandidateModels:
+    """The candidates' models (`predictors` for those without one), read in C where it can."""
+    costs = [s.costs or predictors for s in candidates]
+    roots = [c.base or c for c in costs]
+    root_ids = list(map(id, roots))
+    ratios = list(map(_prefill_ratio, costs))
+    overheads = list(map(_prefill_overhead, costs))
+    kv_bytes = list(map(_kv_bytes, costs))
+    floor = _Floor(min(ratios), min(overheads), min(kv_bytes))
+    return CandidateModels(
+        costs, dict(zip(root_ids, roots)), root_ids, ratios, overheads, kv_bytes, floor
+    )
+
+
+_prefill_ratio = attrgetter("prefill_ratio")
+_prefill_overhead = attrgetter("prefill_overhead_s")
+_kv_bytes = attrgetter("kv_bytes_per_token")
+
+
+class _Floor(NamedTuple):
+    """The smallest correction terms of any candidate: with a shared base's prices they bound
+    from below the prices of every model derived from it."""
+
+    prefill_ratio: float
+    prefill_overhead_s: float
+    kv_bytes_per_token: float
+
+    def terms(self, base: _Planner, local: int) -> tuple[float, float, float]:
+        """By `base`'s model, on a node holding `local` blocks: T_prefill of the local plan, the
+        tokens a pull would move (inf: no pull), and T_prefill after the pull."""
+        best = base.match.best_len
+        if (
+            base.bandwidth is not None
+            and base.allow_transfer
+            and exceeds_threshold(best, local, base.threshold)
+        ):
+            tokens = (best - local) * base.request.block_size
+            return base.model_prefill_s(local), tokens, base.model_prefill_s(best)
+        return base.model_prefill_s(local), math.inf, 0.0
+
+    def prefill_s(self, base_s: float) -> float:
+        # A derived model prices max(0, overhead + ratio · base) (ratio, overhead >= 0): at
+        # least the smallest overhead + ratio · base when base >= 0, and at least 0 always.
+        return self.prefill_overhead_s + self.prefill_ratio * base_s if base_s >= 0 else 0.0
+
+    def ttft_s(self, base: _Planner, local: int) -> float:
+        """A floor under T_transfer + T_prefill of any plan, for any model derived from
+        `base`'s, on a node holding `local` blocks: its local plan, or a pull over the fastest
+        link in the cluster."""
+        floor = self.prefill_s(base.model_prefill_s(local))
+        best = base.match.best_len
+        if (
+            base.bandwidth is not None
+            and base.allow_transfer
+            and exceeds_threshold(best, local, base.threshold)
+        ):
+            bytes_missing = (best - local) * base.request.block_size * self.kv_bytes_per_token
+            floor = min(
+                floor,
+                bytes_missing / base.bandwidth.max_rate()
+                + self.prefill_s(base.model_prefill_s(best)),
+            )
+        return floor
 
 
 def _priced(

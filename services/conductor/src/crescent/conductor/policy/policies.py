@@ -160,26 +160,17 @@ class KvCentricPolicy(Policy):
         match: PrefixMatch,
         snapshot: ClusterSnapshot,
     ) -> PrefillChoice:
-        """Algorithm 1 over each group of instances priced by one cost model, then the least
-        TTFT of the groups' winners (equal TTFTs to the smaller id, as within a group)."""
-        best: PrefillChoice | None = None
-        for predictors, group in _by_cost_model(candidates, self.predictors):
-            choice = kv_centric.choose_prefill(
-                request,
-                group,
-                match,
-                snapshot.bandwidth,
-                predictors,
-                self.threshold,
-                allow_transfer=self.allow_transfer,
-                transfer_only_if_cheaper=self.transfer_only_if_cheaper,
-            )
-            if best is None or (choice.predicted_ttft_s, choice.instance_id) < (
-                best.predicted_ttft_s,
-                best.instance_id,
-            ):
-                best = choice
-        return best
+        """Algorithm 1, each instance priced by its own cost model (the policy's without one)."""
+        return kv_centric.choose_prefill(
+            request,
+            candidates,
+            match,
+            snapshot.bandwidth,
+            self.predictors,
+            self.threshold,
+            allow_transfer=self.allow_transfer,
+            transfer_only_if_cheaper=self.transfer_only_if_cheaper,
+        )
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
         return self._by_tbt(request, loads)
@@ -323,18 +314,6 @@ class LlmdScorePolicy(Policy):
             next(load for load in loads if load.instance is chosen),
             self.predictors.decode_step_s,
         )
-
-
-def _by_cost_model(
-    candidates: Sequence[InstanceSnapshot],
-    default: CostPredictors,
-) -> list[tuple[CostPredictors, list[InstanceSnapshot]]]:
-    """Candidates grouped by the cost model that prices them (one group in a uniform cluster)."""
-    groups: dict[int, tuple[CostPredictors, list[InstanceSnapshot]]] = {}
-    for candidate in candidates:
-        predictors = candidate.costs or default
-        groups.setdefault(id(predictors), (predictors, []))[1].append(candidate)
-    return list(groups.values())
 
 
 POLICIES: dict[str, Callable[..., Policy]] = {

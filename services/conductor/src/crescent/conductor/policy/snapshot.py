@@ -10,13 +10,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import msgspec
+
 from crescent.common.block_index import BlockIndex
 from crescent.conductor.policy.bandwidth import BandwidthTable
 from crescent.conductor.policy.decision import CostPredictors
 
 
-@dataclass(frozen=True)
-class InstanceSnapshot:
+class InstanceSnapshot(msgspec.Struct, frozen=True):
+    """One instance as a decision sees it. A msgspec Struct rather than a dataclass because the
+    conductor makes one per busy instance per decision (its queue drains with the clock):
+    `msgspec.structs.replace` costs ~0.1 µs where `dataclasses.replace` costs ~3 µs."""
+
     instance_id: str
     node: str
     num_queued: int
