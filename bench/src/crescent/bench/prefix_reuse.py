@@ -64,6 +64,7 @@ async def ttft_s(
     return first
 
 
+SETTLE_S = 1.5  # between systems: vLLM's CPU engine busy-waits for a second after a step
 TARGETS = (  # issue 11: (system, share) over (baseline, share), at most `limit`
     ("crescent", 0, "vllm", 0, 1.05),
     ("crescent-store", 90, "vllm-prefix-cache", 90, 2.0),
@@ -75,7 +76,8 @@ async def measure(
     urls: dict[str, str], model: str, lengths: tuple[int, ...], repeat: int
 ) -> dict[str, dict[tuple[int, int], float]]:
     """Every system gets the same prompts, one system after the other for each prompt, in an
-    order that rotates: a drift in the machine's load falls on all systems alike."""
+    order that rotates: a drift in the machine's load falls on all systems alike. Each turn
+    starts SETTLE_S after the last, once the previous system's engine has stopped spinning."""
     samples: dict[str, dict[tuple[int, int], list[float]]] = {name: {} for name in urls}
     timeout = aiohttp.ClientTimeout(total=300)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -91,6 +93,7 @@ async def measure(
                     cut = length * share // 100
                     turn += 1
                     for name in names[turn % len(names) :] + names[: turn % len(names)]:
+                        await asyncio.sleep(SETTLE_S)
                         if share:
                             await ttft_s(
                                 session,

@@ -141,6 +141,12 @@ def set_cpu_environment(settings: EngineSettings) -> None:
         "VLLM_CPU_OMP_THREADS_BIND", "nobind"
     )  # several engines share this host's cores
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # The model runs inside the EngineCore process (vLLM's uni executor). Otherwise vLLM's CPU
+    # platform adds a worker process, and both busy-wait on each other (sched_yield) during
+    # every step and for a second after it: with a prefill and a decode engine on one host's
+    # cores, each engine's spinning takes compute from the other. (AsyncLLM keeps its
+    # EngineCore process either way; this setting chooses only the executor on CPU.)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 class VllmEngine:
