@@ -39,6 +39,8 @@ class Placed:
     tbt_s: float
     tbt_published_s: float
     transfer_published_s: float
+    queue_s: float  # the corrected terms of ttft_s, for the debug log
+    prefill_s: float
 
 
 class Feedback:
@@ -66,6 +68,8 @@ class Feedback:
             decode.predicted_tbt_s,
             decode.predicted_tbt_s / correction.ratio(decode.instance_id, "decode"),
             prefill.transfer_s / correction.ratio(prefill.instance_id, "transfer"),
+            prefill.queue_s,
+            prefill.prefill_s,
         )
 
     def forget(self, request_id: str) -> None:
@@ -89,6 +93,8 @@ class Feedback:
                 "predicted_s": round(placed.ttft_s, 6),
                 "published_s": round(placed.ttft_published_s, 6),
                 "measured_s": round(measured_ttft_s, 6),
+                "predicted_queue_s": round(placed.queue_s, 6),
+                "predicted_prefill_s": round(placed.prefill_s, 6),
                 "queue_s": round(result.queue_s, 6),
                 "compute_s": round(result.compute_s, 6),
                 "transfer_s": round(result.transfer_s, 6),
