@@ -95,10 +95,11 @@ async def test_engines_sharing_a_profile_directory_measure_one_at_a_time(tmp_pat
     assert sum(e.num_measures for e in engines) == 1
     assert sorted(p.source for p in profiles) == ["measured", "stored", "stored"]
     assert len({(p.prefill.base_s, p.prefill.per_token_s) for p in profiles}) == 1
+    assert [f.name for f in tmp_path.iterdir()] == ["tiny-float32-hw.json"]  # no lock file
 
 
 async def test_a_lock_held_too_long_is_given_up_on(tmp_path):
-    path = tmp_path / "p.lock"
+    path = tmp_path / "profiles"
     async with profile_lock(path, timeout_s=1.0) as first:
         async with profile_lock(path, timeout_s=0.3) as second:
             assert first and not second

@@ -73,7 +73,7 @@ async def resolve_profile(settings: EngineSettings, engine) -> CostProfile:
     )
     if path is None:
         return check_profile(await measure_profile(engine, settings, dtype, hardware), model)
-    async with profile_lock(path.with_suffix(".lock"), PROFILE_LOCK_TIMEOUT_S):
+    async with profile_lock(path.parent, PROFILE_LOCK_TIMEOUT_S):
         if path.exists():
             profile = load_profile(path, model)
             log.info("cost profile from the store of measured profiles", extra={"path": str(path)})

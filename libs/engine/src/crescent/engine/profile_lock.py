@@ -3,9 +3,9 @@
 Engines that start together on one machine would otherwise all profile at once, each slowed by
 the others by a different amount at each prompt length, and publish models of different
 shapes for the same hardware (on a 2-core machine three tiny-model engines profiled at once
-fitted per-token costs three times apart). The lock is a file beside the stored profile
-(flock: released by the kernel if its holder dies); a worker that cannot take it within
-`timeout_s` measures anyway, noisier, rather than not start.
+fitted per-token costs three times apart). The lock is the directory of stored profiles itself
+(flock on it: no file of its own, released by the kernel if its holder dies); a worker that
+cannot take it within `timeout_s` measures anyway, noisier, rather than not start.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ POLL_S = 0.2
 
 
 @contextlib.asynccontextmanager
-async def profile_lock(path: Path, timeout_s: float) -> AsyncIterator[bool]:
-    """Hold the lock file `path` while the body runs; yields whether the lock was taken."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+async def profile_lock(directory: Path, timeout_s: float) -> AsyncIterator[bool]:
+    """Hold the lock on `directory` (made if missing) while the body runs; yields whether the
+    lock was taken."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY)
     try:
         deadline = time.monotonic() + timeout_s
         is_locked = False
@@ -41,7 +42,7 @@ async def profile_lock(path: Path, timeout_s: float) -> AsyncIterator[bool]:
                 if time.monotonic() >= deadline:
                     log.warning(
                         "another engine held the profiling lock too long; measuring anyway",
-                        extra={"path": str(path), "waited_s": timeout_s},
+                        extra={"directory": str(directory), "waited_s": timeout_s},
                     )
                     break
                 await asyncio.sleep(POLL_S)
