@@ -1,12 +1,13 @@
 """A vLLM worker measures its own engine at start: a few seconds on the tiny model.
 
-Prefill: prompts of a few lengths n up to the longest the engine takes, each with nothing
-cached and with a cached prefix p (run first, so vLLM's prefix cache, or the store through the
-connector, holds it); the sample records the prefix the engine really reused. Each timed prompt
-saves its new blocks to this node's store, as a prefill job does: a job's compute time includes
-those writes (its first token waits for the decode node's store to commit them). Decode: median
-time between tokens of a batch of b requests with c context tokens each. Both fitted with non-negative costs (cost_profile).
-Prompts are random, so workers profiling at once never find each other's blocks in a store.
+Prefill: prompts of 128 to 2,048 tokens (those the engine takes), each with nothing cached and
+with a cached prefix p (run first, so vLLM's prefix cache, or the store through the connector,
+holds it); the sample records the prefix the engine really reused. Each timed prompt saves its
+new blocks to this node's store, as a prefill job does: a job's compute time includes those
+writes (its first token waits for the decode node's store to commit them). Decode: median time
+between tokens of a batch of b requests with c context tokens each. Both fitted with
+non-negative costs (cost_profile). Prompts are random, so workers profiling at once never find
+each other's blocks in a store.
 """
 
 from __future__ import annotations
