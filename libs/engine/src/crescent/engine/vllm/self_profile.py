@@ -5,9 +5,9 @@ with a cached prefix p (run first, so vLLM's prefix cache, or the store through 
 holds it); the sample records the prefix the engine really reused. Each timed prompt saves its
 new blocks to this node's store, as a prefill job does: a job's compute time includes those
 writes (its first token waits for the decode node's store to commit them). Decode: median time
-between tokens of a batch of b requests with c context tokens each. Both fitted with
-non-negative costs (cost_profile). Prompts are random, so workers profiling at once never find
-each other's blocks in a store.
+between tokens of a batch of b requests with c context tokens each (c up to 2,048). Both
+fitted with non-negative costs (cost_profile). Prompts are random, so workers profiling at
+once never find each other's blocks in a store.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 PREFILL_LENGTHS = (128, 512, 1024, 2048)
 CACHED_SHARES = (0.0, 0.5, 0.875)
 DECODE_BATCHES = (1, 4)
-DECODE_CONTEXTS = (128, 512)
+# Up to the prompts a decode batch holds: a per-context-token slope fitted on contexts of
+# 128 and 512 alone is extrapolated far beyond them (a burst's batch holds ~20,000 tokens).
+DECODE_CONTEXTS = (128, 512, 2048)
 DECODE_STEPS = 8
 REPEATS = 3  # the fastest of these counts: other processes share this machine's cores
 
