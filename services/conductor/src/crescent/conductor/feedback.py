@@ -9,9 +9,9 @@ request queued, pulled and computed; when the stream ends, its mean time between
 known. The corrected TTFT's error is also split into its terms (`kind=ttft_queue|ttft_compute|
 ttft_overhead`), each term's |predicted − measured| as a share of the measured TTFT, so a
 benchmark shows which term the error comes from: the queue (T_queue + T_transfer against the
-worker's wait), the request's own compute, or the messaging around them. Timings that contradict each other (a worker reporting more time than the conductor
-waited, more cached tokens than the prompt has) are not learned from, and logged once per
-instance.
+worker's wait), the request's own compute, or the messaging around them. Timings that
+contradict each other (a worker reporting more time than the conductor waited, more cached
+tokens than the prompt has) are not learned from, and logged once per instance.
 """
 
 from __future__ import annotations
@@ -108,8 +108,6 @@ class Feedback:
             },
         )
         contradiction = _contradiction(result, placed, measured_ttft_s)
-        if not contradiction:
-            _observe_terms(placed, result, measured_ttft_s)
         if contradiction:
             if instance_id not in self._contradicting:
                 self._contradicting.add(instance_id)
@@ -118,6 +116,7 @@ class Feedback:
                     extra={"instance_id": instance_id, "contradiction": contradiction},
                 )
             return
+        _observe_terms(placed, result, measured_ttft_s)
         correction = self.pricing.correction
         published_compute_s = self.pricing.published_prefill_s(
             "prefill", instance_id, placed.model, placed.num_prompt_tokens, result.num_cached_tokens
