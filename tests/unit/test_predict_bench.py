@@ -48,4 +48,5 @@ def test_predict_bench_is_registered_and_writes_its_cases(tmp_path, monkeypatch)
     assert cli.run(args) == 0
     assert calls[0][1:6] == (5, 0.25, 2048, 16, 16)
     cases = [case["case"] for case in json.loads(out.read_text())["cases"]]
-    assert cases == ["ttft-before", "ttft-after", "tbt-before", "tbt-after"]
+    assert cases[:4] == ["ttft-before", "ttft-after", "tbt-before", "tbt-after"]
+    assert cases[4:] == ["ttft-queue-after", "ttft-compute-after", "ttft-overhead-after"]

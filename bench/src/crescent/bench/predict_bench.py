@@ -14,7 +14,10 @@ with yet.
 
 Each case reports the median and p90 of |predicted − measured| / measured, as fractions: TTFT
 from sending the prefill job to its first token against T_transfer + T_queue + T_prefill, TBT
-the request's mean time between tokens against the step time predicted at placement. Figures
+the request's mean time between tokens against the step time predicted at placement. Three more
+cases split the corrected TTFT's error by term, each |predicted − measured| over the measured
+TTFT: `ttft-queue-after` (the wait before the compute), `ttft-compute-after` (the request's
+own compute) and `ttft-overhead-after` (messaging). Figures
 come from the conductor's histogram (bucket-interpolated: prediction_errors.py).
 """
 
@@ -46,6 +49,10 @@ CASES = (
     ("ttft-after", "ttft", "corrected"),
     ("tbt-before", "tbt", "published"),
     ("tbt-after", "tbt", "corrected"),
+    # Where the corrected TTFT's error comes from: each term's error over the measured TTFT.
+    ("ttft-queue-after", "ttft_queue", "corrected"),
+    ("ttft-compute-after", "ttft_compute", "corrected"),
+    ("ttft-overhead-after", "ttft_overhead", "corrected"),
 )
 
 

@@ -4,7 +4,8 @@ In order: a profile file given with --cost-profile (checked, and refused with a 
 if it does not fit the model); the emulated engine's own cost model, exactly (prefill is Eq. 1,
 decode a two-plane roofline); for vLLM, the profile stored in --cost-profile-dir for this
 model, dtype and hardware, or else a short measurement of this engine, stored there for the
-next start.
+next start. Engines sharing that directory measure one at a time (profile_lock): the first
+measures on a machine no other engine is profiling on, the others then load what it stored.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from crescent.common.cost_profile import (
     save_profile,
 )
 from crescent.engine.cost_model import CostModel
+from crescent.engine.profile_lock import profile_lock
 from crescent.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
+
+PROFILE_LOCK_TIMEOUT_S = 300.0  # a few engines measuring one after the other
 
 
 def emulated_profile(cost: CostModel, model: str) -> CostProfile:
@@ -67,12 +71,14 @@ async def resolve_profile(settings: EngineSettings, engine) -> CostProfile:
         if settings.cost_profile_dir
         else None
     )
-    if path is not None and path.exists():
-        profile = load_profile(path, model)
-        log.info("cost profile from the store of measured profiles", extra={"path": str(path)})
-        return CostProfile(**{**_fields(profile), "source": "stored"})
-    profile = check_profile(await measure_profile(engine, settings, dtype, hardware), model)
-    if path is not None:
+    if path is None:
+        return check_profile(await measure_profile(engine, settings, dtype, hardware), model)
+    async with profile_lock(path.parent, PROFILE_LOCK_TIMEOUT_S):
+        if path.exists():
+            profile = load_profile(path, model)
+            log.info("cost profile from the store of measured profiles", extra={"path": str(path)})
+            return CostProfile(**{**_fields(profile), "source": "stored"})
+        profile = check_profile(await measure_profile(engine, settings, dtype, hardware), model)
         save_profile(path, profile)
     return profile
 

@@ -6,9 +6,12 @@ instance's published model, corrected) and the published model alone, so the his
 show what the correction buys (`crescent_prediction_abs_error_ratio{prediction=published|
 corrected}`). When the first token arrives, the worker's PrefillResult says how long the
 request queued, pulled and computed; when the stream ends, its mean time between tokens is
-known. Timings that contradict each other (a worker reporting more time than the conductor
-waited, more cached tokens than the prompt has) are not learned from, and logged once per
-instance.
+known. The corrected TTFT's error is also split into its terms (`kind=ttft_queue|ttft_compute|
+ttft_overhead`), each term's |predicted − measured| as a share of the measured TTFT, so a
+benchmark shows which term the error comes from: the queue (T_queue + T_transfer against the
+worker's wait), the request's own compute, or the messaging around them. Timings that
+contradict each other (a worker reporting more time than the conductor waited, more cached
+tokens than the prompt has) are not learned from, and logged once per instance.
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ class Placed:
     tbt_s: float
     tbt_published_s: float
     transfer_published_s: float
+    # The corrected terms of ttft_s: the wait before the compute (T_transfer + T_queue), the
+    # compute, and the messaging overhead (inside the corrected T_prefill).
+    wait_s: float
+    compute_s: float
+    overhead_s: float
 
 
 class Feedback:
@@ -66,6 +74,9 @@ class Feedback:
             decode.predicted_tbt_s,
             decode.predicted_tbt_s / correction.ratio(decode.instance_id, "decode"),
             prefill.transfer_s / correction.ratio(prefill.instance_id, "transfer"),
+            prefill.transfer_s + prefill.queue_s,
+            max(0.0, prefill.prefill_s - overhead_s),
+            min(overhead_s, prefill.prefill_s),
         )
 
     def forget(self, request_id: str) -> None:
@@ -89,6 +100,8 @@ class Feedback:
                 "predicted_s": round(placed.ttft_s, 6),
                 "published_s": round(placed.ttft_published_s, 6),
                 "measured_s": round(measured_ttft_s, 6),
+                "predicted_wait_s": round(placed.wait_s, 6),
+                "predicted_compute_s": round(placed.compute_s, 6),
                 "queue_s": round(result.queue_s, 6),
                 "compute_s": round(result.compute_s, 6),
                 "transfer_s": round(result.transfer_s, 6),
@@ -103,6 +116,7 @@ class Feedback:
                     extra={"instance_id": instance_id, "contradiction": contradiction},
                 )
             return
+        _observe_terms(placed, result, measured_ttft_s)
         correction = self.pricing.correction
         published_compute_s = self.pricing.published_prefill_s(
             "prefill", instance_id, placed.model, placed.num_prompt_tokens, result.num_cached_tokens
@@ -152,6 +166,22 @@ def _contradiction(result: PrefillResult, placed: Placed, measured_ttft_s: float
     if result.transfer_s > result.queue_s + CLOCK_SLACK_S:
         return f"transfer {result.transfer_s:.4f} s exceeds queue {result.queue_s:.4f} s, which includes it"
     return ""
+
+
+def _observe_terms(placed: Placed, result: PrefillResult, measured_ttft_s: float) -> None:
+    """Each term of the corrected TTFT against what the worker measured for it, as a share of
+    the measured TTFT (the terms' errors bound the TTFT's: it is their sum)."""
+    if measured_ttft_s <= 0:
+        return
+    overhead_s = measured_ttft_s - result.queue_s - result.compute_s
+    for kind, predicted_s, measured_s in (
+        ("ttft_queue", placed.wait_s, result.queue_s),
+        ("ttft_compute", placed.compute_s, result.compute_s),
+        ("ttft_overhead", placed.overhead_s, overhead_s),
+    ):
+        metrics.PREDICTION_ERROR.labels(kind, "corrected").observe(
+            abs(predicted_s - measured_s) / measured_ttft_s
+        )
 
 
 def observe_error(kind: str, prediction: str, predicted_s: float, measured_s: float) -> None:

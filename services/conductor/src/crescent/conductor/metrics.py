@@ -85,7 +85,9 @@ PREDICTION_ERROR = Histogram(
     "token against T_transfer + T_queue + T_prefill) and tbt (the mean gap between "
     "the tokens after the first, as streamed, against the TBT predicted at "
     "placement); prediction: published (the instance's published cost model alone) "
-    "or corrected (as placed: that model corrected online)",
+    "or corrected (as placed: that model corrected online); ttft_queue, ttft_compute, "
+    "ttft_overhead: one term of the corrected TTFT (wait before the compute, the compute, "
+    "messaging), its |predicted − measured| over the measured TTFT",
     ["kind", "prediction"],
     buckets=PREDICTION_ERROR_BUCKETS,
 )

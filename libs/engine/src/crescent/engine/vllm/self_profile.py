@@ -1,10 +1,13 @@
 """A vLLM worker measures its own engine at start: a few seconds on the tiny model.
 
-Prefill: prompts of a few lengths n, each with nothing cached and with a cached prefix p (run
-first, so vLLM's prefix cache, or the store through the connector, holds it); the sample
-records the prefix the engine really reused. Decode: median time between tokens of a batch of
-b requests with c context tokens each. Both fitted with non-negative costs (cost_profile).
-Prompts are random, so workers profiling at once never find each other's blocks in a store.
+Prefill: prompts of 128 to 2,048 tokens (those the engine takes), each with nothing cached and
+with a cached prefix p (run first, so vLLM's prefix cache, or the store through the connector,
+holds it); the sample records the prefix the engine really reused. Each timed prompt saves its
+new blocks to this node's store, as a prefill job does: a job's compute time includes those
+writes (its first token waits for the decode node's store to commit them). Decode: median time
+between tokens of a batch of b requests with c context tokens each (c up to 2,048). Both
+fitted with non-negative costs (cost_profile). Prompts are random, so workers profiling at
+once never find each other's blocks in a store.
 """
 
 from __future__ import annotations
@@ -23,10 +26,12 @@ from crescent.engine.settings import EngineSettings
 
 log = logging.getLogger(__name__)
 
-PREFILL_LENGTHS = (128, 512, 1024)
+PREFILL_LENGTHS = (128, 512, 1024, 2048)
 CACHED_SHARES = (0.0, 0.5, 0.875)
 DECODE_BATCHES = (1, 4)
-DECODE_CONTEXTS = (128, 512)
+# Up to the prompts a decode batch holds: a per-context-token slope fitted on contexts of
+# 128 and 512 alone is extrapolated far beyond them (a burst's batch holds ~20,000 tokens).
+DECODE_CONTEXTS = (128, 512, 2048)
 DECODE_STEPS = 8
 REPEATS = 3  # the fastest of these counts: other processes share this machine's cores
 
@@ -66,15 +71,17 @@ class _Prompts:
 
 
 async def _prefill_sample(
-    engine, prompts: _Prompts, n: int, p: int, save_to: list[str]
+    engine, prompts: _Prompts, n: int, p: int, warm_to: list[str], save_to: list[str]
 ) -> tuple[int, int, float]:
     best: tuple[int, int, float] | None = None
     for _ in range(REPEATS):
         prompt = prompts.fresh(n)
         if p:
-            await engine.prefill(prompt[:p], request_id=prompts.request_id("warm"), save_to=save_to)
+            await engine.prefill(prompt[:p], request_id=prompts.request_id("warm"), save_to=warm_to)
         started = time.perf_counter()
-        output = await engine.prefill(prompt, request_id=prompts.request_id("prefill"))
+        output = await engine.prefill(
+            prompt, request_id=prompts.request_id("prefill"), save_to=save_to
+        )
         sample = (n, output.num_cached_tokens, time.perf_counter() - started)
         if best is None or sample[2] < best[2]:
             best = sample
@@ -122,16 +129,18 @@ async def measure_profile(
     started = time.monotonic()
     prompts = _Prompts()
     # Without vLLM's own prefix cache the prefix can only come from the store: put it there.
-    save_to = (
+    warm_to = (
         [settings.node] if settings.vllm_connector and not settings.vllm_prefix_caching else []
     )
+    # A job saves its new blocks (to the decode node's store and its own): so does the sample.
+    save_to = [settings.node] if settings.vllm_connector else []
     limit = engine.max_model_len - DECODE_STEPS - 1
     await engine.prefill(prompts.fresh(64), request_id=prompts.request_id("warm-up"))
     prefill = []
     for n in (length for length in PREFILL_LENGTHS if length <= limit):
         for share in CACHED_SHARES:
             p = int(n * share) // settings.vllm_block_size * settings.vllm_block_size
-            prefill.append(await _prefill_sample(engine, prompts, n, p, save_to))
+            prefill.append(await _prefill_sample(engine, prompts, n, p, warm_to, save_to))
     decode = [
         await _decode_sample(engine, prompts, b, c)
         for b in DECODE_BATCHES
