@@ -221,7 +221,10 @@ def format_table(result: dict) -> str:
     cases = result["cases"]
     metrics = list(dict.fromkeys(k for case in cases for k in case if k != "case"))
     width = max([16] + [len(case["case"]) for case in cases])
-    lines = [f"{result['bench']}", "  ".join(["case".ljust(width)] + [m.rjust(13) for m in metrics])]
+    lines = [
+        f"{result['bench']}",
+        "  ".join(["case".ljust(width)] + [m.rjust(13) for m in metrics]),
+    ]
     for case in cases:
         cells = [
             f"{case[m]:13.3f}" if isinstance(case.get(m), float) else str(case.get(m, "")).rjust(13)
