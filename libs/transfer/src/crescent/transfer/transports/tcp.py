@@ -17,9 +17,16 @@ from collections.abc import Sequence
 from crescent.transfer.batch import Deadline
 from crescent.transfer.config import TransportKind
 from crescent.transfer.descriptor import Endpoint, SegmentDescriptor, TcpEndpoint
-from crescent.transfer.errors import TransferError
+from crescent.transfer.groups import EntryGroup
 from crescent.transfer.segment import MemoryKind, Segment
-from crescent.transfer.transports.base import Transport, TransportContext, WorkItem
+from crescent.transfer.transports.base import (
+    Failures,
+    Transport,
+    TransportContext,
+    WorkItem,
+    failures_of,
+    work_items,
+)
 from crescent.transfer.transports.lanes import (
     ConnectionPool,
     LanePlan,
@@ -99,10 +106,9 @@ class TcpTransport(Transport):
             self._pools[key] = pool
         return pool
 
-    async def execute(
-        self, items: Sequence[WorkItem], deadline: Deadline
-    ) -> list[TransferError | None]:
+    async def execute(self, groups: Sequence[EntryGroup], deadline: Deadline) -> Failures:
         config = self.context.config
+        items, indices = work_items(groups)
         plan = LanePlan(
             peer_of=_peer_of,
             pool_of=self.pool,
@@ -114,7 +120,7 @@ class TcpTransport(Transport):
         )
         outcomes, num_retries = await execute_by_peer(items, deadline, plan, self.context.executor)
         self.num_retries += num_retries
-        return outcomes
+        return failures_of(indices, outcomes)
 
 
 def _peer_of(item: WorkItem) -> tuple[str, int]:
