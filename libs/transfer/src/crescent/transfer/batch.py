@@ -36,7 +36,7 @@ class TransferEntry:
             raise BadEntry("segment names must not be empty")
         for field in ("local_offset", "remote_offset", "length"):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            if not isinstance(value, numbers.Integral):
                 raise BadEntry(f"{field} must be an integer, got {value!r}")
         if self.local_offset < 0 or self.remote_offset < 0:
             raise BadEntry(f"offsets must be >= 0, got {self.local_offset}, {self.remote_offset}")

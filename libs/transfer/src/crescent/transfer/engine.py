@@ -20,6 +20,7 @@ import logging
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Self
 
 from crescent.transfer.batch import BatchResult, Deadline, Op, TransferEntry
@@ -46,6 +47,8 @@ from crescent.transfer.transports import (
 )
 
 log = logging.getLogger(__name__)
+
+_REMOTE_SEGMENT = attrgetter("remote_segment")
 
 # Transports report by the deadline; this much more covers their cleanup.
 GRACE_S = 1.0
@@ -230,7 +233,7 @@ class TransferEngine:
 
     async def _run(self, entries: Sequence[TransferEntry], deadline: Deadline) -> BatchResult:
         failures: dict[int, TransferError] = {}
-        names = dict.fromkeys(entry.remote_segment for entry in entries)
+        names = dict.fromkeys(map(_REMOTE_SEGMENT, entries))
         remotes = await resolve_all(self._resolver, names, deadline)
         try:
             columns = to_columns(entries)

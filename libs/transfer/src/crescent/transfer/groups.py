@@ -88,8 +88,8 @@ class EntryGroup:
 def to_columns(entries: Sequence[TransferEntry]) -> list[Columns]:
     """The entries as columns, one per distinct (op, local, remote), in order of first use.
 
-    TypeError if an offset or length is not a plain int: the caller then checks entry by
-    entry, which names the bad one.
+    TypeError if an offset or length is not an int: the caller then checks entry by entry,
+    which names the bad one.
     """
     num = len(entries)
     if not num:
@@ -97,8 +97,11 @@ def to_columns(entries: Sequence[TransferEntry]) -> list[Columns]:
     local_offsets = list(map(_LOCAL_OFFSET, entries))
     remote_offsets = list(map(_REMOTE_OFFSET, entries))
     lengths = list(map(_LENGTH, entries))
-    if {*map(type, local_offsets), *map(type, remote_offsets), *map(type, lengths)} != {int}:
-        raise TypeError("offsets and lengths must be ints")
+    # A sum of ints is an int; one float, numpy scalar or None among them makes it something
+    # else or raises (one C-level pass per column).
+    for column in (local_offsets, remote_offsets, lengths):
+        if type(sum(column)) is not int:
+            raise TypeError("offsets and lengths must be ints")
     ops = list(map(_OP, entries))
     locals_ = list(map(_LOCAL_SEGMENT, entries))
     remotes = list(map(_REMOTE_SEGMENT, entries))
