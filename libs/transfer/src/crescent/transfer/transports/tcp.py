@@ -76,6 +76,11 @@ class TcpTransport(Transport):
         )
 
     @property
+    def num_served_requests(self) -> int:
+        """Requests the server accepted (each moves a group of entries); 0 once closed."""
+        return self._server.num_served_requests if self._server is not None else 0
+
+    @property
     def address(self) -> tuple[str, int]:
         """(advertised host, port) of the server."""
         if self._server is None:

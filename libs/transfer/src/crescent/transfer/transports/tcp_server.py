@@ -71,6 +71,7 @@ class TcpServer:
         self._lock = threading.Lock()
         self._connections: dict[socket.socket, threading.Thread] = {}
         self.num_served_bytes = 0  # payload bytes of accepted reads and writes (under _lock)
+        self.num_served_requests = 0  # accepted requests, each of one or more entries
         self._acceptor = threading.Thread(
             target=self._accept_loop, name=f"crescent-tcp-accept-{self.port}", daemon=True
         )
@@ -175,6 +176,7 @@ class TcpServer:
             return
         with self._lock:  # counted before the reply, so a client that has it sees the count
             self.num_served_bytes += request.num_bytes
+            self.num_served_requests += 1
         if request.op is WireOp.WRITE:
             send_buffers(sock, [encode_reply(Status.OK, request.seq, 0)], deadline)
         else:
