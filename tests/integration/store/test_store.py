@@ -8,12 +8,13 @@ import sys
 import time
 import urllib.request
 
+import msgspec
 import pytest
 
 from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
 from crescent.common.bus import Bus
 from crescent.common.errors import NoRespondersError, RemoteError
-from crescent.common.etcd import connect_etcd
+from crescent.common.etcd import MirrorEvent, connect_etcd
 from crescent.common.hashing import block_hashes
 from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.store_messages import (
@@ -25,7 +26,8 @@ from crescent.common.store_messages import (
     PinnedBlocks,
 )
 from crescent.storeclient.client import ClientConfig, StoreClient
-from crescent.transfer import Op, TransferConfig, TransportKind
+from crescent.storeclient.directory import encode_segments
+from crescent.transfer import Op, PeerUnreachable, TcpEndpoint, TransferConfig, TransportKind
 from crescent.transfer.transports.rdma import unavailable_reason
 
 BLOCK = 64 << 10
@@ -301,6 +303,35 @@ async def test_client_and_store_on_tcp_move_every_byte_over_tcp(stores, client_f
         in metrics
     )
     assert 'transport="shm"' not in metrics
+
+
+async def test_a_put_over_a_link_cut_mid_batch_fails_clearly_and_commits_nothing(
+    stores, client_factory, cutting_proxy
+):
+    """Over tcp, a put whose connection breaks mid-batch (every time it is retried) raises
+    PeerUnreachable; the store aborts the allocation, so no block of it is readable, and the
+    same blocks can be put again over a sound link."""
+    stores.start("n1", 64, 0, "--transports", "tcp")
+    client = await client_factory(transports=(TransportKind.TCP,))
+    await wait_for_segment(client, "n1")
+    descriptor = client.directory("n1.store")
+    endpoint = descriptor.endpoint(TcpEndpoint)
+    proxy = cutting_proxy(endpoint.host, endpoint.port, 5 * BLOCK // 2)
+    via_proxy = msgspec.structs.replace(
+        descriptor, endpoints=(TcpEndpoint("127.0.0.1", proxy.port, endpoint.segment_id),)
+    )
+    key = "segments/n1"  # the directory keys descriptors by the node in the key's last part
+    client.directory.apply(MirrorEvent(key, encode_segments([via_proxy])))
+    hashes, data = blocks(32, seed=900)
+    with pytest.raises(PeerUnreachable, match="connection lost"):
+        await client.put_blocks(MODEL, "n1", hashes, data)
+    assert proxy.num_cuts > 0
+    assert await client.lookup(MODEL, "n1", hashes) == []
+    assert (await read_back(client, "n1", hashes))[0] == 0
+    client.directory.apply(MirrorEvent(key, encode_segments([descriptor])))
+    assert await client.put_blocks(MODEL, "n1", hashes, data) == 32
+    count, got = await read_back(client, "n1", hashes)
+    assert count == 32 and got == data
 
 
 def _metrics(port: int) -> str:

@@ -154,16 +154,18 @@ async def test_server_refuses_bad_requests_and_keeps_serving(
     segment_id = peer.descriptors["remote"].endpoint(TcpEndpoint).segment_id
     with socket.create_connection((host, port), timeout=5) as sock:
         # Unknown segment: refused with a message, connection stays usable.
-        sock.sendall(encode_request(WireOp.READ, 1, 999, 0, 16))
+        sock.sendall(encode_request(WireOp.READ, 1, 999, [0], [16]))
         assert _reply(sock).status is Status.UNKNOWN_SEGMENT
-        # Out of bounds write: its payload is skipped, then refused.
-        sock.sendall(encode_request(WireOp.WRITE, 2, segment_id, MiB - 4, 8) + b"x" * 8)
+        # A write with one entry out of bounds: its payload is skipped, the request refused.
+        request = encode_request(WireOp.WRITE, 2, segment_id, [0, MiB - 4], [4, 8])
+        sock.sendall(request + b"x" * 12)
         assert _reply(sock).status is Status.OUT_OF_BOUNDS
-        sock.sendall(encode_request(WireOp.WRITE, 3, segment_id, 0, 4) + b"good")
+        sock.sendall(encode_request(WireOp.WRITE, 3, segment_id, [0, 100], [2, 2]) + b"good")
         assert _reply(sock).status is Status.OK
-        sock.sendall(encode_request(WireOp.READ, 4, segment_id, 0, 4))
+        sock.sendall(encode_request(WireOp.READ, 4, segment_id, [100, 0], [2, 2]))
         reply = _reply(sock)
-        assert (reply.status, reply.seq, _recv(sock, 4)) == (Status.OK, 4, b"good")
+        assert (reply.status, reply.seq, _recv(sock, 4)) == (Status.OK, 4, b"odgo")
+        assert bytes(_recv_nothing_more(sock)) == b""
     with socket.create_connection((host, port), timeout=5) as sock:
         sock.sendall(b"garbage that is not a request header")
         try:  # a broken stream is closed (reset: our extra bytes were never read)...
@@ -174,8 +176,9 @@ async def test_server_refuses_bad_requests_and_keeps_serving(
     engine = await engine_factory(peer.resolver, transports=(TransportKind.TCP,))
     local = segment_factory("local", MiB)
     engine.register(local)
-    read = TransferEntry(Op.READ, "local", 0, "remote", 0, 4)
-    (await engine.transfer([read], timeout=5)).raise_for_errors()
+    reads = [TransferEntry(Op.READ, "local", 0, "remote", 0, 2)]
+    reads.append(TransferEntry(Op.READ, "local", 2, "remote", 100, 2))
+    (await engine.transfer(reads, timeout=5)).raise_for_errors()
     assert bytes(local.array()[:4]) == b"good"
 
 
@@ -184,6 +187,18 @@ def _reply(sock: socket.socket):
     if reply.status is not Status.OK:
         assert _recv(sock, reply.length)  # the error message
     return reply
+
+
+def _recv_nothing_more(sock: socket.socket) -> bytes:
+    """What else the server sent within a moment: nothing, for a request fully answered."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1)
+    except BlockingIOError:
+        return b""
+    finally:
+        sock.setblocking(True)
+        sock.settimeout(5)
 
 
 def _recv(sock: socket.socket, num_bytes: int) -> bytes:

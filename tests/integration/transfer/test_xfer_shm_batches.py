@@ -15,8 +15,8 @@ from crescent.transfer import (
     TransferEntry,
     TransportKind,
 )
+from crescent.transfer.groups import EntryGroup
 from crescent.transfer.segment import ShmMapping
-from crescent.transfer.transports.base import WorkItem
 from crescent.transfer.transports.shm_plan import RowCopy, plan_runs
 
 KiB = 1 << 10
@@ -97,14 +97,18 @@ async def test_batches_of_small_entries_are_one_call_where_one_side_is_contiguou
 ):
     _, local, served, remote = engines
     local_offsets, remote_offsets, length = _layout(name)
-    items = [
-        WorkItem(TransferEntry(Op.WRITE, "local", lo, "served", ro, length), local, remote)
-        for lo, ro in zip(local_offsets, remote_offsets)
-    ]
-    mappings = {"served": ShmMapping(served.shm_name, served.size, served.device, served.inode)}
-    outcomes = [None] * len(items)
+    group = EntryGroup(
+        Op.WRITE,
+        local,
+        remote,
+        range(NUM),
+        local_offsets,
+        remote_offsets,
+        [length] * NUM,
+    )
+    mapping = ShmMapping(served.shm_name, served.size, served.device, served.inode)
     try:
-        assert (RowCopy.of(items, mappings, outcomes) is not None) is one_call
-        assert (len(plan_runs(items, mappings, outcomes)) == 1) is (name == "back-to-back")
+        assert (RowCopy.of(group, mapping) is not None) is one_call
+        assert (len(plan_runs(group, mapping)) == 1) is (name == "back-to-back")
     finally:
-        mappings["served"].close()
+        mapping.close()

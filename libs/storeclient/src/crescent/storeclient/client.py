@@ -55,6 +55,10 @@ from crescent.transfer.segment import ShmMapping
 
 log = logging.getLogger(__name__)
 
+# Staged moves go in parts of this size, whose transfers run at once while the next part is
+# copied into staging (or the previous one out of it).
+PIPELINE_BYTES = 4 << 20
+
 
 class StoreClientError(RecoverableError):
     pass
@@ -197,21 +201,33 @@ class StoreClient:
         _count_moved(op, "data-plane", buffers)
 
     async def _move_staged(self, op, segment, offsets, buffers, staging: memoryview) -> None:
-        entries, position = [], 0
-        for offset, buffer in zip(offsets, buffers):
-            if op is Op.WRITE:
-                staging[position : position + len(buffer)] = buffer
-            entries.append(
-                TransferEntry(op, self._staging.name, position, segment, offset, len(buffer))
-            )
-            position += len(buffer)
-        result = await self._transfer.transfer(entries, timeout=self.config.timeout_s)
-        result.raise_for_errors()
-        if op is Op.READ:
-            position = 0
-            for buffer in buffers:
-                buffer[:] = staging[position : position + len(buffer)]
+        """Through the staging segment, in parts of about PIPELINE_BYTES whose transfers run
+        at once: a part's copy into staging (write) or out of it (read) overlaps the other
+        parts' transfers instead of adding to them."""
+        parts, position = [], 0
+        for start, end in _parts([len(buffer) for buffer in buffers], PIPELINE_BYTES):
+            entries = []
+            for offset, buffer in zip(offsets[start:end], buffers[start:end]):
+                if op is Op.WRITE:
+                    staging[position : position + len(buffer)] = buffer
+                entries.append(
+                    TransferEntry(op, self._staging.name, position, segment, offset, len(buffer))
+                )
                 position += len(buffer)
+            transfer = self._transfer.transfer(entries, timeout=self.config.timeout_s)
+            parts.append((start, end, entries, asyncio.ensure_future(transfer)))
+            await asyncio.sleep(0)  # the part's lanes start before the next part is staged
+        try:
+            for start, end, entries, transfer in parts:
+                (await transfer).raise_for_errors()
+                if op is Op.READ:
+                    for entry, buffer in zip(entries, buffers[start:end], strict=True):
+                        buffer[:] = staging[entry.local_offset : entry.local_offset + entry.length]
+        finally:  # staging stays ours until no transfer uses it any more
+            pending = [transfer for *_, transfer in parts if not transfer.done()]
+            for transfer in pending:
+                transfer.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def put_blocks(
         self, model: str, node: str, hashes: Sequence[bytes], blocks: Sequence
@@ -305,6 +321,19 @@ class StoreClient:
 
     async def evict(self, model: str, node: str, hashes: Sequence[bytes]) -> EvictReply:
         return await self.ctl(node, EvictBlocks(model=model, hashes=list(hashes)), EvictReply)
+
+
+def _parts(sizes: Sequence[int], max_bytes: int) -> list[tuple[int, int]]:
+    """Consecutive index ranges of about `max_bytes` each (at least one item per range)."""
+    parts, start, used = [], 0, 0
+    for index, size in enumerate(sizes):
+        if index > start and used + size > max_bytes:
+            parts.append((start, index))
+            start, used = index, 0
+        used += size
+    if start < len(sizes):
+        parts.append((start, len(sizes)))
+    return parts
 
 
 def _count_moved(op: Op, route: str, buffers: Sequence[memoryview]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import numbers
 import time
 from dataclasses import dataclass
 
@@ -33,6 +34,10 @@ class TransferEntry:
             raise BadEntry(f"op must be an Op, got {self.op!r}")
         if not self.local_segment or not self.remote_segment:
             raise BadEntry("segment names must not be empty")
+        for field in ("local_offset", "remote_offset", "length"):
+            value = getattr(self, field)
+            if not isinstance(value, numbers.Integral):
+                raise BadEntry(f"{field} must be an integer, got {value!r}")
         if self.local_offset < 0 or self.remote_offset < 0:
             raise BadEntry(f"offsets must be >= 0, got {self.local_offset}, {self.remote_offset}")
         if self.length < 0:

@@ -50,7 +50,7 @@ class TransferConfig:
     tcp_port: int = 0
     num_connections: int = 4
     slice_bytes: int = DEFAULT_SLICE_BYTES
-    max_group_slices: int = 64
+    max_group_slices: int = 1024
     max_reconnects: int = 3
     connect_timeout: float = 2.0
     server_io_timeout: float = 30.0

@@ -20,17 +20,20 @@ import logging
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Self
 
 from crescent.transfer.batch import BatchResult, Deadline, Op, TransferEntry
 from crescent.transfer.config import ALL_TRANSPORTS, TransferConfig, TransportKind
 from crescent.transfer.descriptor import Endpoint, SegmentDescriptor
 from crescent.transfer.errors import (
+    BadEntry,
     EngineNotRunning,
     NoRoute,
     TransferError,
     TransportUnavailable,
 )
+from crescent.transfer.groups import Columns, EntryGroup, columns_of, fits, misfits, to_columns
 from crescent.transfer.hostinfo import host_id
 from crescent.transfer.plan import check_range
 from crescent.transfer.registry import SegmentRegistry
@@ -39,12 +42,13 @@ from crescent.transfer.segment import Segment
 from crescent.transfer.transports import (
     Transport,
     TransportContext,
-    WorkItem,
     create_transport,
     is_available,
 )
 
 log = logging.getLogger(__name__)
+
+_REMOTE_SEGMENT = attrgetter("remote_segment")
 
 # Transports report by the deadline; this much more covers their cleanup.
 GRACE_S = 1.0
@@ -228,62 +232,97 @@ class TransferEngine:
                 self._idle.set()
 
     async def _run(self, entries: Sequence[TransferEntry], deadline: Deadline) -> BatchResult:
-        outcomes: list[TransferError | None] = [None] * len(entries)
-        names = dict.fromkeys(entry.remote_segment for entry in entries)
+        failures: dict[int, TransferError] = {}
+        names = dict.fromkeys(map(_REMOTE_SEGMENT, entries))
         remotes = await resolve_all(self._resolver, names, deadline)
-        locals_: dict[str, Segment] = {}
-        routes: dict[
-            str, tuple[list[int], list[WorkItem]]
-        ] = {}  # remote segment → its transport's work
-        work: dict[Transport, tuple[list[int], list[WorkItem]]] = {}
-        for index, entry in enumerate(entries):
-            # The common case in a few comparisons (a small entry must cost little); anything
-            # unusual goes through _check, which raises the precise error.
-            local = locals_.get(entry.local_segment)
-            remote = remotes.get(entry.remote_segment)
-            length = entry.length
-            if (
-                local is None
-                or not isinstance(remote, SegmentDescriptor)
-                or type(entry.op) is not Op
-                or length < 0
-                or not 0 <= entry.local_offset <= local.size - length
-                or not 0 <= entry.remote_offset <= remote.size - length
-            ):
-                try:
-                    item = self._check(entry, remotes)
-                except TransferError as exc:
-                    outcomes[index] = exc
-                    continue
-                locals_[entry.local_segment] = local = item.local
-            target = routes.get(entry.remote_segment)
-            if target is None:
-                try:
-                    transport = self._route(remote)
-                except TransferError as exc:
-                    outcomes[index] = exc
-                    continue
-                target = routes[entry.remote_segment] = work.setdefault(transport, ([], []))
-            if not length:
-                continue
-            target[0].append(index)
-            target[1].append(WorkItem(entry, local, remote))
-        for transport, results in (await self._execute(work, deadline)).items():
-            for index, outcome in zip(work[transport][0], results, strict=True):
-                outcomes[index] = outcome
+        try:
+            columns = to_columns(entries)
+        except TypeError:  # a field of the wrong type: find it entry by entry
+            columns = self._columns_of_sound(entries, remotes, failures)
+        work: dict[Transport, list[EntryGroup]] = {}
+        for group_columns in columns:
+            group = self._group(entries, group_columns, remotes, failures)
+            if group is not None:
+                work.setdefault(group[0], []).append(group[1])
+        for transport_failures in (await self._execute(work, deadline)).values():
+            failures.update(transport_failures)
+        if not failures:
+            return BatchResult((None,) * len(entries))
+        outcomes: list[TransferError | None] = [None] * len(entries)
+        for index, error in failures.items():
+            outcomes[index] = error
         return BatchResult(tuple(outcomes))
 
+    def _columns_of_sound(
+        self,
+        entries: Sequence[TransferEntry],
+        remotes: dict[str, SegmentDescriptor | TransferError],
+        failures: dict[int, TransferError],
+    ) -> list[Columns]:
+        """Columns of the entries that pass the per-entry check; the others fail with the
+        precise error."""
+        sound = []
+        for index, entry in enumerate(entries):
+            try:
+                self._check(entry, remotes)
+            except TransferError as exc:
+                failures[index] = exc
+            else:
+                sound.append(index)
+        return columns_of(entries, sound)
+
+    def _group(
+        self,
+        entries: Sequence[TransferEntry],
+        columns: Columns,
+        remotes: dict[str, SegmentDescriptor | TransferError],
+        failures: dict[int, TransferError],
+    ) -> tuple[Transport, EntryGroup] | None:
+        """Check one group's entries in a few C-level passes and route it; entries that fail
+        get their error in `failures` (through _check, which names the fault). None when
+        nothing of the group is left to move."""
+        op, local_name, remote_name = columns.key
+        local = self._registry.find(local_name)
+        remote = remotes.get(remote_name)
+        if type(op) is not Op or local is None or not isinstance(remote, SegmentDescriptor):
+            self._fail_each(entries, columns.indices, remotes, failures)
+            return None
+        if not fits(columns, local.size, remote.size):
+            bad, empty = misfits(columns, local.size, remote.size)
+            self._fail_each(entries, [columns.indices[row] for row in bad], remotes, failures)
+            skipped = {*bad, *empty}  # zero-length entries are done before anything moves
+            columns = columns.take(
+                [row for row in range(len(columns.lengths)) if row not in skipped]
+            )
+            if not columns.lengths:
+                return None
+        try:
+            transport = self._route(remote)
+        except TransferError as exc:
+            for index in columns.indices:
+                failures[index] = exc
+            return None
+        return transport, EntryGroup(
+            op,
+            local,
+            remote,
+            columns.indices,
+            columns.local_offsets,
+            columns.remote_offsets,
+            columns.lengths,
+        )
+
     async def _execute(
-        self, work: dict[Transport, tuple[list[int], list[WorkItem]]], deadline: Deadline
-    ) -> dict[Transport, list[TransferError | None]]:
-        """Run each transport's items. Awaited in place rather than as tasks when there is
+        self, work: dict[Transport, list[EntryGroup]], deadline: Deadline
+    ) -> dict[Transport, dict[int, TransferError]]:
+        """Run each transport's groups. Awaited in place rather than as tasks when there is
         one transport (the common case: a task costs an event-loop iteration). A transport
-        that breaks its deadline contract by more than GRACE_S is cancelled and its items
-        time out; one that raises fails its items."""
+        that breaks its deadline contract by more than GRACE_S is cancelled and its entries
+        time out; one that raises fails its entries."""
         if not work:
             return {}
-        calls = [transport.execute(items, deadline) for transport, (_, items) in work.items()]
-        raw: list[list[TransferError | None] | BaseException | None] = [None] * len(calls)
+        calls = [transport.execute(groups, deadline) for transport, groups in work.items()]
+        raw: list[dict[int, TransferError] | BaseException | None] = [None] * len(calls)
         try:
             async with asyncio.timeout(deadline.remaining() + GRACE_S):
                 if len(calls) == 1:
@@ -293,33 +332,58 @@ class TransferEngine:
         except TimeoutError:
             log.error("transports missed the batch deadline by more than %.1f s", GRACE_S)
         results = {}
-        for (transport, (_, items)), outcome in zip(work.items(), raw, strict=True):
+        for (transport, groups), outcome in zip(work.items(), raw, strict=True):
             if outcome is None:
-                results[transport] = [deadline.timeout_error(i.remote.name) for i in items]
+                results[transport] = {
+                    index: deadline.timeout_error(group.remote.name)
+                    for group in groups
+                    for index in group.indices
+                }
             elif isinstance(outcome, BaseException):
                 log.error("transport %s failed a batch", transport.kind.value, exc_info=outcome)
                 failure = TransferError(f"transport {transport.kind.value} failed: {outcome!r}")
-                results[transport] = [failure] * len(items)
+                results[transport] = {index: failure for group in groups for index in group.indices}
             else:
                 results[transport] = outcome
-                self._count(transport.kind, items, outcome)
+                self._count(transport.kind, groups, outcome)
         return results
 
     def _count(
-        self, kind: TransportKind, items: Sequence[WorkItem], outcomes: list[TransferError | None]
+        self, kind: TransportKind, groups: Sequence[EntryGroup], failures: dict[int, TransferError]
     ) -> None:
         counters = self._counters[kind]
-        failed = [i for i, outcome in enumerate(outcomes) if outcome is not None]
-        if failed:
-            moved = [item for i, item in enumerate(items) if outcomes[i] is None]
-        else:
-            moved = items
-        counters.num_bytes += sum([item.entry.length for item in moved])
-        counters.num_transfers += len(moved)
+        for group in groups:
+            if failures:
+                lengths = [
+                    length
+                    for index, length in zip(group.indices, group.lengths, strict=True)
+                    if index not in failures
+                ]
+            else:
+                lengths = group.lengths
+            counters.num_bytes += sum(lengths)
+            counters.num_transfers += len(lengths)
+
+    def _fail_each(
+        self,
+        entries: Sequence[TransferEntry],
+        indices: Sequence[int],
+        remotes: dict[str, SegmentDescriptor | TransferError],
+        failures: dict[int, TransferError],
+    ) -> None:
+        """Entries the group check refused, each with the precise error _check gives."""
+        for index in indices:
+            try:
+                self._check(entries[index], remotes)
+            except TransferError as exc:
+                failures[index] = exc
+            else:  # the checks disagree: refuse rather than report an unmoved entry as moved
+                failures[index] = BadEntry(f"entry {index} failed the batch check")
 
     def _check(
         self, entry: TransferEntry, remotes: dict[str, SegmentDescriptor | TransferError]
-    ) -> WorkItem:
+    ) -> None:
+        """Raise the precise error of an entry that cannot run."""
         entry.check()
         local = self._registry.get(entry.local_segment)
         check_range(local.name, entry.local_offset, entry.length, local.size)
@@ -327,7 +391,6 @@ class TransferEngine:
         if isinstance(remote, TransferError):
             raise remote
         check_range(remote.name, entry.remote_offset, entry.length, remote.size)
-        return WorkItem(entry, local, remote)
 
     def route(self, remote: SegmentDescriptor) -> TransportKind:
         """The transport a batch to this segment would use now; NoRoute if none."""
@@ -345,8 +408,8 @@ class TransferEngine:
 
 
 async def _settle(
-    call: Awaitable[list[TransferError | None]],
-) -> list[TransferError | None] | Exception:
+    call: Awaitable[dict[int, TransferError]],
+) -> dict[int, TransferError] | Exception:
     """The call's result, or the exception it raised (cancellation still propagates)."""
     try:
         return await call

@@ -48,6 +48,10 @@ class SegmentRegistry:
             raise SegmentNotFound(name)
         return entry[1]
 
+    def find(self, name: str) -> Segment | None:
+        entry = self._by_name.get(name)
+        return entry[1] if entry is not None else None
+
     def id_of(self, name: str) -> int:
         entry = self._by_name.get(name)
         if entry is None:

@@ -21,6 +21,7 @@ from typing import Self
 import numpy as np
 
 SHM_DIR = Path("/dev/shm")
+_SHM_PREFIX = f"{SHM_DIR}/"
 
 
 class MemoryKind(enum.Enum):
@@ -224,10 +225,14 @@ def _is_locked(fd: int) -> bool:
 
 
 def shm_file_identity(shm_name: str) -> tuple[int, int] | None:
-    """(device, inode) of /dev/shm/<shm_name>, or None if there is no such file."""
+    """(device, inode) of /dev/shm/<shm_name>, or None if there is no such file. (Asked once
+    per batch by the shm transport's routing: a plain string path, not a pathlib one, whose
+    parsing would cost more than the stat.)"""
+    if not shm_name or "/" in shm_name or shm_name in (".", ".."):
+        return None
     try:
-        stat = os.stat(_shm_path(shm_name))
-    except (FileNotFoundError, ValueError):
+        stat = os.stat(f"{_SHM_PREFIX}{shm_name}")
+    except FileNotFoundError:
         return None
     return stat.st_dev, stat.st_ino
 

@@ -94,19 +94,29 @@ class MetadataWriter:
                 self._written.notify_all()
 
     async def _write(self, batch: dict[str, bytes | None]) -> None:
+        """Write a batch as transactions of at most MAX_TXN_OPS, all in flight at once (a key
+        appears once in a batch, so their order does not matter): a commit of many blocks
+        waits for one etcd round trip, not one per MAX_TXN_OPS blocks."""
         items = list(batch.items())
-        for start in range(0, len(items), MAX_TXN_OPS):
-            ops = [
-                self._client.transactions.delete(key.encode())
-                if value is None
-                else self._client.transactions.put(key.encode(), value, lease=self._leased.lease)
-                for key, value in items[start : start + MAX_TXN_OPS]
-            ]
-            while True:
-                try:
-                    await self._client.transaction(compare=[], success=ops, failure=[])
-                    self.num_transactions += 1
-                    break
-                except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
-                    log.warning("block metadata write failed; retrying", extra={"error": repr(exc)})
-                    await asyncio.sleep(0.5)
+        await asyncio.gather(
+            *(
+                self._write_transaction(items[start : start + MAX_TXN_OPS])
+                for start in range(0, len(items), MAX_TXN_OPS)
+            )
+        )
+
+    async def _write_transaction(self, items: list[tuple[str, bytes | None]]) -> None:
+        ops = [
+            self._client.transactions.delete(key.encode())
+            if value is None
+            else self._client.transactions.put(key.encode(), value, lease=self._leased.lease)
+            for key, value in items
+        ]
+        while True:
+            try:
+                await self._client.transaction(compare=[], success=ops, failure=[])
+                self.num_transactions += 1
+                return
+            except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
+                log.warning("block metadata write failed; retrying", extra={"error": repr(exc)})
+                await asyncio.sleep(0.5)

@@ -12,17 +12,42 @@ from crescent.transfer.batch import Deadline, TransferEntry
 from crescent.transfer.config import TransferConfig, TransportKind
 from crescent.transfer.descriptor import Endpoint, SegmentDescriptor
 from crescent.transfer.errors import TransferError
+from crescent.transfer.groups import EntryGroup
 from crescent.transfer.registry import SegmentRegistry
 from crescent.transfer.segment import Segment
 
 
 class WorkItem(NamedTuple):
-    """One entry after the engine checked it: both ranges are inside their segments. (A
-    named tuple: the engine makes one per entry, and a small entry must cost little.)"""
+    """One checked entry with its segments, for transports that plan entry by entry (the
+    lanes of tcp and rdma); see `work_items`."""
 
     entry: TransferEntry
     local: Segment
     remote: SegmentDescriptor
+
+
+# Batch index → error, for the entries that failed; every other entry moved all its bytes.
+Failures = dict[int, TransferError]
+
+
+def work_items(groups: Sequence[EntryGroup]) -> tuple[list[WorkItem], list[int]]:
+    """The groups' entries as work items, and each one's index in the batch."""
+    items: list[WorkItem] = []
+    indices: list[int] = []
+    for group in groups:
+        local, remote = group.local, group.remote
+        items.extend(WorkItem(entry, local, remote) for entry in group.entries())
+        indices.extend(group.indices)
+    return items, indices
+
+
+def failures_of(indices: Sequence[int], outcomes: Sequence[TransferError | None]) -> Failures:
+    """Per-item outcomes (as lanes report them) as Failures of the batch."""
+    return {
+        index: outcome
+        for index, outcome in zip(indices, outcomes, strict=True)
+        if outcome is not None
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +68,10 @@ class Transport(ABC):
     serve a descriptor, and `execute` runs items and reports one outcome per item.
 
     Contract for `execute`: it returns by the deadline (plus a few milliseconds of
-    cleanup), never raises for an item's failure, and reports per item None (all bytes
-    moved) or a TransferError: PeerUnreachable when the owner is dead, TransferTimeout when
-    the deadline passed first, SegmentNotFound / OutOfBounds when the owner refused.
+    cleanup), never raises for an entry's failure, and reports the entries that failed, by
+    batch index, with a TransferError: PeerUnreachable when the owner is dead,
+    TransferTimeout when the deadline passed first, SegmentNotFound / OutOfBounds when the
+    owner refused. Entries it does not report moved all their bytes.
     """
 
     kind: ClassVar[TransportKind]
@@ -76,7 +102,5 @@ class Transport(ABC):
         """Whether `execute` can move bytes to and from this remote segment."""
 
     @abstractmethod
-    async def execute(
-        self, items: Sequence[WorkItem], deadline: Deadline
-    ) -> list[TransferError | None]:
-        """Run every item; one outcome per item, in order."""
+    async def execute(self, groups: Sequence[EntryGroup], deadline: Deadline) -> Failures:
+        """Move every entry of the groups (checked by the engine); the failed ones by index."""

@@ -29,10 +29,18 @@ from typing import Any
 from crescent.transfer.batch import Deadline, Op
 from crescent.transfer.config import TransportKind
 from crescent.transfer.descriptor import Endpoint, RdmaEndpoint, SegmentDescriptor
-from crescent.transfer.errors import ProtocolError, TransferError, TransportUnavailable
+from crescent.transfer.errors import ProtocolError, TransportUnavailable
+from crescent.transfer.groups import EntryGroup
 from crescent.transfer.plan import Slice
 from crescent.transfer.segment import MemoryKind, Segment
-from crescent.transfer.transports.base import Transport, TransportContext, WorkItem
+from crescent.transfer.transports.base import (
+    Failures,
+    Transport,
+    TransportContext,
+    WorkItem,
+    failures_of,
+    work_items,
+)
 from crescent.transfer.transports.lanes import (
     Broken,
     ConnectionPool,
@@ -218,10 +226,9 @@ class RdmaTransport(Transport):
     def can_reach(self, descriptor: SegmentDescriptor) -> bool:
         return self._device is not None and descriptor.endpoint(RdmaEndpoint) is not None
 
-    async def execute(
-        self, items: Sequence[WorkItem], deadline: Deadline
-    ) -> list[TransferError | None]:
+    async def execute(self, groups: Sequence[EntryGroup], deadline: Deadline) -> Failures:
         config = self.context.config
+        items, indices = work_items(groups)
         # A QP keeps many slices in flight by itself, so a group may hold several.
         settings = LaneSettings(
             min(config.max_group_slices, QUEUE_DEPTH),
@@ -237,7 +244,7 @@ class RdmaTransport(Transport):
         )
         outcomes, num_retries = await execute_by_peer(items, deadline, plan, self.context.executor)
         self.num_retries += num_retries
-        return outcomes
+        return failures_of(indices, outcomes)
 
     def _pool(self, host: str, port: int) -> ConnectionPool[RdmaConnection]:
         pool = self._pools.get((host, port))

@@ -26,9 +26,10 @@ import numpy as np
 from crescent.transfer.batch import Deadline
 from crescent.transfer.config import TransferConfig, TransportKind
 from crescent.transfer.descriptor import Endpoint, SegmentDescriptor, ShmEndpoint
-from crescent.transfer.errors import PeerUnreachable, TransferError
+from crescent.transfer.errors import PeerUnreachable
+from crescent.transfer.groups import EntryGroup
 from crescent.transfer.segment import Segment, ShmMapping, ShmSegment, shm_file_identity
-from crescent.transfer.transports.base import Transport, TransportContext, WorkItem
+from crescent.transfer.transports.base import Failures, Transport, TransportContext
 from crescent.transfer.transports.shm_plan import Chunk, RowCopy, Run, plan_runs, split
 
 # Chunks up to this size are copied by memoryview assignment: a plain memcpy with less
@@ -62,45 +63,56 @@ class ShmTransport(Transport):
             and shm_file_identity(endpoint.shm_name) == (endpoint.device, endpoint.inode)
         )
 
-    async def execute(
-        self, items: Sequence[WorkItem], deadline: Deadline
-    ) -> list[TransferError | None]:
-        outcomes: list[TransferError | None] = [None] * len(items)
-        mappings = await self._map_all(items, outcomes)
-        self._fail_dead_owners(mappings, items, outcomes)
-        rows = RowCopy.of(items, mappings, outcomes)
-        if rows is not None:
-            unfinished = await self._copy_rows(rows, items, deadline)
-        else:
-            runs = plan_runs(items, mappings, outcomes)
-            unfinished = await self._copy_chunks(runs, list(set(mappings.values())), deadline)
-        for index in unfinished:
-            outcomes[index] = deadline.timeout_error(items[index].remote.name)
-        self._fail_dead_owners(mappings, items, outcomes)
-        return outcomes
+    async def execute(self, groups: Sequence[EntryGroup], deadline: Deadline) -> Failures:
+        failures: Failures = {}
+        mapped = self._alive(await self._map_all(groups, failures), failures)
+        rows: list[RowCopy] = []
+        runs: list[Run] = []
+        for group, mapping in mapped:
+            row_copy = RowCopy.of(group, mapping)
+            if row_copy is not None:
+                rows.append(row_copy)
+            else:
+                runs.extend(plan_runs(group, mapping))
+        num_bytes = sum(group.num_bytes for group, _ in mapped)
+        is_inline = num_bytes <= self.context.config.shm_inline_bytes
+        unfinished: list[tuple[Sequence[int], str]] = []
+        if rows:
+            unfinished += await self._copy_rows(rows, deadline, is_inline)
+        if runs:
+            mappings = list({id(m): m for _, m in mapped}.values())
+            unfinished += await self._copy_chunks(runs, mappings, deadline, is_inline)
+        for indices, name in unfinished:
+            error = deadline.timeout_error(name)
+            for index in indices:
+                failures[index] = error
+        self._alive(mapped, failures)
+        return failures
 
     async def _copy_rows(
-        self, rows: RowCopy, items: Sequence[WorkItem], deadline: Deadline
-    ) -> set[int]:
-        """One numpy call for the whole batch (bounded by it, so checked before, not during)."""
-        if deadline.is_expired():
-            return set(range(len(items)))
-        if len(items) * items[0].entry.length <= self.context.config.shm_inline_bytes:
-            rows.run()
-        else:
-            await asyncio.get_running_loop().run_in_executor(self.context.executor, rows.run)
-        return set()
+        self, rows: list[RowCopy], deadline: Deadline, is_inline: bool
+    ) -> list[tuple[Sequence[int], str]]:
+        """One numpy call per group (bounded by it, so checked before, not during)."""
+        loop = asyncio.get_running_loop()
+        for position, row_copy in enumerate(rows):
+            if deadline.is_expired():
+                return [(r.group.indices, r.group.remote.name) for r in rows[position:]]
+            if is_inline:
+                row_copy.run()
+            else:
+                await loop.run_in_executor(self.context.executor, row_copy.run)
+        return []
 
     async def _copy_chunks(
-        self, runs: list[Run], mappings: list[ShmMapping], deadline: Deadline
-    ) -> set[int]:
+        self, runs: list[Run], mappings: list[ShmMapping], deadline: Deadline, is_inline: bool
+    ) -> list[tuple[Sequence[int], str]]:
         config = self.context.config
         num_bytes = sum(run.length for run in runs)
         num_threads = _num_copy_threads(num_bytes, len(runs), config)
         chunk_bytes = max(1, min(config.slice_bytes, -(-num_bytes // num_threads)))
         chunks = [chunk for run in runs for chunk in run.chunks(chunk_bytes)]
         copier = _Copier(mappings, deadline, config.slice_bytes)
-        if num_bytes <= config.shm_inline_bytes:
+        if is_inline:
             return copier.run(chunks)
         loop = asyncio.get_running_loop()
         futures = [
@@ -112,26 +124,23 @@ class ShmTransport(Transport):
         except asyncio.CancelledError:
             copier.abort.set()
             raise
-        return set().union(*parts)
+        return [unfinished for part in parts for unfinished in part]
 
     async def _map_all(
-        self, items: Sequence[WorkItem], outcomes: list[TransferError | None]
-    ) -> dict[str, ShmMapping]:
-        """The mapping of each remote segment of the batch; items whose segment cannot be
+        self, groups: Sequence[EntryGroup], failures: Failures
+    ) -> list[tuple[EntryGroup, ShmMapping]]:
+        """Each group with the mapping of its remote segment; groups whose segment cannot be
         mapped fail. New mappings are made in a worker thread: populating the page tables
         of a large pool takes a while, and the event loop must not wait for it."""
-        mappings: dict[str, ShmMapping] = {}
-        failures: dict[str, str] = {}
-        for index, item in enumerate(items):
-            name = item.remote.name
-            if name not in mappings and name not in failures:
-                try:
-                    mappings[name] = await self._mapping(item.remote)
-                except OSError as exc:
-                    failures[name] = f"cannot map its shm file: {exc}"
-            if name in failures:
-                outcomes[index] = _unreachable(item, failures[name])
-        return mappings
+        mapped = []
+        for group in groups:
+            try:
+                mapping = await self._mapping(group.remote)
+            except OSError as exc:
+                _fail_group(group, failures, f"cannot map its shm file: {exc}")
+                continue
+            mapped.append((group, mapping))
+        return mapped
 
     async def _mapping(self, descriptor: SegmentDescriptor) -> ShmMapping:
         endpoint = descriptor.endpoint(ShmEndpoint)
@@ -163,23 +172,25 @@ class ShmTransport(Transport):
         self._mappings[endpoint.shm_name] = mapping
         return mapping
 
-    def _fail_dead_owners(
-        self,
-        mappings: dict[str, ShmMapping],
-        items: Sequence[WorkItem],
-        outcomes: list[TransferError | None],
-    ) -> None:
-        dead = {name for name, mapping in mappings.items() if not mapping.owner_is_alive()}
+    def _alive(
+        self, mapped: list[tuple[EntryGroup, ShmMapping]], failures: Failures
+    ) -> list[tuple[EntryGroup, ShmMapping]]:
+        """The groups whose owner still lives; the others fail (their writes, if any, landed
+        in memory nobody serves any more), and their mappings are dropped."""
+        dead = {id(m): m for _, m in mapped if not m.owner_is_alive()}
         if not dead:
-            return
-        for index, item in enumerate(items):
-            if item.remote.name in dead:
-                outcomes[index] = _unreachable(item, "its owner process died")
-        for name in dead:
-            mapping = mappings.pop(name)
+            return mapped
+        alive = []
+        for group, mapping in mapped:
+            if id(mapping) in dead:
+                _fail_group(group, failures, "its owner process died")
+            else:
+                alive.append((group, mapping))
+        for mapping in dead.values():
             if self._mappings.get(mapping.shm_name) is mapping:
                 del self._mappings[mapping.shm_name]
             mapping.close()
+        return alive
 
 
 def _num_copy_threads(num_bytes: int, num_runs: int, config: TransferConfig) -> int:
@@ -202,22 +213,21 @@ class _Copier:
         self._check_bytes = check_bytes
         self.abort = threading.Event()
 
-    def run(self, chunks: Sequence[Chunk]) -> set[int]:
-        """Returns the indices of items with a chunk that was not copied, because the
-        deadline passed or the owner died (the caller tells which)."""
-        unfinished: set[int] = set()
+    def run(self, chunks: Sequence[Chunk]) -> list[tuple[Sequence[int], str]]:
+        """Returns (batch indices, remote segment) of chunks that were not copied, because
+        the deadline passed or the owner died (the caller tells which)."""
+        unfinished: list[tuple[Sequence[int], str]] = []
         dead: set[int] = set()
         since_check = 0
-        for position, (first, end, dst, src, mapping) in enumerate(chunks):
+        for position, (indices, name, dst, src, mapping) in enumerate(chunks):
             if since_check >= self._check_bytes:
                 since_check = 0
                 dead = {id(m) for m in self._mappings if not m.owner_is_alive()}
             if self._deadline.is_expired() or self.abort.is_set():
-                for chunk in chunks[position:]:
-                    unfinished.update(range(chunk[0], chunk[1]))
+                unfinished.extend((chunk[0], chunk[1]) for chunk in chunks[position:])
                 break
             if id(mapping) in dead:
-                unfinished.update(range(first, end))
+                unfinished.append((indices, name))
                 continue
             if dst.nbytes <= GIL_COPY_BYTES:
                 dst[:] = src
@@ -227,5 +237,7 @@ class _Copier:
         return unfinished
 
 
-def _unreachable(item: WorkItem, cause: str) -> PeerUnreachable:
-    return PeerUnreachable(item.remote.node, item.remote.name, cause)
+def _fail_group(group: EntryGroup, failures: Failures, cause: str) -> None:
+    error = PeerUnreachable(group.remote.node, group.remote.name, cause)
+    for index in group.indices:
+        failures[index] = error

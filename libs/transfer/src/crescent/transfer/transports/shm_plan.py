@@ -1,14 +1,13 @@
 """Planning of the shm transport's copies, so that many small entries cost about what one
-large one does.
+large one does. Every decision is a few numpy calls over a group's columns, none per entry.
 
-- Runs: items that lie back to back in both the local and the remote segment (a block's
-  layers, consecutive slots, a staging area) are one run, copied by one memcpy.
-- Row copies: a batch of many entries of one size between the same two segments, contiguous
-  on one side and at offsets of one alignment on the other (a staging area and a store's free
-  slots), is one numpy call: a scatter (`rows[index] = block`), a gather (`np.take`) or one
-  block copy, a loop in C instead of one Python-level copy per entry.
-- Otherwise chunks: runs cut into pieces of at most `chunk_bytes`, copied one by one so that
-  the deadline and the owners' liveness are checked as the copy goes.
+- Row copies: a group of many entries of one size, contiguous on one side and at offsets of
+  one alignment on the other (a staging area and a store's free slots), is one numpy call: a
+  scatter (`rows[index] = block`), a gather (`np.take`) or one block copy, a loop in C.
+- Otherwise runs: entries that lie back to back in both segments (a block's layers,
+  consecutive slots) are one run, copied by one memcpy; runs are cut into chunks of at most
+  `chunk_bytes`, copied one by one so that the deadline and the owners' liveness are checked
+  as the copy goes.
 
 A run, and a row copy, succeeds or fails as a whole.
 """
@@ -20,73 +19,46 @@ from collections.abc import Sequence
 import numpy as np
 
 from crescent.transfer.batch import Op
-from crescent.transfer.errors import TransferError
+from crescent.transfer.groups import EntryGroup
 from crescent.transfer.segment import ShmMapping
-from crescent.transfer.transports.base import WorkItem
 
-# (first item index, end item index, destination, source, remote mapping): one copy of at most
-# chunk_bytes, of a run of items [first, end).
-Chunk = tuple[int, int, memoryview, memoryview, ShmMapping]
+# (batch indices of the entries it belongs to, remote segment name, destination, source,
+# remote mapping): one copy of at most chunk_bytes.
+Chunk = tuple[Sequence[int], str, memoryview, memoryview, ShmMapping]
 
-# Batches of fewer entries are copied as runs: a numpy call's fixed cost would not pay off.
+# Groups of fewer entries are planned in plain Python: a numpy call's fixed cost would not
+# pay off.
 MIN_ROW_ENTRIES = 8
 
 
 class Run:
-    """Items [first, end) of a batch that lie back to back in the local and the remote segment."""
+    """Entries of a group that lie back to back in the local and the remote segment."""
 
-    __slots__ = (
-        "end",
-        "first",
-        "length",
-        "local",
-        "local_offset",
-        "mapping",
-        "op",
-        "remote_offset",
-    )
+    __slots__ = ("group", "indices", "length", "local_offset", "mapping", "remote_offset")
 
-    def __init__(self, index: int, item: WorkItem, mapping: ShmMapping) -> None:
-        entry = item.entry
-        self.first, self.end, self.op, self.local, self.mapping = (
-            index,
-            index + 1,
-            entry.op,
-            item.local,
-            mapping,
-        )
-        self.local_offset, self.remote_offset, self.length = (
-            entry.local_offset,
-            entry.remote_offset,
-            entry.length,
-        )
-
-    def extend(self, index: int, item: WorkItem, mapping: ShmMapping) -> bool:
-        """Take the next item if it continues this run on both sides."""
-        entry = item.entry
-        if (
-            index != self.end
-            or entry.op is not self.op
-            or item.local is not self.local
-            or mapping is not self.mapping
-            or entry.local_offset != self.local_offset + self.length
-            or entry.remote_offset != self.remote_offset + self.length
-        ):
-            return False
-        self.end = index + 1
-        self.length += entry.length
-        return True
+    def __init__(
+        self,
+        group: EntryGroup,
+        mapping: ShmMapping,
+        indices: Sequence[int],
+        local_offset: int,
+        remote_offset: int,
+        length: int,
+    ) -> None:
+        self.group, self.mapping, self.indices = group, mapping, indices
+        self.local_offset, self.remote_offset, self.length = local_offset, remote_offset, length
 
     def chunks(self, chunk_bytes: int) -> list[Chunk]:
-        local = self.local.view()[self.local_offset : self.local_offset + self.length]
+        local = self.group.local.view()[self.local_offset : self.local_offset + self.length]
         remote = self.mapping.view[self.remote_offset : self.remote_offset + self.length]
-        dst, src = (remote, local) if self.op is Op.WRITE else (local, remote)
+        dst, src = (remote, local) if self.group.op is Op.WRITE else (local, remote)
+        name = self.group.remote.name
         if self.length <= chunk_bytes:
-            return [(self.first, self.end, dst, src, self.mapping)]
+            return [(self.indices, name, dst, src, self.mapping)]
         return [
             (
-                self.first,
-                self.end,
+                self.indices,
+                name,
                 dst[start : start + chunk_bytes],
                 src[start : start + chunk_bytes],
                 self.mapping,
@@ -95,74 +67,80 @@ class Run:
         ]
 
 
-def plan_runs(
-    items: Sequence[WorkItem], mappings: dict[str, ShmMapping], outcomes: list[TransferError | None]
-) -> list[Run]:
-    """The items still to copy (outcome None), as runs of back-to-back items in batch order."""
-    runs: list[Run] = []
-    for index, item in enumerate(items):
-        if outcomes[index] is not None:
-            continue
-        mapping = mappings[item.remote.name]
-        if not runs or not runs[-1].extend(index, item, mapping):
-            runs.append(Run(index, item, mapping))
-    return runs
+def plan_runs(group: EntryGroup, mapping: ShmMapping) -> list[Run]:
+    """The group's entries as runs of back-to-back entries, in group order."""
+    local_offsets, remote_offsets, lengths = (
+        group.local_offsets,
+        group.remote_offsets,
+        group.lengths,
+    )
+    num = len(lengths)
+    if num < MIN_ROW_ENTRIES:
+        starts = [0]
+        starts.extend(
+            row
+            for row in range(1, num)
+            if local_offsets[row] != local_offsets[row - 1] + lengths[row - 1]
+            or remote_offsets[row] != remote_offsets[row - 1] + lengths[row - 1]
+        )
+    else:
+        local_array, remote_array, length_array = (
+            np.array(local_offsets),
+            np.array(remote_offsets),
+            np.array(lengths),
+        )
+        breaks = np.flatnonzero(
+            (local_array[1:] != local_array[:-1] + length_array[:-1])
+            | (remote_array[1:] != remote_array[:-1] + length_array[:-1])
+        )
+        starts = [0, *(breaks + 1).tolist()]
+    stops = [*starts[1:], num]
+    return [
+        Run(
+            group,
+            mapping,
+            group.indices[start:stop],
+            local_offsets[start],
+            remote_offsets[start],
+            sum(lengths[start:stop]) if stop - start > 1 else lengths[start],
+        )
+        for start, stop in zip(starts, stops, strict=True)
+    ]
 
 
 class RowCopy:
-    """A batch of equal-size entries between one local segment and one mapping, contiguous on
-    at least one side and aligned on the other: one numpy call copies them all. `of` says
-    whether a batch qualifies."""
+    """A group of equal-size entries contiguous on at least one side and aligned on the other:
+    one numpy call copies them all. `of` says whether a group qualifies."""
 
     def __init__(
         self,
-        dst_rows: np.ndarray,
-        dst_index: np.ndarray | slice,
-        src_rows: np.ndarray,
-        src_index: np.ndarray | slice,
+        group: EntryGroup,
+        dst: tuple[np.ndarray, np.ndarray | slice],
+        src: tuple[np.ndarray, np.ndarray | slice],
     ) -> None:
-        self._dst_rows, self._dst_index = dst_rows, dst_index
-        self._src_rows, self._src_index = src_rows, src_index
+        self.group = group
+        self._dst_rows, self._dst_index = dst
+        self._src_rows, self._src_index = src
 
     @classmethod
-    def of(
-        cls,
-        items: Sequence[WorkItem],
-        mappings: dict[str, ShmMapping],
-        outcomes: list[TransferError | None],
-    ) -> RowCopy | None:
-        if len(items) < MIN_ROW_ENTRIES:
+    def of(cls, group: EntryGroup, mapping: ShmMapping) -> RowCopy | None:
+        lengths = group.lengths
+        num = len(lengths)
+        if num < MIN_ROW_ENTRIES:
             return None
-        first = items[0]
-        length, op, local, remote = (
-            first.entry.length,
-            first.entry.op,
-            first.local,
-            first.remote.name,
-        )
-        local_offsets, remote_offsets = [], []
-        for item, outcome in zip(items, outcomes):
-            entry = item.entry
-            if (
-                outcome is not None
-                or entry.length != length
-                or entry.op is not op
-                or item.local is not local
-                or item.remote.name != remote
-            ):
-                return None
-            local_offsets.append(entry.local_offset)
-            remote_offsets.append(entry.remote_offset)
-        local_rows = _rows(local.view(), local_offsets, length)
-        remote_rows = _rows(mappings[remote].view, remote_offsets, length)
-        if local_rows is None or remote_rows is None:
+        length = lengths[0]
+        if lengths.count(length) != num:
             return None
-        (dst_rows, dst_index), (src_rows, src_index) = (
-            (remote_rows, local_rows) if op is Op.WRITE else (local_rows, remote_rows)
-        )
-        if isinstance(dst_index, np.ndarray) and isinstance(src_index, np.ndarray):
+        local_rows = _rows(group.local.view(), group.local_offsets, length)
+        if local_rows is None:
+            return None
+        remote_rows = _rows(mapping.view, group.remote_offsets, length)
+        if remote_rows is None:
+            return None
+        dst, src = (remote_rows, local_rows) if group.op is Op.WRITE else (local_rows, remote_rows)
+        if isinstance(dst[1], np.ndarray) and isinstance(src[1], np.ndarray):
             return None  # scattered on both sides: numpy would gather into a temporary first
-        return cls(dst_rows, dst_index, src_rows, src_index)
+        return cls(group, dst, src)
 
     def run(self) -> None:
         if isinstance(self._src_index, slice):  # a scatter (or one block) from contiguous rows
@@ -182,15 +160,15 @@ def _rows(
 ) -> tuple[np.ndarray, np.ndarray | slice] | None:
     """`view` as rows of `length` bytes aligned with the offsets, and the offsets as row
     numbers (a slice where they follow each other); None if they do not share an alignment."""
-    base = offsets[0] % length
-    starts = np.array(offsets, dtype=np.int64) - base
-    if (starts % length).any():
-        return None
-    numbers = starts // length
+    first = offsets[0]
+    base = first % length
     num_rows = (view.nbytes - base) // length
     rows = np.frombuffer(view, np.uint8, num_rows * length, base).reshape(num_rows, length)
-    if (np.diff(numbers) == 1).all():
-        return rows, slice(int(numbers[0]), int(numbers[0]) + len(numbers))
+    if offsets == list(range(first, first + len(offsets) * length, length)):
+        return rows, slice(first // length, first // length + len(offsets))
+    numbers, remainders = np.divmod(np.array(offsets) - base, length)
+    if remainders.any():
+        return None
     return rows, numbers.astype(np.intp)
 
 

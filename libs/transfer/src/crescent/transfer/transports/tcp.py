@@ -3,7 +3,7 @@
 Serving: a TcpServer on the engine's (host, port). Client: per peer a pool of
 connections; a batch's slices for that peer go in one queue that up to
 `num_connections` lanes (threads, one connection each) work at once, so slices stripe
-across connections. A connection that breaks mid-group hands its unfinished slices back to
+across connections; each group a lane takes travels as one request (tcp_client.py). A connection that breaks mid-group hands its unfinished slices back to
 the queue and reconnects; a peer that refuses connections fails its entries with
 PeerUnreachable.
 """
@@ -17,9 +17,16 @@ from collections.abc import Sequence
 from crescent.transfer.batch import Deadline
 from crescent.transfer.config import TransportKind
 from crescent.transfer.descriptor import Endpoint, SegmentDescriptor, TcpEndpoint
-from crescent.transfer.errors import TransferError
+from crescent.transfer.groups import EntryGroup
 from crescent.transfer.segment import MemoryKind, Segment
-from crescent.transfer.transports.base import Transport, TransportContext, WorkItem
+from crescent.transfer.transports.base import (
+    Failures,
+    Transport,
+    TransportContext,
+    WorkItem,
+    failures_of,
+    work_items,
+)
 from crescent.transfer.transports.lanes import (
     ConnectionPool,
     LanePlan,
@@ -69,6 +76,11 @@ class TcpTransport(Transport):
         )
 
     @property
+    def num_served_requests(self) -> int:
+        """Requests the server accepted (each moves a group of entries); 0 once closed."""
+        return self._server.num_served_requests if self._server is not None else 0
+
+    @property
     def address(self) -> tuple[str, int]:
         """(advertised host, port) of the server."""
         if self._server is None:
@@ -99,10 +111,9 @@ class TcpTransport(Transport):
             self._pools[key] = pool
         return pool
 
-    async def execute(
-        self, items: Sequence[WorkItem], deadline: Deadline
-    ) -> list[TransferError | None]:
+    async def execute(self, groups: Sequence[EntryGroup], deadline: Deadline) -> Failures:
         config = self.context.config
+        items, indices = work_items(groups)
         plan = LanePlan(
             peer_of=_peer_of,
             pool_of=self.pool,
@@ -114,7 +125,7 @@ class TcpTransport(Transport):
         )
         outcomes, num_retries = await execute_by_peer(items, deadline, plan, self.context.executor)
         self.num_retries += num_retries
-        return outcomes
+        return failures_of(indices, outcomes)
 
 
 def _peer_of(item: WorkItem) -> tuple[str, int]:

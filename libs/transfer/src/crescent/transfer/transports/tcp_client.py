@@ -1,10 +1,10 @@
 """The client side of the tcp transport: one connection running groups of slices.
 
-A group is pipelined: every request of the group (with write payloads, straight from
-registered memory) leaves in gathering sendmsg calls, then the replies are read in order
-(read payloads straight into registered memory with recv_into). Groups are one op only
-(see SliceQueue.take), so neither side can block on a full socket buffer while the other
-does too.
+A group is one request per remote segment it touches (usually one): a header, the table of
+its slices' ranges and, for a write, their bytes straight from registered memory, all in
+gathering sendmsg calls; then the replies are read in order (a read's bytes scattered
+straight into registered memory by recvmsg_into). Groups are one op only (see
+SliceQueue.take), so neither side can block on a full socket buffer while the other does too.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from crescent.transfer.transports.tcp_wire import (
     decode_reply,
     encode_request,
     recv_exact,
+    recv_into_buffers,
     recv_into_exact,
     send_buffers,
 )
@@ -64,33 +65,35 @@ class TcpConnection:
         op = group[0].op
         wire_op = _WIRE_OPS[op]
         buffers: list[bytes | memoryview] = []
-        seqs = []
-        for piece in group:
-            item = job.items[piece.item]
-            endpoint = item.remote.endpoint(TcpEndpoint)
-            assert endpoint is not None, "routed to tcp without a tcp endpoint"
+        requests: list[tuple[int, list[Slice]]] = []
+        for pieces in _by_segment(job, group):
             seq = next(self._seqs) & 0xFFFFFFFF
-            seqs.append(seq)
-            buffers.append(
-                encode_request(wire_op, seq, endpoint.segment_id, piece.remote_offset, piece.length)
-            )
+            requests.append((seq, pieces))
+            endpoint = job.items[pieces[0].item].remote.endpoint(TcpEndpoint)
+            assert endpoint is not None, "routed to tcp without a tcp endpoint"
+            offsets = [piece.remote_offset for piece in pieces]
+            lengths = [piece.length for piece in pieces]
+            buffers.append(encode_request(wire_op, seq, endpoint.segment_id, offsets, lengths))
             if op is Op.WRITE:
-                buffers.append(_local_view(job, piece))
+                buffers.extend(_local_view(job, piece) for piece in pieces)
         num_done = 0
         try:
             send_buffers(self.sock, buffers, job.deadline)
-            for piece, seq in zip(group, seqs, strict=True):
+            for seq, pieces in requests:
                 reply = self._read_reply(seq, job.deadline)
                 if reply.status is not Status.OK:
                     message = self._read_message(reply, job.deadline)
-                    job.fail(piece.item, self._refusal(job, piece, reply.status, message))
+                    for piece in pieces:
+                        job.fail(piece.item, self._refusal(job, piece, reply.status, message))
                 elif op is Op.READ:
-                    if reply.length != piece.length:
+                    num_bytes = sum(piece.length for piece in pieces)
+                    if reply.length != num_bytes:
                         raise ProtocolError(
-                            f"read reply of {reply.length} bytes, asked {piece.length}"
+                            f"read reply of {reply.length} bytes, asked {num_bytes}"
                         )
-                    recv_into_exact(self.sock, _local_view(job, piece), job.deadline)
-                num_done += 1
+                    views = [_local_view(job, piece) for piece in pieces]
+                    recv_into_buffers(self.sock, views, job.deadline)
+                num_done += len(pieces)
         except (OSError, EOFError, ProtocolError) as exc:
             raise Broken(num_done, exc) from exc
 
@@ -122,6 +125,19 @@ class TcpConnection:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _by_segment(job: PeerJob, group: list[Slice]) -> list[list[Slice]]:
+    """The group cut where the remote segment changes: one request per piece."""
+    parts: list[list[Slice]] = []
+    segment = None
+    for piece in group:
+        remote = job.items[piece.item].remote
+        if remote is not segment:
+            parts.append([])
+            segment = remote
+        parts[-1].append(piece)
+    return parts
 
 
 def _local_view(job: PeerJob, piece: Slice) -> memoryview:

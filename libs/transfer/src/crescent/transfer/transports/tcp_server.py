@@ -1,11 +1,13 @@
 """The serving side of the tcp transport: peers read and write this process's registered
 segments through it.
 
-One thread per connection with a blocking socket: a write's payload is received straight
-into the segment (`recv_into` a memoryview of it), a read's payload is sent straight from
-it (gathering `sendmsg`). A refused request (unknown segment, range out of bounds) gets an
-error reply and the connection keeps serving; only a broken stream (bad magic, a peer
-that stalls mid-payload) closes it.
+One thread per connection with a blocking socket. A request carries many entries of one
+segment: a write's bytes are received straight into the segment, scattered over the
+entries' ranges by `recvmsg_into` (many ranges per system call), and a read's are sent
+straight from it with gathering `sendmsg`. A refused request (unknown segment, a range out of
+bounds) gets an error reply, having had any payload read and dropped, and the connection
+keeps serving; only a broken stream (bad magic, a table that does not add up, a peer that
+stalls mid-payload) closes it.
 """
 
 from __future__ import annotations
@@ -13,19 +15,23 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+from operator import add
 
 from crescent.transfer.batch import Deadline
 from crescent.transfer.errors import ProtocolError
 from crescent.transfer.registry import SegmentRegistry
 from crescent.transfer.segment import MemoryKind
 from crescent.transfer.transports.tcp_wire import (
+    ENTRY,
     REQUEST,
     Request,
     Status,
     WireOp,
     decode_request,
+    decode_table,
     discard,
     encode_reply,
+    recv_into_buffers,
     recv_into_exact,
     send_buffers,
 )
@@ -65,6 +71,7 @@ class TcpServer:
         self._lock = threading.Lock()
         self._connections: dict[socket.socket, threading.Thread] = {}
         self.num_served_bytes = 0  # payload bytes of accepted reads and writes (under _lock)
+        self.num_served_requests = 0  # accepted requests, each of one or more entries
         self._acceptor = threading.Thread(
             target=self._accept_loop, name=f"crescent-tcp-accept-{self.port}", daemon=True
         )
@@ -154,38 +161,59 @@ class TcpServer:
 
     def _handle(self, sock: socket.socket, request: Request, scratch: memoryview) -> None:
         deadline = Deadline.after(self._io_timeout)
-        status, message, target = self._locate(request)
+        table = memoryview(bytearray(ENTRY.size * request.num_entries))
+        recv_into_exact(sock, table, deadline)
+        offsets, lengths = decode_table(table, request)
+        status, message, targets = self._locate(request, offsets, lengths)
         if request.op is WireOp.WRITE:
-            if target is None:
-                discard(sock, request.length, scratch, deadline)
+            if targets is None:
+                discard(sock, request.num_bytes, scratch, deadline)
             else:
-                recv_into_exact(sock, target, deadline)
-        if target is None:
+                recv_into_buffers(sock, targets, deadline)
+        if targets is None:
             payload = message.encode()
             send_buffers(sock, [encode_reply(status, request.seq, len(payload)), payload], deadline)
             return
         with self._lock:  # counted before the reply, so a client that has it sees the count
-            self.num_served_bytes += request.length
+            self.num_served_bytes += request.num_bytes
+            self.num_served_requests += 1
         if request.op is WireOp.WRITE:
             send_buffers(sock, [encode_reply(Status.OK, request.seq, 0)], deadline)
         else:
-            send_buffers(
-                sock, [encode_reply(Status.OK, request.seq, request.length), target], deadline
-            )
+            reply = encode_reply(Status.OK, request.seq, request.num_bytes)
+            send_buffers(sock, [reply, *targets], deadline)
 
-    def _locate(self, request: Request) -> tuple[Status, str, memoryview | None]:
-        """The segment memory a request targets, or why it is refused."""
+    def _locate(
+        self, request: Request, offsets: list[int], lengths: list[int]
+    ) -> tuple[Status, str, list[memoryview] | None]:
+        """The segment memory of each entry of a request (ranges that follow each other
+        merged), or why the request is refused."""
         segment = self._registry.by_id(request.segment_id)
         if segment is None or segment.memory_kind is not MemoryKind.HOST:
             return Status.UNKNOWN_SEGMENT, f"no segment with id {request.segment_id}", None
-        end = request.offset + request.length
+        end = max(map(add, offsets, lengths))
         if end > segment.size:
             return (
                 Status.OUT_OF_BOUNDS,
-                f"range [{request.offset}, {end}) outside segment of size {segment.size}",
+                f"a range ends at {end}, outside segment of size {segment.size}",
                 None,
             )
         try:
-            return Status.OK, "", segment.view()[request.offset : end]
+            view = segment.view()
         except ValueError:
             return Status.UNKNOWN_SEGMENT, f"segment {segment.name!r} is closed", None
+        return Status.OK, "", _ranges(view, offsets, lengths)
+
+
+def _ranges(view: memoryview, offsets: list[int], lengths: list[int]) -> list[memoryview]:
+    """Views of the ranges, back-to-back ones as one view (fewer buffers per system call)."""
+    ranges = []
+    start, end = offsets[0], offsets[0] + lengths[0]
+    for offset, length in zip(offsets[1:], lengths[1:], strict=True):
+        if offset == end:
+            end += length
+        else:
+            ranges.append(view[start:end])
+            start, end = offset, offset + length
+    ranges.append(view[start:end])
+    return ranges

@@ -1,11 +1,16 @@
 """The tcp transport's wire format and blocking socket helpers.
 
-Each slice is one request with a fixed 28-byte header (struct, not msgpack: it is on the
-hot path) followed, for a write, by the payload. Each request gets one reply with a fixed
-16-byte header followed by the payload of a read, or by a UTF-8 message for an error.
-Replies come in request order on a connection, so a client may pipeline requests.
+A request moves many entries of one segment, one op: a fixed 28-byte header (struct, not
+msgpack: it is on the hot path), a table of (offset, length) pairs, and for a write the
+entries' bytes back to back. One reply answers it: a fixed 16-byte header followed by the
+entries' bytes of a read, or by a UTF-8 message for a refusal (which refuses the whole
+request). Replies come in request order on a connection, so a client may pipeline requests.
+One request per group of entries rather than per entry: small entries would otherwise cost
+a header, a reply and several system calls each on both sides.
 
-    request  <HBBIIQQ  magic, version, op, seq, segment_id, offset, length
+    request  <HBBIIII  magic, version, op, seq, segment_id, num_entries, (reserved) 0
+             <Q        num_bytes (sum of the lengths)
+             num_entries × <QQ  offset, length
     reply    <HBBIQ    magic, version, status, seq, length (payload or message bytes)
 """
 
@@ -21,10 +26,12 @@ from crescent.transfer.batch import Deadline
 from crescent.transfer.errors import ProtocolError
 
 MAGIC = 0xC7E5
-VERSION = 1
-REQUEST = struct.Struct("<HBBIIQQ")
+VERSION = 2
+REQUEST = struct.Struct("<HBBIIIIQ")
+ENTRY = struct.Struct("<QQ")
 REPLY = struct.Struct("<HBBIQ")
-MAX_SLICE_BYTES = 1 << 30
+MAX_SLICE_BYTES = 1 << 30  # bytes of one request
+MAX_ENTRIES = 4096  # entries of one request
 MAX_MESSAGE_BYTES = 4096
 IOV_MAX = 1024
 
@@ -43,11 +50,13 @@ class Status(enum.IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Request:
+    """A request's header; its table of `num_entries` (offset, length) pairs follows."""
+
     op: WireOp
     seq: int
     segment_id: int
-    offset: int
-    length: int
+    num_entries: int
+    num_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,18 +66,42 @@ class Reply:
     length: int
 
 
-def encode_request(op: WireOp, seq: int, segment_id: int, offset: int, length: int) -> bytes:
-    return REQUEST.pack(MAGIC, VERSION, op, seq, segment_id, offset, length)
+def encode_request(
+    op: WireOp, seq: int, segment_id: int, offsets: Sequence[int], lengths: Sequence[int]
+) -> bytes:
+    """Header and table of one request (a write's payload is sent after it, from memory)."""
+    num = len(offsets)
+    header = REQUEST.pack(MAGIC, VERSION, op, seq, segment_id, num, 0, sum(lengths))
+    table = [0] * (2 * num)
+    table[0::2] = offsets
+    table[1::2] = lengths
+    return header + struct.pack(f"<{2 * num}Q", *table)
 
 
 def decode_request(data: bytes | bytearray | memoryview) -> Request:
-    magic, version, op, seq, segment_id, offset, length = REQUEST.unpack(data)
+    magic, version, op, seq, segment_id, num_entries, _, num_bytes = REQUEST.unpack(data)
     _check_magic(magic, version)
     if op not in (WireOp.READ, WireOp.WRITE):
         raise ProtocolError(f"unknown op {op}")
-    if length > MAX_SLICE_BYTES:
-        raise ProtocolError(f"slice of {length} bytes exceeds {MAX_SLICE_BYTES}")
-    return Request(WireOp(op), seq, segment_id, offset, length)
+    if not 0 < num_entries <= MAX_ENTRIES:
+        raise ProtocolError(f"request of {num_entries} entries (1 to {MAX_ENTRIES})")
+    if num_bytes > MAX_SLICE_BYTES:
+        raise ProtocolError(f"request of {num_bytes} bytes exceeds {MAX_SLICE_BYTES}")
+    return Request(WireOp(op), seq, segment_id, num_entries, num_bytes)
+
+
+def decode_table(
+    data: bytes | bytearray | memoryview, request: Request
+) -> tuple[list[int], list[int]]:
+    """(offsets, lengths) of a request's table; ProtocolError unless the lengths add up to
+    the header's byte count (the stream could not be followed otherwise)."""
+    if len(data) != ENTRY.size * request.num_entries:
+        raise ProtocolError("a request's table does not match its header")
+    numbers = struct.unpack(f"<{2 * request.num_entries}Q", data)
+    offsets, lengths = list(numbers[0::2]), list(numbers[1::2])
+    if sum(lengths) != request.num_bytes:
+        raise ProtocolError("a request's table does not match its header")
+    return offsets, lengths
 
 
 def encode_reply(status: Status, seq: int, length: int) -> bytes:
@@ -112,6 +145,26 @@ def recv_exact(sock: socket.socket, num_bytes: int, deadline: Deadline) -> bytes
     buffer = bytearray(num_bytes)
     recv_into_exact(sock, memoryview(buffer), deadline)
     return bytes(buffer)
+
+
+def recv_into_buffers(sock: socket.socket, views: list[memoryview], deadline: Deadline) -> None:
+    """Fill every view in order with scattering recvmsg_into: a group's entries land straight
+    in their memory, several per system call; EOFError if the peer closes first."""
+    views = [view for view in views if view.nbytes]
+    index = 0
+    while index < len(views):
+        _arm(sock, deadline)
+        received = sock.recvmsg_into(views[index : index + IOV_MAX])[0]
+        if received == 0:
+            raise EOFError("peer closed the connection")
+        while received:
+            size = views[index].nbytes
+            if received >= size:
+                received -= size
+                index += 1
+            else:
+                views[index] = views[index][received:]
+                received = 0
 
 
 def discard(sock: socket.socket, num_bytes: int, scratch: memoryview, deadline: Deadline) -> None:
