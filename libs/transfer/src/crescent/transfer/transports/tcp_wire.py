@@ -157,14 +157,7 @@ def recv_into_buffers(sock: socket.socket, views: list[memoryview], deadline: De
         received = sock.recvmsg_into(views[index : index + IOV_MAX])[0]
         if received == 0:
             raise EOFError("peer closed the connection")
-        while received:
-            size = views[index].nbytes
-            if received >= size:
-                received -= size
-                index += 1
-            else:
-                views[index] = views[index][received:]
-                received = 0
+        index = _advance(views, index, received)
 
 
 def discard(sock: socket.socket, num_bytes: int, scratch: memoryview, deadline: Deadline) -> None:
@@ -186,12 +179,17 @@ def send_buffers(
     index = 0
     while index < len(views):
         _arm(sock, deadline)
-        sent = sock.sendmsg(views[index : index + IOV_MAX])
-        while sent:
-            size = views[index].nbytes
-            if sent >= size:
-                sent -= size
-                index += 1
-            else:
-                views[index] = views[index][sent:]
-                sent = 0
+        index = _advance(views, index, sock.sendmsg(views[index : index + IOV_MAX]))
+
+
+def _advance(views: list[memoryview], index: int, num_bytes: int) -> int:
+    """Past `num_bytes` moved from views[index:]: the index of the first view not yet done,
+    that view cut to its remaining part."""
+    while num_bytes:
+        size = views[index].nbytes
+        if num_bytes < size:
+            views[index] = views[index][num_bytes:]
+            break
+        num_bytes -= size
+        index += 1
+    return index
