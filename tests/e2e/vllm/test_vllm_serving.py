@@ -234,7 +234,7 @@ async def test_first_token_waits_for_the_decode_store_only(vllm_cluster, conduct
 
 
 async def test_block_lost_while_loading_is_recomputed_correctly(vllm_cluster, conductor, reference):
-    prompt = prompt_tokens(900, seed=300)
+    prompt = prompt_tokens(900, seed=350)
     [want] = reference_tokens(reference, [prompt], MAX_TOKENS)
 
     got, prefill = await conductor.generate(prompt, MAX_TOKENS, decode_id="decode-F")
