@@ -276,5 +276,7 @@ def test_a_running_job_within_its_prediction_counts_for_what_is_left_of_it():
     clock = Clock()
     view = ClusterView(clock=clock)
     register(view, "prefill", "p0")
-    view.apply_load(load("prefill", "p0", queue_time_s=0.5, running_s=0.05, running_predicted_s=0.1))
+    view.apply_load(
+        load("prefill", "p0", queue_time_s=0.5, running_s=0.05, running_predicted_s=0.1)
+    )
     assert view.snapshot("prefill", "m", clock.now)[0].queue_time_s == pytest.approx(0.45)
