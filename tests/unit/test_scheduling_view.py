@@ -280,3 +280,14 @@ def test_a_running_job_within_its_prediction_counts_for_what_is_left_of_it():
         load("prefill", "p0", queue_time_s=0.5, running_s=0.05, running_predicted_s=0.1)
     )
     assert view.snapshot("prefill", "m", clock.now)[0].queue_time_s == pytest.approx(0.45)
+
+
+def test_telemetry_whose_running_job_outweighs_its_queue_is_ignored(caplog):
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "prefill", "p0")
+    view.apply_load(load("prefill", "p0", queue_time_s=0.5, running_predicted_s=0.1))
+    with caplog.at_level("WARNING"):
+        view.apply_load(load("prefill", "p0", queue_time_s=0.1, running_predicted_s=0.5))
+    assert view.snapshot("prefill", "m", clock.now)[0].queue_time_s == pytest.approx(0.5)
+    assert [r.message for r in caplog.records] == ["ignoring contradictory telemetry"]

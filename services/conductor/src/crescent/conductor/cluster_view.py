@@ -368,6 +368,8 @@ def _contradiction(load: InstanceLoad, info: InstanceInfo) -> str:
         return "negative counts or times"
     if load.node != info.node:
         return f"telemetry from node {load.node!r}, registered on node {info.node!r}"
+    if load.running_predicted_s > load.queue_time_s:
+        return "the running job's predicted time exceeds the whole queue's, which includes it"
     if load.is_accepting and load.not_accepting_reason:
         return f"accepting work, yet not accepting because {load.not_accepting_reason!r}"
     return ""

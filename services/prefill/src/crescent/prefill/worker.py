@@ -3,10 +3,11 @@
 The queue's predicted drain time is what the conductor needs to estimate T_queue, so the
 worker keeps each queued job's predicted prefill time and publishes their sum, with how long
 the running job has been computing and that job's own prediction (the conductor, which knows
-how much slower or faster than its profile this engine runs, works out what is left). Predictions use the cost profile this worker publishes in etcd
-(costs/prefill/<id>, measured at start or loaded: crescent.engine.costs), the same one the
-conductor prices this instance with, and count the prefix its node's store holds once the
-planned pull is done (until then, the whole prompt).
+how much slower or faster than its profile this engine runs, works out what is left).
+Predictions use the cost profile this worker publishes in etcd (costs/prefill/<id>, measured
+at start or loaded: crescent.engine.costs), the same one the conductor prices this instance
+with, and count the prefix its node's store holds once the planned pull is done (until then,
+the whole prompt).
 
 The FIFO covers compute only: the etcd lookup of the decode node, the planned prefix pull
 and (emulated engine) the store lookup happen while the job waits for its turn, and the saves
