@@ -1,6 +1,6 @@
 """A prefill worker's published queue time (the conductor's T_queue) counts the prefix each
-queued job will load from its node's store, not the whole prompt; a draining one finishes the
-jobs it holds and refuses new ones."""
+queued job will load from its node's store, not the whole prompt, and says which share of it is
+the running job's; a draining one finishes the jobs it holds and refuses new ones."""
 
 import asyncio
 import signal
@@ -125,6 +125,11 @@ async def test_queue_time_counts_the_prefix_the_store_holds(
         assert both_queued, "no telemetry while both jobs were queued"
         assert both_queued[-1] == pytest.approx(expected, rel=1e-6)
         assert expected < whole_prompts * 0.6
+        # While the fresh job computes with the cached one behind it, the telemetry says which
+        # share of the queue is the running job's, so its overrun is not taken off the other.
+        running = [load for load in loads if load.num_queued == 2 and load.running_s > 0]
+        assert running, "no telemetry while the fresh job computed"
+        assert running[-1].running_predicted_s == pytest.approx(cost.prefill_s(8000), rel=1e-6)
     finally:
         prefill.stop()
 

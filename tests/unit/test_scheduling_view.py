@@ -252,3 +252,42 @@ def test_kept_snapshots_equal_snapshots_built_anew_through_any_changes():
         kept = view.snapshot("prefill", "m", clock.now, pricing)
         anew = view.snapshot("prefill", "m", clock.now)
         assert [msgspec.structs.replace(s, costs=None) for s in kept] == anew
+
+
+def test_a_running_job_past_its_prediction_leaves_the_queue_behind_it_whole():
+    """Queue 0.5 s: the running job's 0.1 s and 0.4 s queued behind it; the running job has
+    computed for 0.3 s, and this instance runs twice as slow as its profile."""
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "prefill", "p0")
+    pricing = Pricing(default=CostPredictors(lambda n, c: 0.01, lambda b, c: 0.001, 1.0))
+    for _ in range(3):
+        pricing.correction.observe("p0", "prefill", 1.0, 2.0)
+    view.apply_load(load("prefill", "p0", queue_time_s=0.5, running_s=0.3, running_predicted_s=0.1))
+    # The running job's corrected 0.2 s are spent; the queued 0.4 s count as 0.8 s, all to come.
+    assert view.snapshot("prefill", "m", clock.now, pricing)[0].queue_time_s == pytest.approx(0.8)
+    assert view.snapshot("prefill", "m", clock.now)[0].queue_time_s == pytest.approx(0.4)
+    # Time since the report drains the queue.
+    clock.now += 0.5
+    assert view.snapshot("prefill", "m", clock.now, pricing)[0].queue_time_s == pytest.approx(0.3)
+
+
+def test_a_running_job_within_its_prediction_counts_for_what_is_left_of_it():
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "prefill", "p0")
+    view.apply_load(
+        load("prefill", "p0", queue_time_s=0.5, running_s=0.05, running_predicted_s=0.1)
+    )
+    assert view.snapshot("prefill", "m", clock.now)[0].queue_time_s == pytest.approx(0.45)
+
+
+def test_telemetry_whose_running_job_outweighs_its_queue_is_ignored(caplog):
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "prefill", "p0")
+    view.apply_load(load("prefill", "p0", queue_time_s=0.5, running_predicted_s=0.1))
+    with caplog.at_level("WARNING"):
+        view.apply_load(load("prefill", "p0", queue_time_s=0.1, running_predicted_s=0.5))
+    assert view.snapshot("prefill", "m", clock.now)[0].queue_time_s == pytest.approx(0.5)
+    assert [r.message for r in caplog.records] == ["ignoring contradictory telemetry"]

@@ -148,6 +148,7 @@ def _resent(load: InstanceLoad, now: float) -> InstanceLoad:
         num_running=load.num_running,
         queue_time_s=load.queue_time_s,
         running_s=load.running_s,
+        running_predicted_s=load.running_predicted_s,
         kv_used_tokens=load.kv_used_tokens,
         kv_capacity_tokens=load.kv_capacity_tokens,
         num_context_tokens=load.num_context_tokens,

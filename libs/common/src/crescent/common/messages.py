@@ -84,6 +84,8 @@ class InstanceLoad(Message):
     running_s: Seconds = (
         0.0  # prefill: how long the job computing now has run (queue_time_s counts it whole)
     )
+    # prefill: that job's share of queue_time_s, so that its overrun is not taken off the rest
+    running_predicted_s: Seconds = 0.0
     kv_used_tokens: Count = 0
     kv_capacity_tokens: Count = 0
     num_context_tokens: Count = (

@@ -34,7 +34,7 @@ from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.conductor.policy.decision import CostPredictors
 from crescent.conductor.policy.snapshot import InstanceSnapshot
-from crescent.conductor.pricing import Pricing
+from crescent.conductor.pricing import Pricing, reported_queue_s
 from crescent.conductor.view_cache import Key, Refreshed, RoleSnapshots
 
 log = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ class ClusterView:
             costs = pricing.predictors(role, instance_id, state.info.model)
             snapshot = self._build_snapshot(role, instance_id, state, is_stale, costs)
             state.queue_base_s = (
-                load.queue_time_s * pricing.queue_ratio(instance_id) - load.running_s
+                reported_queue_s(load, pricing.queue_ratio(instance_id))
                 if load is not None
                 else 0.0
             )
@@ -284,9 +284,7 @@ class ClusterView:
         load = state.load
         if load is None:
             return 0.0
-        return max(
-            0.0, load.queue_time_s * ratio - load.running_s - max(0.0, now - state.load_received_at)
-        )
+        return max(0.0, reported_queue_s(load, ratio) - max(0.0, now - state.load_received_at))
 
     def note_assignment(
         self,
@@ -370,6 +368,8 @@ def _contradiction(load: InstanceLoad, info: InstanceInfo) -> str:
         return "negative counts or times"
     if load.node != info.node:
         return f"telemetry from node {load.node!r}, registered on node {info.node!r}"
+    if load.running_predicted_s > load.queue_time_s:
+        return "the running job's predicted time exceeds the whole queue's, which includes it"
     if load.is_accepting and load.not_accepting_reason:
         return f"accepting work, yet not accepting because {load.not_accepting_reason!r}"
     return ""

@@ -21,6 +21,7 @@ from crescent.common.codec import decode
 from crescent.common.cost_profile import CostProfile, ProfileError, check_profile
 from crescent.common.errors import MessageError
 from crescent.common.etcd import MirrorEvent
+from crescent.common.messages import InstanceLoad
 from crescent.conductor.policy import CostPredictors
 from crescent.conductor.policy.correction import OVERHEAD, CostCorrection, InstanceCorrection
 
@@ -217,3 +218,13 @@ class Pricing:
             "overhead_s": round(correction.overhead_s, 6),
             "num_samples": dict(correction.num_samples),
         }
+
+
+def reported_queue_s(load: InstanceLoad, ratio: float) -> float:
+    """What was left of a prefill instance's reported queue when it reported, corrected by the
+    instance's `ratio`: the job computing then counts for what is left of its own prediction,
+    never less than nothing, so that a job running past its prediction does not take its
+    overrun off the predictions of the jobs queued behind it (they are still all to come)."""
+    running_left_s = max(0.0, load.running_predicted_s * ratio - load.running_s)
+    queued_s = max(0.0, load.queue_time_s - load.running_predicted_s) * ratio
+    return queued_s + running_left_s

@@ -2,11 +2,12 @@
 
 The queue's predicted drain time is what the conductor needs to estimate T_queue, so the
 worker keeps each queued job's predicted prefill time and publishes their sum, with how long
-the running job has been computing (the conductor, which knows how much slower or faster than
-its profile this engine runs, works out what is left). Predictions use the cost profile this worker publishes in etcd
-(costs/prefill/<id>, measured at start or loaded: crescent.engine.costs), the same one the
-conductor prices this instance with, and count the prefix its node's store holds once the
-planned pull is done (until then, the whole prompt).
+the running job has been computing and that job's own prediction (the conductor, which knows
+how much slower or faster than its profile this engine runs, works out what is left).
+Predictions use the cost profile this worker publishes in etcd (costs/prefill/<id>, measured
+at start or loaded: crescent.engine.costs), the same one the conductor prices this instance
+with, and count the prefix its node's store holds once the planned pull is done (until then,
+the whole prompt).
 
 The FIFO covers compute only: the etcd lookup of the decode node, the planned prefix pull
 and (emulated engine) the store lookup happen while the job waits for its turn, and the saves
@@ -185,6 +186,7 @@ class PrefillWorker:
         return {"num_queued": len(self._predicted_s), "engine": self.settings.engine}
 
     def load(self) -> InstanceLoad:
+        running_s, running_predicted_s = self._running()
         return InstanceLoad(
             role=self.role,
             instance_id=self._runtime.instance_id,
@@ -193,15 +195,19 @@ class PrefillWorker:
             period_s=self.settings.telemetry_period_s,
             num_queued=len(self._predicted_s),
             queue_time_s=sum(self._predicted_s.values()),
-            running_s=self._running_s(),
+            running_s=running_s,
+            running_predicted_s=running_predicted_s,
             recent_ttft_s=self.recent_ttft.value,
         )
 
-    def _running_s(self) -> float:
-        """How long the oldest job inside the engine has computed (0: none)."""
-        return (
-            time.monotonic() - min(self._computing_since.values()) if self._computing_since else 0.0
-        )
+    def _running(self) -> tuple[float, float]:
+        """How long the oldest job inside the engine has computed, and its predicted time
+        (0, 0: none)."""
+        if not self._computing_since:
+            return 0.0, 0.0
+        request_id = min(self._computing_since, key=self._computing_since.__getitem__)
+        running_s = time.monotonic() - self._computing_since[request_id]
+        return running_s, self._predicted_s.get(request_id, 0.0)
 
     async def _decode_node(self, job: PrefillJob, timeout_s: float) -> str:
         """The node of the job's decode instance: from the job, else its registry entry."""
