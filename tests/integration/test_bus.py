@@ -117,7 +117,9 @@ async def test_stream_keeps_order_and_times_out(infra):
     try:
         stream = await bus.stream("x.tokens", TokenChunk)
         for seq in range(50):
-            await bus.publish("x.tokens", TokenChunk(request_id="r", seq=seq, token_ids=[seq]))
+            await bus.publish(
+                "x.tokens", TokenChunk(request_id="r", seq=seq, token_ids=[seq], step_at=0.0)
+            )
         assert [(await stream.next(2)).seq for _ in range(50)] == list(range(50))
         with pytest.raises(RequestTimeoutError):
             await stream.next(0.2)
@@ -132,10 +134,15 @@ async def test_a_stream_group_routes_each_subject_to_its_stream(infra):
         group = await bus.stream_group("x.tokens.c1.*", TokenChunk)
         first, second = group.open("x.tokens.c1.a"), group.open("x.tokens.c1.b")
         for seq in range(20):
-            await bus.publish("x.tokens.c1.a", TokenChunk(request_id="a", seq=seq, token_ids=[seq]))
-            await bus.publish("x.tokens.c1.b", TokenChunk(request_id="b", seq=seq, token_ids=[seq]))
             await bus.publish(
-                "x.tokens.c1.nobody", TokenChunk(request_id="n", seq=seq, token_ids=[seq])
+                "x.tokens.c1.a", TokenChunk(request_id="a", seq=seq, token_ids=[seq], step_at=0.0)
+            )
+            await bus.publish(
+                "x.tokens.c1.b", TokenChunk(request_id="b", seq=seq, token_ids=[seq], step_at=0.0)
+            )
+            await bus.publish(
+                "x.tokens.c1.nobody",
+                TokenChunk(request_id="n", seq=seq, token_ids=[seq], step_at=0.0),
             )
         assert [(await first.next(2)).seq for _ in range(20)] == list(range(20))
         assert {(await second.next(2)).request_id for _ in range(20)} == {"b"}
@@ -143,7 +150,9 @@ async def test_a_stream_group_routes_each_subject_to_its_stream(infra):
         with pytest.raises(ValueError):
             group.open("x.tokens.c1.b")  # still open
         again = group.open("x.tokens.c1.a")  # a closed stream's subject can be opened anew
-        await bus.publish("x.tokens.c1.a", TokenChunk(request_id="a", seq=0, token_ids=[]))
+        await bus.publish(
+            "x.tokens.c1.a", TokenChunk(request_id="a", seq=0, token_ids=[], step_at=0.0)
+        )
         assert (await again.next(2)).seq == 0
         with pytest.raises(RequestTimeoutError):
             await second.next(0.2)

@@ -41,7 +41,9 @@ EXAMPLES = [
     Reservation(request_id="r", num_prompt_tokens=3, max_tokens=4),
     ReservationReply(request_id="r", accepted=False, reason="full"),
     DecodeStart(request_id="r", token_ids=[1], first_token=2, max_tokens=3),
-    TokenChunk(request_id="r", seq=4, token_ids=[7, 8], is_final=True, finish_reason="length"),
+    TokenChunk(
+        request_id="r", seq=4, token_ids=[7, 8], step_at=1.5, is_final=True, finish_reason="length"
+    ),
     ErrorReply(code="bad", message="nope"),
 ]
 

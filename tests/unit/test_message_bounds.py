@@ -42,7 +42,7 @@ VALID = {
         role="decode", instance_id="decode-0", node="node0", sent_at=1.7e9, period_s=0.2
     ),
     "info": InstanceInfo(role="decode", instance_id="decode-0", node="node0", max_model_len=32768),
-    "chunk": TokenChunk(request_id="cmpl-1", seq=0, token_ids=[5]),
+    "chunk": TokenChunk(request_id="cmpl-1", seq=0, token_ids=[5], step_at=0.0),
     "stats": StoreStats(node="node0", instance_id="store-node0"),
     "alloc": AllocBlocks(model="m", hashes=[b"\x01" * 16]),
     "pin": PinBlocks(model="m", hashes=[b"\x01" * 16]),

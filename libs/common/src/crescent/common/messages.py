@@ -236,6 +236,9 @@ class TokenChunk(Message):
     request_id: Id
     seq: Count
     token_ids: TokenIds
+    # decode's monotonic clock at the step that made the chunk's last token: the conductor's
+    # TBT sample compares it only with the same stream's chunks, so read delays do not count
+    step_at: Seconds
     logprobs: TokenLogprobsList = []  # one per token id, when the request asks for logprobs
     is_final: bool = False
     finish_reason: Name | None = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Collection
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -156,30 +156,33 @@ class _Gone:
 
 
 class _SteadyGaps:
-    """The mean time between tokens once decode is running: from the first chunk the decode
-    streamed to its last, per token after that first chunk, stalls included (a stream that
-    stalls, then delivers tokens in a bunch, has a long TBT). The wait for the first chunk
-    (decode start, KV load) is left out: it is not a step, and for a short answer it would be
-    the whole "TBT" and teach the predictor a step many times too slow."""
+    """The mean time between tokens once decode is running: from the step of the first chunk's
+    last token to the step of the last token, per token after that first chunk, stalls
+    included. Times are decode's own step times carried by the chunks (`TokenChunk.step_at`),
+    not when the conductor read them: chunks that wait in the conductor's socket and are read
+    back to back would otherwise look microseconds apart. The wait for the first chunk (decode
+    start, KV load) is left out: it is not a step, and for a short answer it would be the
+    whole "TBT" and teach the predictor a step many times too slow."""
 
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._first_chunk_at: float | None = None
+    def __init__(self) -> None:
+        self._first_step_at: float | None = None
+        self._last_step_at = 0.0
         self._num_tokens_after_first = 0
 
-    def on_chunk(self, num_tokens: int) -> None:
+    def on_chunk(self, num_tokens: int, step_at: float) -> None:
         if not num_tokens:
             return
-        if self._first_chunk_at is None:
-            self._first_chunk_at = self._clock()
+        if self._first_step_at is None:
+            self._first_step_at = step_at
         else:
             self._num_tokens_after_first += num_tokens
+            self._last_step_at = step_at
 
     def mean_gap_s(self) -> float | None:
         """None when the stream brought no token after its first chunk."""
-        if self._first_chunk_at is None or not self._num_tokens_after_first:
+        if self._first_step_at is None or not self._num_tokens_after_first:
             return None
-        return (self._clock() - self._first_chunk_at) / self._num_tokens_after_first
+        return max(0.0, self._last_step_at - self._first_step_at) / self._num_tokens_after_first
 
 
 class RequestFlow:
@@ -443,7 +446,7 @@ class RequestFlow:
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
         num_decoded_tokens = 0
-        steady = _SteadyGaps(self._clock)
+        steady = _SteadyGaps()
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
         while True:
@@ -457,7 +460,7 @@ class RequestFlow:
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
             expected_seq += 1
             num_decoded_tokens += len(chunk.token_ids)
-            steady.on_chunk(len(chunk.token_ids))
+            steady.on_chunk(len(chunk.token_ids), chunk.step_at)
             token_ids, logprobs = replay.new_part(chunk.token_ids, chunk.logprobs, chunk.is_final)
             progress.generated.extend(token_ids)
             if chunk.is_final:

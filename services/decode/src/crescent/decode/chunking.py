@@ -102,6 +102,7 @@ class TokenChunker:
                 request_id=self.request_id,
                 seq=self.num_chunks,
                 token_ids=self._token_ids,
+                step_at=self._last_step_at or time.monotonic(),
                 logprobs=self._logprobs,
                 is_final=is_final,
                 finish_reason=finish_reason,
