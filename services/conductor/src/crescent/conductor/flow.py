@@ -268,36 +268,25 @@ class RequestFlow:
         self,
         request: ScheduleRequest,
         model: str,
-        decode: _DecodeSide,
         exclude: Collection[str] = (),
     ) -> Decision:
-        """Ask the policy, then reserve KV room on the decode instance it chose; a decode that
-        refuses (its room went to another conductor's request) is left out and the policy asked
-        again. While the model has registered instances but none live (a NATS outage, a restart),
-        the request waits up to placement_wait_s instead of failing."""
+        """Ask the policy and account for its choice; the decode reservation is the caller's.
+        While the model has registered instances but none live (a NATS outage, a restart), the
+        request waits up to placement_wait_s instead of failing."""
         with tracer().start_as_current_span("conductor.schedule") as span:
-            excluded = set(exclude)
             deadline = self._clock() + self._timeouts.placement_wait_s
             while True:
-                outcome = self._scheduler.schedule(request, model, excluded)
-                if isinstance(outcome, Rejection):
-                    if self._may_wait(outcome, model) and self._clock() < deadline:
-                        await asyncio.sleep(PLACEMENT_RETRY_S)
-                        continue
-                    span.set_attribute("crescent.rejected", outcome.reason.value)
-                    raise RejectedError(outcome)
-                decode_id = outcome.decode.instance_id
-                self._scheduler.record(request, outcome, model)
-                decode.instance_id = decode_id
-                if await self._reserve(
-                    decode_id, decode.attempt_id, request.num_prompt_tokens, request.max_tokens
-                ):
+                outcome = self._scheduler.schedule(request, model, exclude)
+                if not isinstance(outcome, Rejection):
                     break
-                self._scheduler.forget(request, outcome)
-                decode.instance_id = ""
-                excluded.add(decode_id)
+                if self._may_wait(outcome, model) and self._clock() < deadline:
+                    await asyncio.sleep(PLACEMENT_RETRY_S)
+                    continue
+                span.set_attribute("crescent.rejected", outcome.reason.value)
+                raise RejectedError(outcome)
+            self._scheduler.record(request, outcome, model)
             span.set_attribute("crescent.prefill", outcome.prefill.instance_id)
-            span.set_attribute("crescent.decode", decode_id)
+            span.set_attribute("crescent.decode", outcome.decode.instance_id)
             span.set_attribute("crescent.prefix_tokens", outcome.prefill.prefix_tokens)
             span.set_attribute("crescent.predicted_ttft_s", outcome.prefill.predicted_ttft_s)
             span.set_attribute("crescent.predicted_tbt_s", outcome.decode.predicted_tbt_s)
@@ -339,14 +328,25 @@ class RequestFlow:
         self, request: ScheduleRequest, model: str, progress: Progress, decode: _DecodeSide
     ) -> PrefillResult | None:
         """The result (first token) of the first prefill instance that survives the job; None
-        when the policy has the decode instance compute the prompt (conditional disaggregation)."""
+        when the policy has the decode instance compute the prompt (conditional disaggregation).
+
+        The decode reservation and the prefill job go out together, so one round trip, not
+        two, comes before the first token. A decode that refuses (its room went to another
+        conductor's request) is left out, the job it raced is cancelled, and the policy is
+        asked again: a refusal costs one wasted prefill, a rare event, where waiting for every
+        reservation first cost every request a round trip."""
         gone = _Gone(self._view, "prefill")
+        refused: set[str] = set()  # decode instances that refused this request's reservation
         num_moves = 0
         while True:
-            decision = await self.place(request, model, decode, gone.ids())
+            decision = await self.place(request, model, gone.ids() | refused)
+            decode.instance_id = decision.decode.instance_id
             if decision.prefill_on_decode:
-                metrics.PREFILL_ON_DECODE.inc()
-                return None
+                if await self._reserve_for(request, decode):
+                    metrics.PREFILL_ON_DECODE.inc()
+                    return None
+                self._refused(request, decision, decode, refused)
+                continue
             prefill = decision.prefill
             incarnation = self._view.started_at("prefill", prefill.instance_id)
             job = PrefillJob(
@@ -362,8 +362,8 @@ class RequestFlow:
                 timeout_s=self._timeouts.prefill_s,
             )
             sent_at = self._clock()
-            try:
-                result = await self._while_present(
+            prefilling = asyncio.ensure_future(
+                self._while_present(
                     "prefill",
                     prefill.instance_id,
                     self._bus.request(
@@ -373,6 +373,13 @@ class RequestFlow:
                         self._timeouts.prefill_s,
                     ),
                 )
+            )
+            try:
+                if not await self._reserve_for(request, decode):
+                    await self._drop_job(prefilling, prefill.instance_id, request.request_id)
+                    self._refused(request, decision, decode, refused)
+                    continue
+                result = await prefilling
                 self._scheduler.on_prefilled(request, decision, result, self._clock() - sent_at)
                 return result
             except MOVABLE_ERRORS as exc:
@@ -391,8 +398,31 @@ class RequestFlow:
                 decode.instance_id = ""
                 decode.attempt += 1
             except asyncio.CancelledError:
+                prefilling.cancel()
                 await self._cancel_prefill(prefill.instance_id, request.request_id)
                 raise
+
+    async def _reserve_for(self, request: ScheduleRequest, decode: _DecodeSide) -> bool:
+        return await self._reserve(
+            decode.instance_id, decode.attempt_id, request.num_prompt_tokens, request.max_tokens
+        )
+
+    def _refused(
+        self, request: ScheduleRequest, decision: Decision, decode: _DecodeSide, refused: set[str]
+    ) -> None:
+        """The decode instance of `decision` holds no room for the request: place it again
+        without that instance."""
+        self._scheduler.forget(request, decision)
+        refused.add(decode.instance_id)
+        decode.instance_id = ""
+
+    async def _drop_job(self, prefilling: asyncio.Future, instance_id: str, request_id: str) -> None:
+        """Stop waiting for a prefill job whose decode refused the request, and tell the
+        prefill instance to stop it; what it computed (if it finished) is not used."""
+        if not prefilling.done():
+            prefilling.cancel()
+            await self._cancel_prefill(instance_id, request_id)
+        await asyncio.gather(prefilling, return_exceptions=True)
 
     async def _decode(
         self, request: ScheduleRequest, model: str, progress: Progress, decode: _DecodeSide
