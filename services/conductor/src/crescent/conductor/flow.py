@@ -134,6 +134,14 @@ class _DecodeSide:
         return self.request_id if self.attempt == 0 else f"{self.request_id}-m{self.attempt}"
 
 
+@dataclass(frozen=True)
+class _SentTo:
+    """The NATS connection (epoch) and the instance's incarnation when a message went to it."""
+
+    epoch: int
+    started_at: float | None
+
+
 class _Gone:
     """Instances a request left because they failed it. An instance is left out only in the
     incarnation that failed: the same id registered again (a restarted process) is usable."""
@@ -348,7 +356,6 @@ class RequestFlow:
                 self._refused(request, decision, decode, refused)
                 continue
             prefill = decision.prefill
-            incarnation = self._view.started_at("prefill", prefill.instance_id)
             job = PrefillJob(
                 request_id=request.request_id,
                 model=model,
@@ -362,16 +369,15 @@ class RequestFlow:
                 timeout_s=self._timeouts.prefill_s,
             )
             sent_at = self._clock()
+            sent_to = self._sent_to("prefill", prefill.instance_id)  # the incarnation it goes to
+            # A task, not a coroutine awaited later: it sends the job in the event loop's next
+            # turn, while this task waits for the reservation, and one socket write carries both.
             prefilling = asyncio.ensure_future(
-                self._while_present(
-                    "prefill",
-                    prefill.instance_id,
-                    self._bus.request(
-                        self._subjects.prefill_job(prefill.instance_id),
-                        job,
-                        PrefillResult,
-                        self._timeouts.prefill_s,
-                    ),
+                self._bus.request(
+                    self._subjects.prefill_job(prefill.instance_id),
+                    job,
+                    PrefillResult,
+                    self._timeouts.prefill_s,
                 )
             )
             try:
@@ -379,7 +385,9 @@ class RequestFlow:
                     await self._drop_job(prefilling, prefill.instance_id, request.request_id)
                     self._refused(request, decision, decode, refused)
                     continue
-                result = await prefilling
+                result = await self._while_present(
+                    "prefill", prefill.instance_id, prefilling, sent_to
+                )
                 self._scheduler.on_prefilled(request, decision, result, self._clock() - sent_at)
                 return result
             except MOVABLE_ERRORS as exc:
@@ -390,7 +398,7 @@ class RequestFlow:
                 num_moves += 1
                 self._migrated("prefill", request.request_id, prefill.instance_id, exc, 0)
                 if not isinstance(exc, ConnectionLostError):
-                    gone.add(prefill.instance_id, incarnation)
+                    gone.add(prefill.instance_id, sent_to.started_at)
                 if not isinstance(exc, NoRespondersError):
                     await self._cancel_prefill(prefill.instance_id, request.request_id)
                 self._scheduler.forget(request, decision)
@@ -416,7 +424,9 @@ class RequestFlow:
         refused.add(decode.instance_id)
         decode.instance_id = ""
 
-    async def _drop_job(self, prefilling: asyncio.Future, instance_id: str, request_id: str) -> None:
+    async def _drop_job(
+        self, prefilling: asyncio.Future, instance_id: str, request_id: str
+    ) -> None:
         """Stop waiting for a prefill job whose decode refused the request, and tell the
         prefill instance to stop it; what it computed (if it finished) is not used."""
         if not prefilling.done():
@@ -582,13 +592,20 @@ class RequestFlow:
             },
         )
 
-    async def _while_present(self, role: str, instance_id: str, step: Awaitable[T]) -> T:
+    async def _while_present(
+        self,
+        role: str,
+        instance_id: str,
+        step: Awaitable[T],
+        sent: _SentTo | None = None,
+    ) -> T:
         """Await `step`, but give up as soon as the instance serving it leaves the registry, or
         is replaced by a restarted process under the same id, or NATS reconnects (what was due may
         be lost), instead of waiting out the deadline. A slow
-        instance, one with stale telemetry, is waited for."""
-        epoch = self._bus.epoch
-        started_at = self._view.started_at(role, instance_id)
+        instance, one with stale telemetry, is waited for. `sent`: the instance and connection
+        as they were when the step's message went out, for a step started earlier."""
+        sent = sent or self._sent_to(role, instance_id)
+        epoch, started_at = sent.epoch, sent.started_at
         task = asyncio.ensure_future(step)
         try:
             while True:
@@ -605,6 +622,9 @@ class RequestFlow:
                     )
         finally:
             task.cancel()
+
+    def _sent_to(self, role: str, instance_id: str) -> _SentTo:
+        return _SentTo(self._bus.epoch, self._view.started_at(role, instance_id))
 
     def _finish_on_first(self, token: int, max_tokens: int, sampling: SamplingParams) -> str | None:
         if token in sampling.stop_token_ids or (
