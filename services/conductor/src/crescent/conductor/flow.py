@@ -142,6 +142,22 @@ class _SentTo:
     started_at: float | None
 
 
+@dataclass
+class _Attempt:
+    """One decode attempt under way: its token stream, open before the start went out (a chunk
+    for a stream not yet open would be dropped), and the start's acknowledgement to come."""
+
+    stream: Stream
+    sent_to: _SentTo
+    starting: asyncio.Future  # the decode's Ack
+
+    async def close(self) -> None:
+        """Idempotent."""
+        self.starting.cancel()
+        await asyncio.gather(self.starting, return_exceptions=True)
+        await self.stream.close()
+
+
 class _Gone:
     """Instances a request left because they failed it. An instance is left out only in the
     incarnation that failed: the same id registered again (a restarted process) is usable."""
@@ -232,19 +248,26 @@ class RequestFlow:
         )
         progress = Progress(list(token_ids), max_tokens, replayable(sampling))
         decode = _DecodeSide(request_id)
+        attempt: _Attempt | None = None
         try:
             result = await self._prefill(request, model, progress, decode)
             if (
                 result is not None
             ):  # None: the decode instance computes the prompt, streams its first token
                 first_event = self._first_event(result, progress, sampling)
+                if first_event is not None and first_event.finish_reason is not None:
+                    yield first_event
+                    return
+                # The decode starts before the first token goes to the client: the start's
+                # trip overlaps the relay's work on that token.
+                attempt = self._begin(decode, progress)
                 if first_event is not None:
                     yield first_event
-                    if first_event.finish_reason is not None:
-                        return
-            async for event in self._decode(request, model, progress, decode):
+            async for event in self._decode(request, model, progress, decode, attempt):
                 yield event
         finally:
+            if attempt is not None:
+                await attempt.close()
             self._scheduler.on_finished(request_id, decode.is_finished)
             if decode.instance_id and not decode.is_finished:
                 log.info(
@@ -435,17 +458,21 @@ class RequestFlow:
         await asyncio.gather(prefilling, return_exceptions=True)
 
     async def _decode(
-        self, request: ScheduleRequest, model: str, progress: Progress, decode: _DecodeSide
+        self,
+        request: ScheduleRequest,
+        model: str,
+        progress: Progress,
+        decode: _DecodeSide,
+        attempt: _Attempt | None = None,
     ) -> AsyncIterator[TokenEvent]:
-        """Stream from the decode instance; when it is lost, go on from where it stopped on
-        another one, within MAX_MIGRATIONS moves."""
+        """Stream from the decode instance (`attempt`: its start already sent); when it is
+        lost, go on from where it stopped on another one, within MAX_MIGRATIONS moves."""
         lost = _Gone(self._view, "decode")
         num_moves = 0
         while True:
-            stream = self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
-            incarnation = self._view.started_at("decode", decode.instance_id)
+            attempt = attempt or self._begin(decode, progress)
             try:
-                async for event in self._stream_from(decode, progress, stream):
+                async for event in self._stream_from(decode, progress, attempt):
                     yield event
                 return
             except MOVABLE_ERRORS as exc:
@@ -456,26 +483,32 @@ class RequestFlow:
                     "decode", request.request_id, decode.instance_id, exc, len(progress.generated)
                 )
                 if not isinstance(exc, ConnectionLostError):
-                    lost.add(decode.instance_id, incarnation)
+                    lost.add(decode.instance_id, attempt.sent_to.started_at)
             finally:
-                await stream.close()
+                await attempt.close()
+            attempt = None
             await self._move_decode(request, model, progress, decode, lost)
 
+    def _begin(self, decode: _DecodeSide, progress: Progress) -> _Attempt:
+        """Open the token stream of decode's current attempt, then send its start."""
+        stream = self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
+        starting = asyncio.ensure_future(
+            self._bus.request(
+                self._subjects.decode_start(decode.instance_id),
+                progress.decode_start(decode.attempt_id, self._owner),
+                Ack,
+                self._timeouts.start_s,
+            )
+        )
+        return _Attempt(stream, self._sent_to("decode", decode.instance_id), starting)
+
     async def _stream_from(
-        self, decode: _DecodeSide, progress: Progress, stream: Stream
+        self, decode: _DecodeSide, progress: Progress, attempt: _Attempt
     ) -> AsyncIterator[TokenEvent]:
         decode_id = decode.instance_id
+        stream = attempt.stream
         try:
-            await self._while_present(
-                "decode",
-                decode_id,
-                self._bus.request(
-                    self._subjects.decode_start(decode_id),
-                    progress.decode_start(decode.attempt_id, self._owner),
-                    Ack,
-                    self._timeouts.start_s,
-                ),
-            )
+            await self._while_present("decode", decode_id, attempt.starting, attempt.sent_to)
         except RequestTimeoutError as exc:  # nothing was generated on it: as good as gone
             raise StreamBrokenError(
                 f"decode {decode_id} did not acknowledge the start: {exc}"
