@@ -1,5 +1,6 @@
-"""One request's trip through the cluster: place → reserve decode → prefill → start decode →
-relay tokens. Every step has a deadline; whatever happens, the decode side is released.
+"""One request's trip through the cluster: place → reserve decode and prefill (sent together)
+→ start decode → relay tokens. Every step has a deadline; whatever happens, the decode side is
+released.
 
 No admitted request is lost to an instance that dies (DESIGN §10). A prefill instance that is
 gone (its registry lease ended, or nobody answers on its subject) or that fails the job before
