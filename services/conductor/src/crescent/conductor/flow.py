@@ -1,5 +1,6 @@
-"""One request's trip through the cluster: place → reserve decode → prefill → start decode →
-relay tokens. Every step has a deadline; whatever happens, the decode side is released.
+"""One request's trip through the cluster: place → reserve decode and prefill (sent together)
+→ start decode → relay tokens. Every step has a deadline; whatever happens, the decode side is
+released.
 
 No admitted request is lost to an instance that dies (DESIGN §10). A prefill instance that is
 gone (its registry lease ended, or nobody answers on its subject) or that fails the job before
@@ -134,6 +135,30 @@ class _DecodeSide:
         return self.request_id if self.attempt == 0 else f"{self.request_id}-m{self.attempt}"
 
 
+@dataclass(frozen=True)
+class _SentTo:
+    """The NATS connection (epoch) and the instance's incarnation when a message went to it."""
+
+    epoch: int
+    started_at: float | None
+
+
+@dataclass
+class _Attempt:
+    """One decode attempt under way: its token stream, open before the start went out (a chunk
+    for a stream not yet open would be dropped), and the start's acknowledgement to come."""
+
+    stream: Stream
+    sent_to: _SentTo
+    starting: asyncio.Future  # the decode's Ack
+
+    async def close(self) -> None:
+        """Idempotent."""
+        self.starting.cancel()
+        await asyncio.gather(self.starting, return_exceptions=True)
+        await self.stream.close()
+
+
 class _Gone:
     """Instances a request left because they failed it. An instance is left out only in the
     incarnation that failed: the same id registered again (a restarted process) is usable."""
@@ -227,19 +252,26 @@ class RequestFlow:
         )
         progress = Progress(list(token_ids), max_tokens, replayable(sampling))
         decode = _DecodeSide(request_id)
+        attempt: _Attempt | None = None
         try:
             result = await self._prefill(request, model, progress, decode)
             if (
                 result is not None
             ):  # None: the decode instance computes the prompt, streams its first token
                 first_event = self._first_event(result, progress, sampling)
+                if first_event is not None and first_event.finish_reason is not None:
+                    yield first_event
+                    return
+                # The decode starts before the first token goes to the client: the start's
+                # trip overlaps the relay's work on that token.
+                attempt = self._begin(decode, progress)
                 if first_event is not None:
                     yield first_event
-                    if first_event.finish_reason is not None:
-                        return
-            async for event in self._decode(request, model, progress, decode):
+            async for event in self._decode(request, model, progress, decode, attempt):
                 yield event
         finally:
+            if attempt is not None:
+                await attempt.close()
             self._scheduler.on_finished(request_id, decode.is_finished)
             if decode.instance_id and not decode.is_finished:
                 log.info(
@@ -271,36 +303,25 @@ class RequestFlow:
         self,
         request: ScheduleRequest,
         model: str,
-        decode: _DecodeSide,
         exclude: Collection[str] = (),
     ) -> Decision:
-        """Ask the policy, then reserve KV room on the decode instance it chose; a decode that
-        refuses (its room went to another conductor's request) is left out and the policy asked
-        again. While the model has registered instances but none live (a NATS outage, a restart),
-        the request waits up to placement_wait_s instead of failing."""
+        """Ask the policy and account for its choice; the decode reservation is the caller's.
+        While the model has registered instances but none live (a NATS outage, a restart), the
+        request waits up to placement_wait_s instead of failing."""
         with tracer().start_as_current_span("conductor.schedule") as span:
-            excluded = set(exclude)
             deadline = self._clock() + self._timeouts.placement_wait_s
             while True:
-                outcome = self._scheduler.schedule(request, model, excluded)
-                if isinstance(outcome, Rejection):
-                    if self._may_wait(outcome, model) and self._clock() < deadline:
-                        await asyncio.sleep(PLACEMENT_RETRY_S)
-                        continue
-                    span.set_attribute("crescent.rejected", outcome.reason.value)
-                    raise RejectedError(outcome)
-                decode_id = outcome.decode.instance_id
-                self._scheduler.record(request, outcome, model)
-                decode.instance_id = decode_id
-                if await self._reserve(
-                    decode_id, decode.attempt_id, request.num_prompt_tokens, request.max_tokens
-                ):
+                outcome = self._scheduler.schedule(request, model, exclude)
+                if not isinstance(outcome, Rejection):
                     break
-                self._scheduler.forget(request, outcome)
-                decode.instance_id = ""
-                excluded.add(decode_id)
+                if self._may_wait(outcome, model) and self._clock() < deadline:
+                    await asyncio.sleep(PLACEMENT_RETRY_S)
+                    continue
+                span.set_attribute("crescent.rejected", outcome.reason.value)
+                raise RejectedError(outcome)
+            self._scheduler.record(request, outcome, model)
             span.set_attribute("crescent.prefill", outcome.prefill.instance_id)
-            span.set_attribute("crescent.decode", decode_id)
+            span.set_attribute("crescent.decode", outcome.decode.instance_id)
             span.set_attribute("crescent.prefix_tokens", outcome.prefill.prefix_tokens)
             span.set_attribute("crescent.predicted_ttft_s", outcome.prefill.predicted_ttft_s)
             span.set_attribute("crescent.predicted_tbt_s", outcome.decode.predicted_tbt_s)
@@ -342,16 +363,26 @@ class RequestFlow:
         self, request: ScheduleRequest, model: str, progress: Progress, decode: _DecodeSide
     ) -> PrefillResult | None:
         """The result (first token) of the first prefill instance that survives the job; None
-        when the policy has the decode instance compute the prompt (conditional disaggregation)."""
+        when the policy has the decode instance compute the prompt (conditional disaggregation).
+
+        The decode reservation and the prefill job go out together, so one round trip, not
+        two, comes before the first token. A decode that refuses (its room went to another
+        conductor's request) is left out, the job it raced is cancelled, and the policy is
+        asked again: a refusal costs one wasted prefill, a rare event, where waiting for every
+        reservation first cost every request a round trip."""
         gone = _Gone(self._view, "prefill")
+        refused: set[str] = set()  # decode instances that refused this request's reservation
         num_moves = 0
         while True:
-            decision = await self.place(request, model, decode, gone.ids())
+            decision = await self.place(request, model, gone.ids() | refused)
+            decode.instance_id = decision.decode.instance_id
             if decision.prefill_on_decode:
-                metrics.PREFILL_ON_DECODE.inc()
-                return None
+                if await self._reserve_for(request, decode):
+                    metrics.PREFILL_ON_DECODE.inc()
+                    return None
+                self._refused(request, decision, decode, refused)
+                continue
             prefill = decision.prefill
-            incarnation = self._view.started_at("prefill", prefill.instance_id)
             job = PrefillJob(
                 request_id=request.request_id,
                 model=model,
@@ -365,16 +396,24 @@ class RequestFlow:
                 timeout_s=self._timeouts.prefill_s,
             )
             sent_at = self._clock()
+            sent_to = self._sent_to("prefill", prefill.instance_id)  # the incarnation it goes to
+            # A task, not a coroutine awaited later: it sends the job in the event loop's next
+            # turn, while this task waits for the reservation, and one socket write carries both.
+            prefilling = asyncio.ensure_future(
+                self._bus.request(
+                    self._subjects.prefill_job(prefill.instance_id),
+                    job,
+                    PrefillResult,
+                    self._timeouts.prefill_s,
+                )
+            )
             try:
+                if not await self._reserve_for(request, decode):
+                    await self._drop_job(prefilling, prefill.instance_id, request.request_id)
+                    self._refused(request, decision, decode, refused)
+                    continue
                 result = await self._while_present(
-                    "prefill",
-                    prefill.instance_id,
-                    self._bus.request(
-                        self._subjects.prefill_job(prefill.instance_id),
-                        job,
-                        PrefillResult,
-                        self._timeouts.prefill_s,
-                    ),
+                    "prefill", prefill.instance_id, prefilling, sent_to
                 )
                 self._scheduler.on_prefilled(request, decision, result, self._clock() - sent_at)
                 return result
@@ -386,7 +425,7 @@ class RequestFlow:
                 num_moves += 1
                 self._migrated("prefill", request.request_id, prefill.instance_id, exc, 0)
                 if not isinstance(exc, ConnectionLostError):
-                    gone.add(prefill.instance_id, incarnation)
+                    gone.add(prefill.instance_id, sent_to.started_at)
                 if not isinstance(exc, NoRespondersError):
                     await self._cancel_prefill(prefill.instance_id, request.request_id)
                 self._scheduler.forget(request, decision)
@@ -394,21 +433,50 @@ class RequestFlow:
                 decode.instance_id = ""
                 decode.attempt += 1
             except asyncio.CancelledError:
+                prefilling.cancel()
                 await self._cancel_prefill(prefill.instance_id, request.request_id)
                 raise
 
+    async def _reserve_for(self, request: ScheduleRequest, decode: _DecodeSide) -> bool:
+        return await self._reserve(
+            decode.instance_id, decode.attempt_id, request.num_prompt_tokens, request.max_tokens
+        )
+
+    def _refused(
+        self, request: ScheduleRequest, decision: Decision, decode: _DecodeSide, refused: set[str]
+    ) -> None:
+        """The decode instance of `decision` holds no room for the request: place it again
+        without that instance."""
+        self._scheduler.forget(request, decision)
+        refused.add(decode.instance_id)
+        decode.instance_id = ""
+
+    async def _drop_job(
+        self, prefilling: asyncio.Future, instance_id: str, request_id: str
+    ) -> None:
+        """Stop waiting for a prefill job whose decode refused the request, and tell the
+        prefill instance to stop it; what it computed (if it finished) is not used."""
+        if not prefilling.done():
+            prefilling.cancel()
+            await self._cancel_prefill(instance_id, request_id)
+        await asyncio.gather(prefilling, return_exceptions=True)
+
     async def _decode(
-        self, request: ScheduleRequest, model: str, progress: Progress, decode: _DecodeSide
+        self,
+        request: ScheduleRequest,
+        model: str,
+        progress: Progress,
+        decode: _DecodeSide,
+        attempt: _Attempt | None = None,
     ) -> AsyncIterator[TokenEvent]:
-        """Stream from the decode instance; when it is lost, go on from where it stopped on
-        another one, within MAX_MIGRATIONS moves."""
+        """Stream from the decode instance (`attempt`: its start already sent); when it is
+        lost, go on from where it stopped on another one, within MAX_MIGRATIONS moves."""
         lost = _Gone(self._view, "decode")
         num_moves = 0
         while True:
-            stream = self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
-            incarnation = self._view.started_at("decode", decode.instance_id)
+            attempt = attempt or self._begin(decode, progress)
             try:
-                async for event in self._stream_from(decode, progress, stream):
+                async for event in self._stream_from(decode, progress, attempt):
                     yield event
                 return
             except MOVABLE_ERRORS as exc:
@@ -419,26 +487,32 @@ class RequestFlow:
                     "decode", request.request_id, decode.instance_id, exc, len(progress.generated)
                 )
                 if not isinstance(exc, ConnectionLostError):
-                    lost.add(decode.instance_id, incarnation)
+                    lost.add(decode.instance_id, attempt.sent_to.started_at)
             finally:
-                await stream.close()
+                await attempt.close()
+            attempt = None
             await self._move_decode(request, model, progress, decode, lost)
 
+    def _begin(self, decode: _DecodeSide, progress: Progress) -> _Attempt:
+        """Open the token stream of decode's current attempt, then send its start."""
+        stream = self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
+        starting = asyncio.ensure_future(
+            self._bus.request(
+                self._subjects.decode_start(decode.instance_id),
+                progress.decode_start(decode.attempt_id, self._owner),
+                Ack,
+                self._timeouts.start_s,
+            )
+        )
+        return _Attempt(stream, self._sent_to("decode", decode.instance_id), starting)
+
     async def _stream_from(
-        self, decode: _DecodeSide, progress: Progress, stream: Stream
+        self, decode: _DecodeSide, progress: Progress, attempt: _Attempt
     ) -> AsyncIterator[TokenEvent]:
         decode_id = decode.instance_id
+        stream = attempt.stream
         try:
-            await self._while_present(
-                "decode",
-                decode_id,
-                self._bus.request(
-                    self._subjects.decode_start(decode_id),
-                    progress.decode_start(decode.attempt_id, self._owner),
-                    Ack,
-                    self._timeouts.start_s,
-                ),
-            )
+            await self._while_present("decode", decode_id, attempt.starting, attempt.sent_to)
         except RequestTimeoutError as exc:  # nothing was generated on it: as good as gone
             raise StreamBrokenError(
                 f"decode {decode_id} did not acknowledge the start: {exc}"
@@ -555,13 +629,20 @@ class RequestFlow:
             },
         )
 
-    async def _while_present(self, role: str, instance_id: str, step: Awaitable[T]) -> T:
+    async def _while_present(
+        self,
+        role: str,
+        instance_id: str,
+        step: Awaitable[T],
+        sent: _SentTo | None = None,
+    ) -> T:
         """Await `step`, but give up as soon as the instance serving it leaves the registry, or
         is replaced by a restarted process under the same id, or NATS reconnects (what was due may
         be lost), instead of waiting out the deadline. A slow
-        instance, one with stale telemetry, is waited for."""
-        epoch = self._bus.epoch
-        started_at = self._view.started_at(role, instance_id)
+        instance, one with stale telemetry, is waited for. `sent`: the instance and connection
+        as they were when the step's message went out, for a step started earlier."""
+        sent = sent or self._sent_to(role, instance_id)
+        epoch, started_at = sent.epoch, sent.started_at
         task = asyncio.ensure_future(step)
         try:
             while True:
@@ -578,6 +659,9 @@ class RequestFlow:
                     )
         finally:
             task.cancel()
+
+    def _sent_to(self, role: str, instance_id: str) -> _SentTo:
+        return _SentTo(self._bus.epoch, self._view.started_at(role, instance_id))
 
     def _finish_on_first(self, token: int, max_tokens: int, sampling: SamplingParams) -> str | None:
         if token in sampling.stop_token_ids or (

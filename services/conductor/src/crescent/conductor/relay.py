@@ -92,6 +92,31 @@ class ChoiceEvents:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
+class OneChoiceEvents:
+    """The events of a request's only choice, read in the handler's own task: ChoiceEvents'
+    task and queue would add two event-loop hops to every event of the common n=1 request."""
+
+    def __init__(self, stream: AsyncIterator[TokenEvent]) -> None:
+        self._stream = stream
+        self._is_open = True
+
+    async def next(self) -> tuple[int, TokenEvent] | None:
+        if not self._is_open:
+            return None
+        try:
+            return 0, await anext(self._stream)
+        except StopAsyncIteration:
+            self._is_open = False
+            return None
+
+    async def stop(self, index: int) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._is_open = False
+        await self._stream.aclose()
+
+
 class SloRecorder(Protocol):
     """Where each measured TTFT and TBT also goes (the P/D ratio controller's window)."""
 
@@ -149,7 +174,7 @@ class Relay:
     async def _deltas(
         self, streams: Sequence[AsyncIterator[TokenEvent]]
     ) -> AsyncIterator[tuple[Choice, ChoiceDelta]]:
-        events = ChoiceEvents(streams)
+        events = OneChoiceEvents(streams[0]) if len(streams) == 1 else ChoiceEvents(streams)
         try:
             while (item := await events.next()) is not None:
                 index, event = item

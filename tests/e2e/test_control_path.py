@@ -1,0 +1,53 @@
+"""The request path's NATS messages, watched on the wire: what the conductor sends at once
+instead of one after the other."""
+
+from __future__ import annotations
+
+import aiohttp
+import nats
+import pytest
+from expected import expected_text
+
+from crescent.common.naming import Subjects
+
+pytestmark = pytest.mark.e2e
+MODEL = "crescent-emulated"
+
+
+async def test_the_prefill_job_goes_out_before_the_decode_reservation_is_answered(dev_cluster):
+    """The conductor sends the decode reservation and the prefill job together: the job is on
+    the wire before the decode's reply to the reservation (sent one after the other, the job
+    could only follow that reply)."""
+    subjects = Subjects(dev_cluster.spec.cluster)
+    watcher = await nats.connect(dev_cluster.nats_url)
+    seen: list[tuple[str, str]] = []  # (subject, reply subject) in the order the server sent them
+
+    async def record(msg) -> None:
+        seen.append((msg.subject, msg.reply))
+
+    try:
+        await watcher.subscribe(">", cb=record)
+        await watcher.flush()
+        prompt = "watch the wire: " * 3
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{dev_cluster.api_url}/v1/completions", json=body) as answer:
+                assert answer.status == 200, await answer.text()
+                assert (await answer.json())["choices"][0]["text"] == expected_text(prompt, 4)
+        await watcher.flush()
+    finally:
+        await watcher.close()
+    reserves = [
+        (i, reply)
+        for i, (subject, reply) in enumerate(seen)
+        if subject.startswith(subjects.prefix + "decode.") and subject.endswith(".reserve")
+    ]
+    jobs = [
+        i
+        for i, (subject, _) in enumerate(seen)
+        if subject.startswith(subjects.prefix + "prefill.") and subject.endswith(".job")
+    ]
+    assert len(reserves) == 1 and len(jobs) == 1, seen
+    [(_, reserve_inbox)] = reserves
+    answered_at = next(i for i, (subject, _) in enumerate(seen) if subject == reserve_inbox)
+    assert jobs[0] < answered_at, seen
