@@ -1,11 +1,11 @@
 """The TBT the conductor learns from: decode's own step times after its first chunk, not its
 start, and not when the conductor happened to read the chunks."""
 
-from crescent.conductor.flow import _SteadyGaps
+from crescent.conductor.tbt_sample import SteadyGaps
 
 
 def test_the_wait_for_decodes_first_chunk_is_not_a_gap():
-    gaps = _SteadyGaps()
+    gaps = SteadyGaps()
     step_at = 0.5  # decode started and loaded the prompt's KV: half a second
     gaps.on_chunk(1, step_at)
     for _ in range(4):
@@ -15,7 +15,7 @@ def test_the_wait_for_decodes_first_chunk_is_not_a_gap():
 
 
 def test_coalesced_chunks_count_each_token_and_stalls_count():
-    gaps = _SteadyGaps()
+    gaps = SteadyGaps()
     gaps.on_chunk(2, 0.0)
     gaps.on_chunk(3, 0.3)  # a stall, then three tokens in one chunk
     gaps.on_chunk(0, 0.4)  # the final chunk may bring no token
@@ -25,14 +25,14 @@ def test_coalesced_chunks_count_each_token_and_stalls_count():
 def test_chunks_read_back_to_back_keep_the_gaps_decode_stepped_them_at():
     """The conductor reads the whole stream at once after a stall of its own: the sample is
     still decode's 20 ms steps, not the microseconds between the reads."""
-    gaps = _SteadyGaps()
+    gaps = SteadyGaps()
     for step in range(6):
         gaps.on_chunk(1, 100.0 + 0.02 * step)
     assert abs(gaps.mean_gap_s() - 0.02) < 1e-9
 
 
 def test_a_stream_without_a_token_after_its_first_chunk_gives_no_sample():
-    gaps = _SteadyGaps()
+    gaps = SteadyGaps()
     assert gaps.mean_gap_s() is None
     gaps.on_chunk(1, 0.0)
     gaps.on_chunk(0, 1.0)

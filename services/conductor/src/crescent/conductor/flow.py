@@ -47,6 +47,15 @@ from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
 from crescent.conductor.cluster_view import ClusterView
+from crescent.conductor.flow_errors import (
+    INVALID_REQUEST,
+    MOVABLE_ERRORS,
+    ConnectionLostError,
+    InstanceLostError,
+    RejectedError,
+    RequestRefusedError,
+    StreamBrokenError,
+)
 from crescent.conductor.policy import (
     Decision,
     DecodeChoice,
@@ -56,6 +65,7 @@ from crescent.conductor.policy import (
 )
 from crescent.conductor.progress import Progress, Replay, replayable
 from crescent.conductor.scheduler import Scheduler
+from crescent.conductor.tbt_sample import SteadyGaps
 
 log = logging.getLogger(__name__)
 
@@ -63,43 +73,6 @@ PRESENCE_CHECK_S = 0.25
 PLACEMENT_RETRY_S = 0.1
 MAX_MIGRATIONS = 4  # per stage: more means the request itself is the problem
 T = TypeVar("T")
-
-
-class RejectedError(RecoverableError):
-    """Admission turned the request away before any prefill ran."""
-
-    def __init__(self, rejection: Rejection) -> None:
-        super().__init__(rejection.detail)
-        self.rejection = rejection
-
-
-class InstanceLostError(RecoverableError):
-    """The instance serving a request left the registry while the request waited on it."""
-
-
-class ConnectionLostError(RecoverableError):
-    """NATS reconnected while a reply or chunk was due: it may have been lost."""
-
-
-class StreamBrokenError(RecoverableError):
-    """The decode token stream lost a chunk or reported an error."""
-
-
-class RequestRefusedError(RecoverableError):
-    """An engine refused the request's parameters (InvalidRequestError): the client's to fix."""
-
-
-INVALID_REQUEST = "InvalidRequestError"  # the code of an engine's refusal (crescent.engine.base)
-
-
-MOVABLE_ERRORS = (
-    InstanceLostError,
-    ConnectionLostError,
-    StreamBrokenError,
-    NoRespondersError,
-    RemoteError,
-)
-"""Failures after which a request is moved to another instance rather than failed."""
 
 
 @dataclass(frozen=True)
@@ -178,36 +151,6 @@ class _Gone:
             for i, started in self._started_at.items()
             if self._view.started_at(self._role, i) in (started, None)
         }
-
-
-class _SteadyGaps:
-    """The mean time between tokens once decode is running: from the step of the first chunk's
-    last token to the step of the last token, per token after that first chunk, stalls
-    included. Times are decode's own step times carried by the chunks (`TokenChunk.step_at`),
-    not when the conductor read them: chunks that wait in the conductor's socket and are read
-    back to back would otherwise look microseconds apart. The wait for the first chunk (decode
-    start, KV load) is left out: it is not a step, and for a short answer it would be the
-    whole "TBT" and teach the predictor a step many times too slow."""
-
-    def __init__(self) -> None:
-        self._first_step_at: float | None = None
-        self._last_step_at = 0.0
-        self._num_tokens_after_first = 0
-
-    def on_chunk(self, num_tokens: int, step_at: float) -> None:
-        if not num_tokens:
-            return
-        if self._first_step_at is None:
-            self._first_step_at = step_at
-        else:
-            self._num_tokens_after_first += num_tokens
-            self._last_step_at = step_at
-
-    def mean_gap_s(self) -> float | None:
-        """None when the stream brought no token after its first chunk."""
-        if self._first_step_at is None or not self._num_tokens_after_first:
-            return None
-        return max(0.0, self._last_step_at - self._first_step_at) / self._num_tokens_after_first
 
 
 class RequestFlow:
@@ -520,7 +463,7 @@ class RequestFlow:
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
         num_decoded_tokens = 0
-        steady = _SteadyGaps()
+        steady = SteadyGaps()
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
         while True:

@@ -27,7 +27,8 @@ from crescent.conductor import metrics
 from crescent.conductor.autoscale import RatioLoop
 from crescent.conductor.choice import Choice
 from crescent.conductor.cluster_view import ClusterView
-from crescent.conductor.flow import RejectedError, RequestFlow, RequestRefusedError
+from crescent.conductor.flow import RequestFlow
+from crescent.conductor.flow_errors import RejectedError, RequestRefusedError
 from crescent.conductor.http_body import read_json
 from crescent.conductor.http_errors import REQUEST_ID
 from crescent.conductor.model_checks import check_for_model

@@ -1,0 +1,44 @@
+"""How a request's trip can fail, and which failures move it to another instance rather than
+fail it (flow.py decides; generation.py turns the rest into HTTP answers)."""
+
+from __future__ import annotations
+
+from crescent.common.errors import NoRespondersError, RecoverableError, RemoteError
+from crescent.conductor.policy import Rejection
+
+
+class RejectedError(RecoverableError):
+    """Admission turned the request away before any prefill ran."""
+
+    def __init__(self, rejection: Rejection) -> None:
+        super().__init__(rejection.detail)
+        self.rejection = rejection
+
+
+class InstanceLostError(RecoverableError):
+    """The instance serving a request left the registry while the request waited on it."""
+
+
+class ConnectionLostError(RecoverableError):
+    """NATS reconnected while a reply or chunk was due: it may have been lost."""
+
+
+class StreamBrokenError(RecoverableError):
+    """The decode token stream lost a chunk or reported an error."""
+
+
+class RequestRefusedError(RecoverableError):
+    """An engine refused the request's parameters (InvalidRequestError): the client's to fix."""
+
+
+INVALID_REQUEST = "InvalidRequestError"  # the code of an engine's refusal (crescent.engine.base)
+
+
+MOVABLE_ERRORS = (
+    InstanceLostError,
+    ConnectionLostError,
+    StreamBrokenError,
+    NoRespondersError,
+    RemoteError,
+)
+"""Failures after which a request is moved to another instance rather than failed."""
