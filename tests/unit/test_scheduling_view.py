@@ -154,7 +154,7 @@ def test_a_silent_instance_is_stale_but_still_registered(caplog):
     with caplog.at_level("INFO"):
         view.log_changes(clock.now)
         view.log_changes(clock.now)
-    assert eligible_prefill(view.snapshot("prefill", "m", clock.now)) == []
+    assert list(eligible_prefill(view.snapshot("prefill", "m", clock.now))) == []
     assert view.started_at("prefill", "p0") is not None and view.models() == {"m": 0}
     assert [r.message for r in caplog.records].count(
         "instance stale: no new work until its telemetry resumes"

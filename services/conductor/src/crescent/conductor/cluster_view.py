@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -35,7 +35,7 @@ from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.conductor.policy.decision import CostPredictors
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 from crescent.conductor.pricing import Pricing
-from crescent.conductor.view_cache import Key, Refreshed, RoleSnapshots
+from crescent.conductor.view_cache import Key, Refreshed, RoleColumns
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +68,8 @@ class ClusterView:
     default_period_s: float = 0.25
     instances: dict[tuple[str, str], InstanceState] = field(default_factory=dict)
     last_heard_any: float = 0.0  # when the newest telemetry from any instance was received
-    # (role, model) → its priced snapshots as of the last decision (view_cache)
-    _groups: dict[tuple[str, str], RoleSnapshots] = field(default_factory=dict)
+    # (role, model) → its priced instances as of the last decision (view_cache)
+    _groups: dict[tuple[str, str], RoleColumns] = field(default_factory=dict)
 
     def apply_registry(self, event: MirrorEvent) -> None:
         """A change under instances/<role>/<id> in etcd."""
@@ -169,14 +169,14 @@ class ClusterView:
 
     def snapshot(
         self, role: str, model: str, now: float, pricing: Pricing | None = None
-    ) -> list[InstanceSnapshot]:
+    ) -> Sequence[InstanceSnapshot]:
         """Registered instances of `role` serving `model`, with this conductor's recent assignments
         added; stale or not accepting ones are flagged, for the policies to leave out. With
         `pricing`, each carries its own cost model and its reported queue is corrected with it.
 
-        Priced snapshots are kept per instance until something about it changes (`pricing` says
-        whose price moved); per decision only busy instances get a new one, for the queue that
-        drained since, and only instances not heard from within the window are judged again."""
+        Priced, they come as columns (InstanceColumns), kept per instance until something about
+        it changes (`pricing` says whose price moved); per decision the queues drain in one
+        vectorised pass, and only instances not heard from within the window are judged again."""
         if pricing is None:
             return [
                 self._queued(
@@ -196,8 +196,8 @@ class ClusterView:
             members = {
                 k: s for k, s in self.instances.items() if k[0] == role and s.info.model == model
             }
-            group = self._groups[(role, model)] = RoleSnapshots.build(members, refresh)
-            return list(group.snapshots)
+            group = self._groups[(role, model)] = RoleColumns.build(members, refresh)
+            return group.columns(now)
         return group.update(refresh, now)
 
     def _mark(self, key: Key) -> None:
@@ -230,21 +230,20 @@ class ClusterView:
                 if load is not None
                 else 0.0
             )
-        queue_s, is_busy = self._drained(state, now)
+        queue_s = self._drained(state, now)
         if queue_s != snapshot.queue_time_s:
             snapshot = msgspec.structs.replace(snapshot, queue_time_s=queue_s)
         state.snapshot = snapshot
-        return Refreshed(snapshot, sure_until, is_busy)
+        return Refreshed(snapshot, sure_until)
 
     @staticmethod
-    def _drained(state: InstanceState, now: float) -> tuple[float, bool]:
-        """The queue left now (ClusterView._queue_s with the ratio applied at the last refresh,
-        plus this conductor's assignments), and whether it can still drain further."""
+    def _drained(state: InstanceState, now: float) -> float:
+        """The queue left now: ClusterView._queue_s with the ratio applied at the last refresh,
+        plus this conductor's assignments (view_cache.RoleColumns drains all rows the same way)."""
         queue_s = state.queue_s_assigned_since_load
         if state.load is None:
-            return queue_s, False
-        reported_s = max(0.0, state.queue_base_s - max(0.0, now - state.load_received_at))
-        return reported_s + queue_s, reported_s > 0
+            return queue_s
+        return max(0.0, state.queue_base_s - max(0.0, now - state.load_received_at)) + queue_s
 
     def _queued(
         self, snapshot: InstanceSnapshot, state: InstanceState, now: float, ratio: float

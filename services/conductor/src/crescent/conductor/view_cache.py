@@ -1,22 +1,25 @@
-"""The conductor's priced snapshots of one role of one model, kept from decision to decision.
+"""The conductor's priced instances of one role of one model, kept as columns between decisions.
 
-ClusterView.snapshot runs for both roles on every request. Building every instance's snapshot
-anew cost ~0.7 µs an instance, 0.7 ms a decision at 512 + 512 instances; this keeps the list and
-redoes only what can have moved since the last decision: the instances whose telemetry,
-assignments or price changed (`dirty`), the busy ones (a queue drains with the clock), and all
-of them once the first of them is no longer heard within the liveness window (from then on its
-liveness depends on what the others were heard saying, ClusterView.is_live). The clock only
-moves forward (a drained queue is not looked at again until the instance's next telemetry).
+ClusterView.snapshot runs for both roles on every request. This keeps each instance's snapshot
+and its row of the columns a decision reads (policy/columns.py), and redoes only what can have
+moved since the last decision: the rows whose telemetry, assignments or price changed
+(`dirty`), and all of them once the first is no longer heard within the liveness window (from
+then on its liveness depends on what the others were heard saying, ClusterView.is_live). Queues
+drain with the clock: every row's queue is one vectorised pass per decision over what its last
+telemetry reported (scaled by its correction at the last refresh), the time since, and this
+conductor's own assignments, instead of a new snapshot per busy instance.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import msgspec
+import numpy as np
 
+from crescent.conductor.policy.columns import NO_MODEL, InstanceColumns, model_terms
+from crescent.conductor.policy.decision import CostPredictors
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 
 if TYPE_CHECKING:  # the view's state type; cluster_view imports this module
@@ -27,64 +30,97 @@ Key = tuple[str, str]  # (role, instance id)
 
 @dataclass
 class Refreshed:
-    """One instance's snapshot at `now`, and what says when it must be looked at again."""
+    """One instance's snapshot at `now`, and until when its liveness needs no second look."""
 
     snapshot: InstanceSnapshot
     sure_until: float  # live by its own telemetry until then (-inf: judged from the others')
-    is_busy: bool  # its queue may be > 0: recomputed at every decision
 
 
-@dataclass
-class RoleSnapshots:
-    states: list[InstanceState]  # the view's own objects, in registry order
-    snapshots: list[InstanceSnapshot]  # the same order
-    busy: set[int]
-    sure_until: float
-    position: dict[Key, int] = field(default_factory=dict)
-    dirty: set[Key] = field(default_factory=set)
+class RoleColumns:
+    """One group's rows, in registry order: the view's states, their snapshots, and the columns
+    (numpy arrays updated in place, copied out per decision)."""
+
+    def __init__(self, members: Mapping[Key, InstanceState]) -> None:
+        size = len(members)
+        self.states = list(members.values())
+        self.position = {key: i for i, key in enumerate(members)}
+        self.rows: list[InstanceSnapshot] = []
+        self.ids = [instance_id for _, instance_id in members]
+        self.nodes = [state.info.node for state in self.states]
+        self.dirty: set[Key] = set()
+        self.sure_until = float("inf")
+        # Queue of a row at `now`: max(0, queue_base - max(0, now - received_at)) + assigned,
+        # ClusterView._drained's sum (queue_base is -inf before any telemetry).
+        self.queue_base = np.empty(size)
+        self.received_at = np.empty(size)
+        self.assigned = np.empty(size)
+        self.is_usable = np.empty(size, dtype=bool)
+        self.kv_free = np.empty(size, dtype=np.int64)
+        self.num_running = np.empty(size, dtype=np.int64)
+        self.num_context = np.empty(size, dtype=np.int64)
+        self.model = np.empty((size, 4))
+        self.root = np.empty(size, dtype=np.int64)
+        self.roots: list[CostPredictors] = []
+        self._root_position: dict[int, int] = {}
 
     @classmethod
     def build(
         cls, members: Mapping[Key, InstanceState], refresh: Callable[[Key], Refreshed]
-    ) -> RoleSnapshots:
-        snapshots, busy, sure_until = [], set(), float("inf")
+    ) -> RoleColumns:
+        group = cls(members)
         for position, key in enumerate(members):
             entry = refresh(key)
-            snapshots.append(entry.snapshot)
-            sure_until = min(sure_until, entry.sure_until)
-            if entry.is_busy:
-                busy.add(position)
-        position = {key: i for i, key in enumerate(members)}
-        return cls(list(members.values()), snapshots, busy, sure_until, position)
+            group.rows.append(entry.snapshot)
+            group._set_row(position, entry)
+        return group
 
-    def update(self, refresh: Callable[[Key], Refreshed], now: float) -> list[InstanceSnapshot]:
-        """The snapshots at `now`: dirty instances refreshed, busy queues drained (the reported
-        queue, scaled at the last refresh, less the time since, plus this conductor's own
-        assignments; the same sum as ClusterView._queue_s)."""
+    def update(self, refresh: Callable[[Key], Refreshed], now: float) -> InstanceColumns:
+        """The instances at `now`: dirty rows refreshed, every queue drained to `now`."""
         for key in self.dirty:
             position = self.position[key]
             entry = refresh(key)
-            self.snapshots[position] = entry.snapshot
-            self.sure_until = min(self.sure_until, entry.sure_until)
-            if entry.is_busy:
-                self.busy.add(position)
+            self.rows[position] = entry.snapshot
+            self._set_row(position, entry)
         self.dirty.clear()
-        replace = msgspec.structs.replace
-        idle = []
-        states, snapshots = self.states, self.snapshots
-        # Once per busy instance per decision, so no call beyond the replace: the time since
-        # the telemetry is never negative (the clock only moves forward), and max(0, x) is an
-        # if.
-        for position in self.busy:
-            state = states[position]
-            reported_s = state.queue_base_s - (now - state.load_received_at)
-            if reported_s > 0.0:
-                queue_s = reported_s + state.queue_s_assigned_since_load
-            else:  # drained: it stays so until its next telemetry
-                queue_s = 0.0 + state.queue_s_assigned_since_load
-                idle.append(position)
-            snapshot = snapshots[position]
-            if queue_s != snapshot.queue_time_s:
-                snapshots[position] = replace(snapshot, queue_time_s=queue_s)
-        self.busy.difference_update(idle)
-        return list(self.snapshots)
+        return self.columns(now)
+
+    def columns(self, now: float) -> InstanceColumns:
+        age = np.maximum(now - self.received_at, 0.0)
+        queue_s = np.maximum(self.queue_base - age, 0.0) + self.assigned
+        return InstanceColumns(
+            list(self.rows),
+            queue_s,
+            self.is_usable.copy(),
+            self.kv_free.copy(),
+            self.num_running.copy(),
+            self.num_context.copy(),
+            self.model.copy(),
+            self.root.copy(),
+            list(self.roots),
+            list(self.ids),
+            list(self.nodes),
+        )
+
+    def _set_row(self, position: int, entry: Refreshed) -> None:
+        self.sure_until = min(self.sure_until, entry.sure_until)
+        state, snapshot = self.states[position], entry.snapshot
+        self.nodes[position] = snapshot.node
+        self.queue_base[position] = state.queue_base_s if state.load is not None else -np.inf
+        self.received_at[position] = state.load_received_at
+        self.assigned[position] = state.queue_s_assigned_since_load
+        self.is_usable[position] = not snapshot.is_stale and snapshot.is_accepting
+        self.kv_free[position] = snapshot.kv_capacity_tokens - snapshot.kv_used_tokens
+        self.num_running[position] = snapshot.num_running
+        self.num_context[position] = snapshot.num_context_tokens
+        self.model[position] = model_terms(snapshot.costs)
+        self.root[position] = self._root_of(snapshot.costs)
+
+    def _root_of(self, costs: CostPredictors | None) -> int:
+        if costs is None:
+            return NO_MODEL
+        root = costs.root
+        position = self._root_position.get(id(root))
+        if position is None:  # the list keeps the object alive, so its id is not reused
+            position = self._root_position[id(root)] = len(self.roots)
+            self.roots.append(root)
+        return position

@@ -82,7 +82,7 @@ class Policy(ABC):
         if rejection is not None:
             return rejection
         self.accepted(prefill, decode)
-        decode_node = next(s.node for s in decodes if s.instance_id == decode.instance_id)
+        decode_node = decodes.node_of(decode.instance_id)
         if prefill_on_decode(
             request, match.length(decode_node) * request.block_size, self.local_prefill_max_tokens
         ):
@@ -203,7 +203,7 @@ class LeastLoadedPolicy(Policy):
         chosen = least_loaded.choose_decode(
             [load.instance for load in loads], request.num_kv_tokens
         )
-        load = next(load for load in loads if load.instance is chosen)
+        load = next(load for load in loads if load.instance.instance_id == chosen.instance_id)
         return choice_for(request, load, self.predictors.decode_step_s)
 
 
@@ -286,7 +286,7 @@ class DynamoKvPolicy(Policy):
         chosen = peer_scores.dynamo_decode_pick(request, [load.instance for load in loads])
         return choice_for(
             request,
-            next(load for load in loads if load.instance is chosen),
+            next(load for load in loads if load.instance.instance_id == chosen.instance_id),
             self.predictors.decode_step_s,
         )
 
@@ -311,7 +311,7 @@ class LlmdScorePolicy(Policy):
         chosen = peer_scores.llmd_decode_pick([load.instance for load in loads])
         return choice_for(
             request,
-            next(load for load in loads if load.instance is chosen),
+            next(load for load in loads if load.instance.instance_id == chosen.instance_id),
             self.predictors.decode_step_s,
         )
 
