@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from operator import mul
 from typing import NamedTuple, overload
 
 import numpy as np
@@ -140,30 +141,41 @@ def choose_by_tbt(
     prompt = request.num_prompt_tokens
     smallest_batch = int(loads.num_running.min()) + 1
     order = np.argsort(loads.num_context, kind="stable")
-    contexts = loads.num_context[order].tolist()
-    ratios = columns.decode_ratio[order]
     # Floors are indexed by root + 1: a row without a model (NO_MODEL) reads slot 0.
     slots = columns.root[order] + 1
+    ratios = columns.decode_ratio[order]
     bases = _bases(columns, decode_step_s, ratios, slots)
-    floors = np.zeros(len(columns.roots) + 1)
+    floors = [0.0] * (len(columns.roots) + 1)
+    contexts = loads.num_context[order]
     for start in range(0, len(order), _SEGMENT):
-        context = contexts[start] + prompt
+        context = int(contexts[start]) + prompt
         least_bound = math.inf
         for slot, step, least_ratio in bases:
             floor = floors[slot] = step(smallest_batch, context)
             least_bound = min(least_bound, least_ratio * floor if floor >= 0 else -math.inf)
         if least_bound > best_tbt:
             break
+        # A segment is a few rows: as lists, for which Python beats more numpy calls.
         end = start + _SEGMENT
-        bounds = ratios[start:end] * floors[slots[start:end]]
-        by_bound = np.argsort(bounds, kind="stable")
-        for position, bound in zip(order[start:end][by_bound].tolist(), bounds[by_bound].tolist()):
+        positions = order[start:end]
+        segment = sorted(
+            zip(
+                map(
+                    mul,
+                    ratios[start:end].tolist(),
+                    map(floors.__getitem__, slots[start:end].tolist()),
+                ),
+                positions.tolist(),
+                loads.num_running[positions].tolist(),
+                contexts[start:end].tolist(),
+            )
+        )
+        for bound, position, num_running, num_context in segment:
             if bound > best_tbt:  # so are the rest of the segment's
                 break
             costs = columns.costs_of(position)
             step_s = decode_step_s if costs is None else costs.decode_step_s
-            num_running, num_context = loads.num_running[position], loads.num_context[position]
-            tbt = step_s(int(num_running) + 1, int(num_context) + prompt)
+            tbt = step_s(num_running + 1, num_context + prompt)
             instance_id = columns.id_of(position)
             if tbt < best_tbt or (tbt == best_tbt and instance_id < best_id) or not best_id:
                 best_id, best_tbt = instance_id, tbt
@@ -181,7 +193,7 @@ def _bases(
             default if slot == 0 else columns.roots[slot - 1].decode_step_s,
             float(ratios[slots == slot].min()),
         )
-        for slot in np.unique(slots).tolist()
+        for slot in np.flatnonzero(np.bincount(slots)).tolist()
     ]
 
 

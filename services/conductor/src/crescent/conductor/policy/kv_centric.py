@@ -197,22 +197,27 @@ def _bounds(
         if lengths
         else np.zeros(len(nodes), np.int64)
     )
+    # (base, local length) pairs as codes; the distinct ones found through a table of them all.
     width = len(request.block_hashes) + 1  # a local prefix holds 0..all the request's blocks
-    keys, inverse = np.unique(root * width + local, return_inverse=True)
+    codes = root * width + local
+    is_present = np.zeros(len(roots) * width, dtype=bool)
+    is_present[codes] = True
+    keys = np.flatnonzero(is_present)
     pairs = [divmod(key, width) for key in keys.tolist()]
-    terms = np.array(
-        [floor.terms(planner_for(roots[base]), length) for base, length in pairs], np.float64
-    )
-    local_s, tokens, pulled_s = terms[inverse].T
-    if (terms[:, 0] >= 0).all() and (terms[:, 2] >= 0).all():
+    terms = [floor.terms(planner_for(roots[base]), length) for base, length in pairs]
+    inverse = np.searchsorted(keys, codes)
+    if all(local_s >= 0 and pulled_s >= 0 for local_s, _, pulled_s in terms):
+        local_s, tokens, pulled_s = np.array(terms)[inverse].T
         rates = (
             np.fromiter(bandwidth.fastest_rates(match.best_nodes, nodes), np.float64, len(nodes))
             if bandwidth is not None and match.best_nodes
             else 1.0
         )
-        # 0 bytes a token times no pull (inf) is NaN: fmin then takes the local plan, as min does.
-        with np.errstate(invalid="ignore"):
+        if floor.kv_bytes_per_token > 0:
             pull_s = kv_bytes * tokens / rates + ratios * pulled_s
+        else:  # 0 bytes a token times no pull (inf) is NaN: fmin takes the local plan, as min does
+            with np.errstate(invalid="ignore"):
+                pull_s = kv_bytes * tokens / rates + ratios * pulled_s
         return columns.queue_s + overheads + np.fmin(ratios * local_s, pull_s)
     # A model prices some prefill below 0: the smallest terms of all, clamped at 0.
     floors = np.array(
