@@ -62,6 +62,11 @@ class RoleColumns:
         self.root = np.empty(size, dtype=np.int64)
         self.roots: list[CostPredictors] = []
         self._root_position: dict[int, int] = {}
+        # Per row, what its columns other than the queue's hold; rows that come back unchanged
+        # (most telemetry of a busy prefill moves only its queue) write nothing, and while none
+        # changed, the arrays last handed out are handed out again instead of new copies.
+        self._fixed: list[tuple | None] = [None] * size
+        self._handed: InstanceColumns | None = None
 
     @classmethod
     def build(
@@ -87,33 +92,63 @@ class RoleColumns:
     def columns(self, now: float) -> InstanceColumns:
         age = np.maximum(now - self.received_at, 0.0)
         queue_s = np.maximum(self.queue_base - age, 0.0) + self.assigned
+        handed = self._handed
+        if handed is None:
+            handed = self._handed = InstanceColumns(
+                self.rows,
+                queue_s,
+                self.is_usable.copy(),
+                self.kv_free.copy(),
+                self.num_running.copy(),
+                self.num_context.copy(),
+                self.model.copy(),
+                self.root.copy(),
+                list(self.roots),
+                list(self.ids),
+                list(self.nodes),
+            )
         return InstanceColumns(
             list(self.rows),
             queue_s,
-            self.is_usable.copy(),
-            self.kv_free.copy(),
-            self.num_running.copy(),
-            self.num_context.copy(),
-            self.model.copy(),
-            self.root.copy(),
-            list(self.roots),
-            list(self.ids),
-            list(self.nodes),
+            handed.is_usable,
+            handed.kv_free,
+            handed.num_running,
+            handed.num_context,
+            handed.model,
+            handed.root,
+            handed.roots,
+            handed.ids,
+            handed.nodes,
         )
 
     def _set_row(self, position: int, entry: Refreshed) -> None:
         self.sure_until = min(self.sure_until, entry.sure_until)
         state, snapshot = self.states[position], entry.snapshot
-        self.nodes[position] = snapshot.node
         self.queue_base[position] = state.queue_base_s if state.load is not None else -np.inf
         self.received_at[position] = state.load_received_at
         self.assigned[position] = state.queue_s_assigned_since_load
-        self.is_usable[position] = not snapshot.is_stale and snapshot.is_accepting
-        self.kv_free[position] = snapshot.kv_capacity_tokens - snapshot.kv_used_tokens
-        self.num_running[position] = snapshot.num_running
-        self.num_context[position] = snapshot.num_context_tokens
-        self.model[position] = model_terms(snapshot.costs)
-        self.root[position] = self._root_of(snapshot.costs)
+        fixed = (
+            not snapshot.is_stale and snapshot.is_accepting,
+            snapshot.kv_capacity_tokens - snapshot.kv_used_tokens,
+            snapshot.num_running,
+            snapshot.num_context_tokens,
+            model_terms(snapshot.costs),
+            self._root_of(snapshot.costs),
+            snapshot.node,
+        )
+        if fixed == self._fixed[position]:
+            return
+        self._fixed[position] = fixed
+        self._handed = None
+        (
+            self.is_usable[position],
+            self.kv_free[position],
+            self.num_running[position],
+            self.num_context[position],
+            self.model[position],
+            self.root[position],
+            self.nodes[position],
+        ) = fixed
 
     def _root_of(self, costs: CostPredictors | None) -> int:
         if costs is None:

@@ -27,13 +27,14 @@ from crescent.conductor.policy.snapshot import InstanceSnapshot
 NO_MODEL = -1  # `root` of a row whose snapshot carries no cost model: the policy's default
 
 _replace = msgspec.structs.replace
+_NO_MODEL_TERMS = (1.0, 0.0, 1.0, float("nan"))  # one object: equal to itself despite the NaN
 
 
 def model_terms(costs: CostPredictors | None) -> tuple[float, float, float, float]:
     """(prefill ratio, prefill overhead, decode ratio, KV bytes per token) of a row's model;
     NaN bytes for none (the policy's default fills it in)."""
     if costs is None:
-        return 1.0, 0.0, 1.0, float("nan")
+        return _NO_MODEL_TERMS
     return (
         costs.prefill_ratio,
         costs.prefill_overhead_s,
