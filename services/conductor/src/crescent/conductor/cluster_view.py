@@ -192,13 +192,14 @@ class ClusterView:
         def refresh(key: Key) -> Refreshed:
             return self._refresh(key, now, pricing)
 
+        if group is not None:
+            group.refresh_dirty(refresh)
         if group is None or not now < group.sure_until:
             members = {
                 k: s for k, s in self.instances.items() if k[0] == role and s.info.model == model
             }
             group = self._groups[(role, model)] = RoleColumns.build(members, refresh)
-            return group.columns(now)
-        return group.update(refresh, now)
+        return group.columns(now)
 
     def _mark(self, key: Key) -> None:
         """Something about the instance changed: its snapshot is built anew at the next look."""

@@ -48,7 +48,7 @@ class RoleColumns:
         self.ids = [instance_id for _, instance_id in members]
         self.nodes = [state.info.node for state in self.states]
         self.dirty: set[Key] = set()
-        self.sure_until = float("inf")
+        self.sure = np.empty(size)  # per row: live by its own telemetry until then (Refreshed)
         # Queue of a row at `now`: max(0, queue_base - max(0, now - received_at)) + assigned,
         # ClusterView._drained's sum (queue_base is -inf before any telemetry).
         self.queue_base = np.empty(size)
@@ -79,17 +79,21 @@ class RoleColumns:
             group._set_row(position, entry)
         return group
 
-    def update(self, refresh: Callable[[Key], Refreshed], now: float) -> InstanceColumns:
-        """The instances at `now`: dirty rows refreshed, every queue drained to `now`."""
+    @property
+    def sure_until(self) -> float:
+        """Until then no row's liveness needs a second look (then all are judged again)."""
+        return float(self.sure.min()) if len(self.sure) else float("inf")
+
+    def refresh_dirty(self, refresh: Callable[[Key], Refreshed]) -> None:
         for key in self.dirty:
             position = self.position[key]
             entry = refresh(key)
             self.rows[position] = entry.snapshot
             self._set_row(position, entry)
         self.dirty.clear()
-        return self.columns(now)
 
     def columns(self, now: float) -> InstanceColumns:
+        """The instances at `now`: every queue drained to `now` in one pass."""
         age = np.maximum(now - self.received_at, 0.0)
         queue_s = np.maximum(self.queue_base - age, 0.0) + self.assigned
         handed = self._handed
@@ -122,7 +126,7 @@ class RoleColumns:
         )
 
     def _set_row(self, position: int, entry: Refreshed) -> None:
-        self.sure_until = min(self.sure_until, entry.sure_until)
+        self.sure[position] = entry.sure_until
         state, snapshot = self.states[position], entry.snapshot
         self.queue_base[position] = state.queue_base_s if state.load is not None else -np.inf
         self.received_at[position] = state.load_received_at
