@@ -59,6 +59,9 @@ class InstanceState:
     # ~2 ms building snapshots anew. Its queue time is that of the last decision.
     snapshot: InstanceSnapshot | None = None
     queue_base_s: float = 0.0  # reported queue × the instance's correction − the running job's time
+    # Its cost model and queue ratio as the pricing last gave them, until the pricing says its
+    # price moved (Pricing.take_changed): telemetry and assignments do not ask again.
+    price: tuple[CostPredictors, float] | None = None
 
 
 @dataclass
@@ -105,6 +108,7 @@ class ClusterView:
         else:
             known.info = info
             known.snapshot = None
+            known.price = None
             self._groups.clear()
 
     def apply_load(self, load: InstanceLoad) -> None:
@@ -186,7 +190,7 @@ class ClusterView:
                 if r == role and s.info.model == model
             ]
         for key in pricing.take_changed():
-            self._mark(key)
+            self._mark(key, is_repriced=True)
         group = self._groups.get((role, model))
 
         def refresh(key: Key) -> Refreshed:
@@ -201,11 +205,14 @@ class ClusterView:
             group = self._groups[(role, model)] = RoleColumns.build(members, refresh)
         return group.columns(now)
 
-    def _mark(self, key: Key) -> None:
-        """Something about the instance changed: its snapshot is built anew at the next look."""
+    def _mark(self, key: Key, is_repriced: bool = False) -> None:
+        """Something about the instance changed: its snapshot is built anew at the next look
+        (priced anew too when `is_repriced`)."""
         state = self.instances.get(key)
         if state is not None:
             state.snapshot = None
+            if is_repriced:
+                state.price = None
             group = self._groups.get((key[0], state.info.model))
             if group is not None and key in group.position:
                 group.dirty.add(key)
@@ -224,12 +231,15 @@ class ClusterView:
         is_stale = False if is_heard else not self.is_live(state, now)
         snapshot = state.snapshot
         if snapshot is None or snapshot.is_stale != is_stale:
-            costs = pricing.predictors(role, instance_id, state.info.model)
+            if state.price is None:
+                state.price = (
+                    pricing.predictors(role, instance_id, state.info.model),
+                    pricing.queue_ratio(instance_id),
+                )
+            costs, queue_ratio = state.price
             snapshot = self._build_snapshot(role, instance_id, state, is_stale, costs)
             state.queue_base_s = (
-                load.queue_time_s * pricing.queue_ratio(instance_id) - load.running_s
-                if load is not None
-                else 0.0
+                load.queue_time_s * queue_ratio - load.running_s if load is not None else 0.0
             )
         queue_s = self._drained(state, now)
         if queue_s != snapshot.queue_time_s:
