@@ -3,7 +3,7 @@
 ClusterView.snapshot runs for both roles on every request. This keeps each instance's snapshot
 and its row of the columns a decision reads (policy/columns.py), and redoes only what can have
 moved since the last decision: the rows whose telemetry, assignments or price changed
-(`dirty`), and all of them once the first is no longer heard within the liveness window (from
+(`dirty`), and all of them once some row's own telemetry is out of the liveness window (from
 then on its liveness depends on what the others were heard saying, ClusterView.is_live). Queues
 drain with the clock: every row's queue is one vectorised pass per decision over what its last
 telemetry reported (scaled by its correction at the last refresh), the time since, and this
@@ -38,7 +38,8 @@ class Refreshed:
 
 class RoleColumns:
     """One group's rows, in registry order: the view's states, their snapshots, and the columns
-    (numpy arrays updated in place, copied out per decision)."""
+    (numpy arrays updated in place; copies are handed out, and handed out again while no row
+    changed)."""
 
     def __init__(self, members: Mapping[Key, InstanceState]) -> None:
         size = len(members)
