@@ -141,7 +141,13 @@ def choose_prefill(
         planner = planners.get(id(model))
         if planner is None:
             planner = planners[id(model)] = _Planner(
-                request, model, match, bandwidth, threshold, allow_transfer, transfer_only_if_cheaper
+                request,
+                model,
+                match,
+                bandwidth,
+                threshold,
+                allow_transfer,
+                transfer_only_if_cheaper,
             )
         return planner
 
