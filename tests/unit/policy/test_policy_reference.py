@@ -33,6 +33,8 @@ from crescent.conductor.policy import (
     InstanceSnapshot,
     Policy,
     ScheduleRequest,
+    decode_load,
+    kv_centric,
     make_policy,
 )
 from crescent.conductor.policy.kv_centric import exceeds_threshold
@@ -240,6 +242,18 @@ KEPT_POLICY = make_policy(
 
 
 def check_against_reference(case, policy: Policy | None = None) -> None:
+    """The decision equals the reference's, with the policy's own choice of pricing every
+    instance or bounding them, and with bounds however few the instances are."""
+    check_one(case, policy)
+    bounded_from = (kv_centric.PRICE_ALL_UP_TO, decode_load.PRICE_ALL_UP_TO)
+    kv_centric.PRICE_ALL_UP_TO = decode_load.PRICE_ALL_UP_TO = 0
+    try:
+        check_one(case, policy)
+    finally:
+        kv_centric.PRICE_ALL_UP_TO, decode_load.PRICE_ALL_UP_TO = bounded_from
+
+
+def check_one(case, policy: Policy | None = None) -> None:
     holdings, snapshot, request = case
     if policy is None:
         policy = make_policy(

@@ -39,6 +39,7 @@ def step_fn(instance: InstanceSnapshot, default: DecodeStepFn) -> DecodeStepFn:
 
 
 _SEGMENT = 16  # instances bounded with one evaluation of the base models
+PRICE_ALL_UP_TO = 64  # up to this many instances each is priced: bounding costs more
 
 
 class DecodeLoads(Sequence[DecodeLoad]):
@@ -135,10 +136,19 @@ def choose_by_tbt(
     """
     if not loads:
         return None
+    prompt = request.num_prompt_tokens
+    if len(loads) <= PRICE_ALL_UP_TO:  # a few: pricing each costs less than bounding them
+        tbt, instance_id = min(
+            (
+                step_fn(instance, decode_step_s)(num_running + 1, num_context + prompt),
+                instance.instance_id,
+            )
+            for instance, num_running, num_context in loads
+        )
+        return DecodeChoice(instance_id, tbt)
     loads = DecodeLoads.of(loads)
     columns = loads.instances
     best_id, best_tbt = "", math.inf
-    prompt = request.num_prompt_tokens
     smallest_batch = int(loads.num_running.min()) + 1
     order = np.argsort(loads.num_context, kind="stable")
     # Floors are indexed by root + 1: a row without a model (NO_MODEL) reads slot 0.

@@ -27,6 +27,9 @@ from crescent.conductor.policy.decision import CostPredictors, PrefillChoice, Sc
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 
 DEFAULT_BALANCING_THRESHOLD = 1.5
+# Up to this many candidates each is priced in full: a handful of numpy calls cost more than
+# that. Above it, they are bounded in numpy and only the few that can win are priced.
+PRICE_ALL_UP_TO = 64
 
 
 class _NodePlan(NamedTuple):
@@ -134,7 +137,6 @@ def choose_prefill(
         raise ValueError(f"kvcache_balancing_threshold must be > 0, got {threshold}")
     if not candidates:
         return None
-    columns = InstanceColumns.of(candidates)
     planners: dict[int, _Planner] = {}
 
     def planner_for(model: CostPredictors) -> _Planner:
@@ -151,6 +153,12 @@ def choose_prefill(
             )
         return planner
 
+    if len(candidates) <= PRICE_ALL_UP_TO:
+        # A few candidates: pricing each costs less than bounding them (numpy calls).
+        priced_all = (_priced(s, planner_for(s.costs or predictors)) for s in candidates)
+        instance, plan, _ = min(priced_all, key=_ttft_then_id)
+        return _choice(request, instance, plan)
+    columns = InstanceColumns.of(candidates)
     # Branch and bound: queue time plus a floor under the plans of its node priced by its model
     # (its shared base's prices, scaled by its own correction terms) bounds an instance's TTFT
     # from below, and an instance whose bound exceeds a TTFT already found cannot win or tie,
@@ -285,6 +293,10 @@ def _priced(
     order so that reported and compared TTFTs agree."""
     plan = planner.plan(instance.node)
     return instance, plan, plan.transfer_s + instance.queue_time_s + plan.prefill_s
+
+
+def _ttft_then_id(priced: tuple[InstanceSnapshot, _NodePlan, float]) -> tuple[float, str]:
+    return priced[2], priced[0].instance_id
 
 
 def _rounding_slack(seconds: float) -> float:
