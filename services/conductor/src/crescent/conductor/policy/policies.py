@@ -200,6 +200,7 @@ class LeastLoadedPolicy(Policy):
         return self._price_local(request, least_loaded.choose_prefill(candidates), match)
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        loads = list(loads)  # read once: the view hands out columns
         chosen = least_loaded.choose_decode(
             [load.instance for load in loads], request.num_kv_tokens
         )
@@ -227,6 +228,7 @@ class RandomPolicy(Policy):
         return self._price_local(request, instance, match)
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        loads = list(loads)  # read once: the view hands out columns
         load = baselines.random_pick(loads, [load.instance.instance_id for load in loads], self.rng)
         return choice_for(request, load, self.predictors.decode_step_s)
 
@@ -256,6 +258,7 @@ class RoundRobinPolicy(Policy):
         return self._price_local(request, instance, match)
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        loads = list(loads)  # read once: the view hands out columns
         load = baselines.next_in_turn(
             loads, [load.instance.instance_id for load in loads], self.cursor.last_decode
         )
@@ -283,6 +286,7 @@ class DynamoKvPolicy(Policy):
         )
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        loads = list(loads)  # read once: the view hands out columns
         chosen = peer_scores.dynamo_decode_pick(request, [load.instance for load in loads])
         return choice_for(
             request,
@@ -308,6 +312,7 @@ class LlmdScorePolicy(Policy):
         )
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        loads = list(loads)  # read once: the view hands out columns
         chosen = peer_scores.llmd_decode_pick([load.instance for load in loads])
         return choice_for(
             request,
