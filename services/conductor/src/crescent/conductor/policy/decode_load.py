@@ -41,7 +41,7 @@ def step_fn(instance: InstanceSnapshot, default: DecodeStepFn) -> DecodeStepFn:
 
 _new_load = partial(tuple.__new__, DecodeLoad)  # DecodeLoad._make in C: one per row read
 _SEGMENT = 16  # instances bounded with one evaluation of the base models
-PRICE_ALL_UP_TO = 64  # up to this many instances each is priced: bounding costs more
+PRICE_ALL_UP_TO = 16  # up to this many instances each is priced: bounding costs more
 
 
 class DecodeLoads(Sequence[DecodeLoad]):

@@ -29,7 +29,7 @@ from crescent.conductor.policy.snapshot import InstanceSnapshot
 DEFAULT_BALANCING_THRESHOLD = 1.5
 # Up to this many candidates each is priced in full: a handful of numpy calls cost more than
 # that. Above it, they are bounded in numpy and only the few that can win are priced.
-PRICE_ALL_UP_TO = 64
+PRICE_ALL_UP_TO = 16
 
 
 class _NodePlan(NamedTuple):
