@@ -8,6 +8,7 @@ from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.policy import CostPredictors, least_loaded
+from crescent.conductor.policy.columns import InstanceColumns
 from crescent.conductor.policy.eligibility import eligible_decode, eligible_prefill
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 from crescent.conductor.pricing import Pricing
@@ -154,7 +155,7 @@ def test_a_silent_instance_is_stale_but_still_registered(caplog):
     with caplog.at_level("INFO"):
         view.log_changes(clock.now)
         view.log_changes(clock.now)
-    assert eligible_prefill(view.snapshot("prefill", "m", clock.now)) == []
+    assert list(eligible_prefill(view.snapshot("prefill", "m", clock.now))) == []
     assert view.started_at("prefill", "p0") is not None and view.models() == {"m": 0}
     assert [r.message for r in caplog.records].count(
         "instance stale: no new work until its telemetry resumes"
@@ -252,6 +253,11 @@ def test_kept_snapshots_equal_snapshots_built_anew_through_any_changes():
         kept = view.snapshot("prefill", "m", clock.now, pricing)
         anew = view.snapshot("prefill", "m", clock.now)
         assert [msgspec.structs.replace(s, costs=None) for s in kept] == anew
+        # The columns the view updates in place say what columns built from its snapshots say.
+        built = InstanceColumns.of(list(kept))
+        for name in ("queue_s", "is_usable", "kv_free", "num_running", "num_context", "model"):
+            assert getattr(kept, name).tolist() == getattr(built, name).tolist(), name
+        assert [kept.roots[r] for r in kept.root] == [built.roots[r] for r in built.root]
 
 
 def test_a_running_job_past_its_prediction_leaves_the_queue_behind_it_whole():

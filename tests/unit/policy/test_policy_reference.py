@@ -1,14 +1,17 @@
 """The fast decision path against a straightforward reference, on random clusters.
 
-The policy matches a request once through the block index's node bitmasks, skips prefill
-instances whose TTFT floor exceeds the best found, and visits decode instances by context
-until the TBT floor exceeds the best. The reference below does none of that: per instance it
-scans the node's blocks, finds the fastest source by brute force, prices Algorithm 1, and
-evaluates the TBT model on every decode instance. Both must pick the same instances, with the
-same predictions, ties included (queue times and loads are drawn from small sets so that
-ties are common). With per-instance models (`costs`, as the conductor's Pricing builds them:
-a shared base, scaled by the instance's corrections) the reference prices each instance with
-its own model; the policy bounds them through their bases.
+The policy matches a request once through the block index's node bitmasks, reads the
+instances as columns (policy/columns.py: filters, queue times and bounds in numpy passes),
+skips prefill instances whose TTFT floor exceeds the best found, and visits decode instances
+by context in segments, pricing only those whose TBT floor does not exceed the best. The
+reference below does none of that: per instance it scans the node's blocks, finds the fastest
+source by brute force, prices Algorithm 1, and evaluates the TBT model on every decode
+instance. Both must pick the same instances, with the same predictions, ties included (queue
+times and loads are drawn from small sets so that ties are common); some instances are stale,
+not accepting, or without KV room, so the policy works on subsets of its columns. With
+per-instance models (`costs`, as the conductor's Pricing builds them: a shared base, scaled by
+the instance's corrections) the reference prices each instance with its own model; the policy
+bounds them through their bases.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from crescent.conductor.policy import (
     InstanceSnapshot,
     Policy,
     ScheduleRequest,
+    decode_load,
+    kv_centric,
     make_policy,
 )
 from crescent.conductor.policy.kv_centric import exceeds_threshold
@@ -92,6 +97,8 @@ def reference_prefill(
     best_nodes = sorted(node for node, run in runs.items() if run == best and best)
     priced = []
     for instance in snapshot.prefill:
+        if instance.is_stale or not instance.is_accepting:
+            continue
         model = model_of(instance)
         local = held_run(instance.node)
         source, transfer, blocks = None, 0.0, local
@@ -118,7 +125,7 @@ def reference_decode(request: ScheduleRequest, snapshot: ClusterSnapshot) -> tup
             d.instance_id,
         )
         for d in snapshot.decode
-        if d.kv_free_tokens >= request.num_kv_tokens
+        if d.kv_free_tokens >= request.num_kv_tokens and not d.is_stale and d.is_accepting
     ]
     tbt, instance_id = min(priced)
     return instance_id, tbt
@@ -163,6 +170,8 @@ def clusters(draw, per_instance: bool = False):
             rng.choice([0.0, 0.05, 0.1, 0.5]),
             0,
             0,
+            is_stale=i > 0 and rng.random() < 0.1,
+            is_accepting=i == 0 or rng.random() > 0.1,
             costs=instance_model(rng, per_instance),
         )
         for i in range(rng.randint(1, 2 * num_nodes))
@@ -176,11 +185,14 @@ def clusters(draw, per_instance: bool = False):
             0.0,
             used,
             60_000,
+            is_stale=i > 0 and rng.random() < 0.1,
+            is_accepting=i == 0 or rng.random() > 0.1,
             context_tokens=rng.choice([None, 0, 2000, 9000, 30000]),
             costs=instance_model(rng, per_instance),
         )
         for i in range(rng.randint(1, 80))
-        for used in [rng.choice([0, 1000, 30_000])]
+        # some without room for the request (the first always has room)
+        for used in [rng.choice([0, 1000, 30_000] if i == 0 else [0, 1000, 30_000, 59_900])]
     ]
     family = rng.choice(families)
     num_blocks = rng.randint(0, 24)
@@ -230,6 +242,18 @@ KEPT_POLICY = make_policy(
 
 
 def check_against_reference(case, policy: Policy | None = None) -> None:
+    """The decision equals the reference's, with the policy's own choice of pricing every
+    instance or bounding them, and with bounds however few the instances are."""
+    check_one(case, policy)
+    bounded_from = (kv_centric.PRICE_ALL_UP_TO, decode_load.PRICE_ALL_UP_TO)
+    kv_centric.PRICE_ALL_UP_TO = decode_load.PRICE_ALL_UP_TO = 0
+    try:
+        check_one(case, policy)
+    finally:
+        kv_centric.PRICE_ALL_UP_TO, decode_load.PRICE_ALL_UP_TO = bounded_from
+
+
+def check_one(case, policy: Policy | None = None) -> None:
     holdings, snapshot, request = case
     if policy is None:
         policy = make_policy(

@@ -3,6 +3,8 @@ on a cluster priced the way the conductor prices one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from crescent.bench.schedule_bench import format_table, run_schedule_bench
 from crescent.bench.schedule_cluster import MODEL, build_conductor
 
@@ -27,3 +29,25 @@ def test_bench_cluster_is_priced_per_instance_with_prefixes_to_reuse():
     for request in load.requests[:4]:
         load.between_decisions(scheduler.schedule(request, MODEL))
     assert scheduler.inflight  # decisions are admitted and recorded
+
+
+def test_a_retry_leaves_out_the_excluded_instances():
+    """A retry (exclude) takes rows out of the view's columns before the usable-instance filter:
+    the decision is the one the policy makes on the remaining instances' snapshots."""
+    load = build_conductor(8, 16)
+    scheduler, request = load.scheduler, load.requests[1]
+    first = scheduler.schedule(request, MODEL)
+    excluded = {first.prefill.instance_id, first.decode.instance_id}
+    retry = scheduler.schedule(request, MODEL, excluded)
+    assert retry.prefill.instance_id not in excluded and retry.decode.instance_id not in excluded
+    now = load.clock.now
+    snapshot = scheduler._snapshot(MODEL, now, ())
+    remaining = dataclasses.replace(
+        snapshot,
+        prefill=[s for s in snapshot.prefill if s.instance_id not in excluded],
+        decode=[s for s in snapshot.decode if s.instance_id not in excluded],
+    )
+    assert scheduler.policy.choose(request, remaining, now) == retry
+    others = {s.instance_id for s in snapshot.prefill} - {"prefill-003"}
+    only = scheduler.schedule(request, MODEL, others)
+    assert only.prefill.instance_id == "prefill-003"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -35,7 +35,7 @@ from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.conductor.policy.decision import CostPredictors
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 from crescent.conductor.pricing import Pricing, reported_queue_s
-from crescent.conductor.view_cache import Key, Refreshed, RoleSnapshots
+from crescent.conductor.view_cache import Key, Refreshed, RoleColumns
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,9 @@ class InstanceState:
     # ~2 ms building snapshots anew. Its queue time is that of the last decision.
     snapshot: InstanceSnapshot | None = None
     queue_base_s: float = 0.0  # reported queue × the instance's correction − the running job's time
+    # Its cost model and queue ratio as the pricing last gave them, until the pricing says its
+    # price moved (Pricing.take_changed): telemetry and assignments do not ask again.
+    price: tuple[CostPredictors, float] | None = None
 
 
 @dataclass
@@ -68,8 +71,8 @@ class ClusterView:
     default_period_s: float = 0.25
     instances: dict[tuple[str, str], InstanceState] = field(default_factory=dict)
     last_heard_any: float = 0.0  # when the newest telemetry from any instance was received
-    # (role, model) → its priced snapshots as of the last decision (view_cache)
-    _groups: dict[tuple[str, str], RoleSnapshots] = field(default_factory=dict)
+    # (role, model) → its priced instances as of the last decision (view_cache)
+    _groups: dict[tuple[str, str], RoleColumns] = field(default_factory=dict)
 
     def apply_registry(self, event: MirrorEvent) -> None:
         """A change under instances/<role>/<id> in etcd."""
@@ -105,6 +108,7 @@ class ClusterView:
         else:
             known.info = info
             known.snapshot = None
+            known.price = None
             self._groups.clear()
 
     def apply_load(self, load: InstanceLoad) -> None:
@@ -169,14 +173,14 @@ class ClusterView:
 
     def snapshot(
         self, role: str, model: str, now: float, pricing: Pricing | None = None
-    ) -> list[InstanceSnapshot]:
+    ) -> Sequence[InstanceSnapshot]:
         """Registered instances of `role` serving `model`, with this conductor's recent assignments
         added; stale or not accepting ones are flagged, for the policies to leave out. With
         `pricing`, each carries its own cost model and its reported queue is corrected with it.
 
-        Priced snapshots are kept per instance until something about it changes (`pricing` says
-        whose price moved); per decision only busy instances get a new one, for the queue that
-        drained since, and only instances not heard from within the window are judged again."""
+        Priced, they come as columns (InstanceColumns), kept per instance until something about
+        it changes (`pricing` says whose price moved); per decision the queues drain in one
+        vectorised pass, and only instances not heard from within the window are judged again."""
         if pricing is None:
             return [
                 self._queued(
@@ -186,25 +190,29 @@ class ClusterView:
                 if r == role and s.info.model == model
             ]
         for key in pricing.take_changed():
-            self._mark(key)
+            self._mark(key, is_repriced=True)
         group = self._groups.get((role, model))
 
         def refresh(key: Key) -> Refreshed:
             return self._refresh(key, now, pricing)
 
+        if group is not None:
+            group.refresh_dirty(refresh)
         if group is None or not now < group.sure_until:
             members = {
                 k: s for k, s in self.instances.items() if k[0] == role and s.info.model == model
             }
-            group = self._groups[(role, model)] = RoleSnapshots.build(members, refresh)
-            return list(group.snapshots)
-        return group.update(refresh, now)
+            group = self._groups[(role, model)] = RoleColumns.build(members, refresh)
+        return group.columns(now)
 
-    def _mark(self, key: Key) -> None:
-        """Something about the instance changed: its snapshot is built anew at the next look."""
+    def _mark(self, key: Key, is_repriced: bool = False) -> None:
+        """Something about the instance changed: its snapshot is built anew at the next look
+        (priced anew too when `is_repriced`)."""
         state = self.instances.get(key)
         if state is not None:
             state.snapshot = None
+            if is_repriced:
+                state.price = None
             group = self._groups.get((key[0], state.info.model))
             if group is not None and key in group.position:
                 group.dirty.add(key)
@@ -223,28 +231,28 @@ class ClusterView:
         is_stale = False if is_heard else not self.is_live(state, now)
         snapshot = state.snapshot
         if snapshot is None or snapshot.is_stale != is_stale:
-            costs = pricing.predictors(role, instance_id, state.info.model)
+            if state.price is None:
+                state.price = (
+                    pricing.predictors(role, instance_id, state.info.model),
+                    pricing.queue_ratio(instance_id),
+                )
+            costs, queue_ratio = state.price
             snapshot = self._build_snapshot(role, instance_id, state, is_stale, costs)
-            state.queue_base_s = (
-                reported_queue_s(load, pricing.queue_ratio(instance_id))
-                if load is not None
-                else 0.0
-            )
-        queue_s, is_busy = self._drained(state, now)
+            state.queue_base_s = reported_queue_s(load, queue_ratio) if load is not None else 0.0
+        queue_s = self._drained(state, now)
         if queue_s != snapshot.queue_time_s:
             snapshot = msgspec.structs.replace(snapshot, queue_time_s=queue_s)
         state.snapshot = snapshot
-        return Refreshed(snapshot, sure_until, is_busy)
+        return Refreshed(snapshot, sure_until)
 
     @staticmethod
-    def _drained(state: InstanceState, now: float) -> tuple[float, bool]:
-        """The queue left now (ClusterView._queue_s with the ratio applied at the last refresh,
-        plus this conductor's assignments), and whether it can still drain further."""
+    def _drained(state: InstanceState, now: float) -> float:
+        """The queue left now: ClusterView._queue_s with the ratio applied at the last refresh,
+        plus this conductor's assignments (view_cache.RoleColumns drains all rows the same way)."""
         queue_s = state.queue_s_assigned_since_load
         if state.load is None:
-            return queue_s, False
-        reported_s = max(0.0, state.queue_base_s - max(0.0, now - state.load_received_at))
-        return reported_s + queue_s, reported_s > 0
+            return queue_s
+        return max(0.0, state.queue_base_s - max(0.0, now - state.load_received_at)) + queue_s
 
     def _queued(
         self, snapshot: InstanceSnapshot, state: InstanceState, now: float, ratio: float

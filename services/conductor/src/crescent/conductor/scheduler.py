@@ -41,6 +41,7 @@ from crescent.conductor.policy import (
     make_policy,
 )
 from crescent.conductor.policy.block_heat import BlockHeat
+from crescent.conductor.policy.columns import InstanceColumns
 from crescent.conductor.policy.correction import CostCorrection
 from crescent.conductor.policy.decode_load import step_fn
 from crescent.conductor.policy.eligibility import is_usable
@@ -165,8 +166,8 @@ class Scheduler:
         prefills = self.view.snapshot("prefill", model, now, self.pricing)
         decodes = self.view.snapshot("decode", model, now, self.pricing)
         if exclude:  # a retry: most requests exclude nothing, and skip two passes
-            prefills = [s for s in prefills if s.instance_id not in exclude]
-            decodes = [s for s in decodes if s.instance_id not in exclude]
+            prefills = InstanceColumns.of(prefills).without(exclude)
+            decodes = InstanceColumns.of(decodes).without(exclude)
         return ClusterSnapshot(
             prefill=prefills,
             decode=decodes,

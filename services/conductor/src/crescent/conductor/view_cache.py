@@ -1,22 +1,25 @@
-"""The conductor's priced snapshots of one role of one model, kept from decision to decision.
+"""The conductor's priced instances of one role of one model, kept as columns between decisions.
 
-ClusterView.snapshot runs for both roles on every request. Building every instance's snapshot
-anew cost ~0.7 µs an instance, 0.7 ms a decision at 512 + 512 instances; this keeps the list and
-redoes only what can have moved since the last decision: the instances whose telemetry,
-assignments or price changed (`dirty`), the busy ones (a queue drains with the clock), and all
-of them once the first of them is no longer heard within the liveness window (from then on its
-liveness depends on what the others were heard saying, ClusterView.is_live). The clock only
-moves forward (a drained queue is not looked at again until the instance's next telemetry).
+ClusterView.snapshot runs for both roles on every request. This keeps each instance's snapshot
+and its row of the columns a decision reads (policy/columns.py), and redoes only what can have
+moved since the last decision: the rows whose telemetry, assignments or price changed
+(`dirty`), and all of them once some row's own telemetry is out of the liveness window (from
+then on its liveness depends on what the others were heard saying, ClusterView.is_live). Queues
+drain with the clock: every row's queue is one vectorised pass per decision over what its last
+telemetry reported (scaled by its correction at the last refresh), the time since, and this
+conductor's own assignments, instead of a new snapshot per busy instance.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import msgspec
+import numpy as np
 
+from crescent.conductor.policy.columns import NO_MODEL, InstanceColumns, model_terms
+from crescent.conductor.policy.decision import CostPredictors
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 
 if TYPE_CHECKING:  # the view's state type; cluster_view imports this module
@@ -27,64 +30,137 @@ Key = tuple[str, str]  # (role, instance id)
 
 @dataclass
 class Refreshed:
-    """One instance's snapshot at `now`, and what says when it must be looked at again."""
+    """One instance's snapshot at `now`, and until when its liveness needs no second look."""
 
     snapshot: InstanceSnapshot
     sure_until: float  # live by its own telemetry until then (-inf: judged from the others')
-    is_busy: bool  # its queue may be > 0: recomputed at every decision
 
 
-@dataclass
-class RoleSnapshots:
-    states: list[InstanceState]  # the view's own objects, in registry order
-    snapshots: list[InstanceSnapshot]  # the same order
-    busy: set[int]
-    sure_until: float
-    position: dict[Key, int] = field(default_factory=dict)
-    dirty: set[Key] = field(default_factory=set)
+class RoleColumns:
+    """One group's rows, in registry order: the view's states, their snapshots, and the columns
+    (numpy arrays updated in place; copies are handed out, and handed out again while no row
+    changed)."""
+
+    def __init__(self, members: Mapping[Key, InstanceState]) -> None:
+        size = len(members)
+        self.states = list(members.values())
+        self.position = {key: i for i, key in enumerate(members)}
+        self.rows: list[InstanceSnapshot] = []
+        self.ids = [instance_id for _, instance_id in members]
+        self.nodes = [state.info.node for state in self.states]
+        self.dirty: set[Key] = set()
+        self.sure = np.empty(size)  # per row: live by its own telemetry until then (Refreshed)
+        # Queue of a row at `now`: max(0, queue_base - max(0, now - received_at)) + assigned,
+        # ClusterView._drained's sum (queue_base is -inf before any telemetry).
+        self.queue_base = np.empty(size)
+        self.received_at = np.empty(size)
+        self.assigned = np.empty(size)
+        self.is_usable = np.empty(size, dtype=bool)
+        self.kv_free = np.empty(size, dtype=np.int64)
+        self.num_running = np.empty(size, dtype=np.int64)
+        self.num_context = np.empty(size, dtype=np.int64)
+        self.model = np.empty((size, 4))
+        self.root = np.empty(size, dtype=np.int64)
+        self.roots: list[CostPredictors] = []
+        self._root_position: dict[int, int] = {}
+        # Per row, what its columns other than the queue's hold; rows that come back unchanged
+        # (most telemetry of a busy prefill moves only its queue) write nothing, and while none
+        # changed, the arrays last handed out are handed out again instead of new copies.
+        self._fixed: list[tuple | None] = [None] * size
+        self._handed: InstanceColumns | None = None
 
     @classmethod
     def build(
         cls, members: Mapping[Key, InstanceState], refresh: Callable[[Key], Refreshed]
-    ) -> RoleSnapshots:
-        snapshots, busy, sure_until = [], set(), float("inf")
+    ) -> RoleColumns:
+        group = cls(members)
         for position, key in enumerate(members):
             entry = refresh(key)
-            snapshots.append(entry.snapshot)
-            sure_until = min(sure_until, entry.sure_until)
-            if entry.is_busy:
-                busy.add(position)
-        position = {key: i for i, key in enumerate(members)}
-        return cls(list(members.values()), snapshots, busy, sure_until, position)
+            group.rows.append(entry.snapshot)
+            group._set_row(position, entry)
+        return group
 
-    def update(self, refresh: Callable[[Key], Refreshed], now: float) -> list[InstanceSnapshot]:
-        """The snapshots at `now`: dirty instances refreshed, busy queues drained (the reported
-        queue, scaled at the last refresh, less the time since, plus this conductor's own
-        assignments; the same sum as ClusterView._queue_s)."""
+    @property
+    def sure_until(self) -> float:
+        """Until then no row's liveness needs a second look (then all are judged again)."""
+        return float(self.sure.min()) if len(self.sure) else float("inf")
+
+    def refresh_dirty(self, refresh: Callable[[Key], Refreshed]) -> None:
         for key in self.dirty:
             position = self.position[key]
             entry = refresh(key)
-            self.snapshots[position] = entry.snapshot
-            self.sure_until = min(self.sure_until, entry.sure_until)
-            if entry.is_busy:
-                self.busy.add(position)
+            self.rows[position] = entry.snapshot
+            self._set_row(position, entry)
         self.dirty.clear()
-        replace = msgspec.structs.replace
-        idle = []
-        states, snapshots = self.states, self.snapshots
-        # Once per busy instance per decision, so no call beyond the replace: the time since
-        # the telemetry is never negative (the clock only moves forward), and max(0, x) is an
-        # if.
-        for position in self.busy:
-            state = states[position]
-            reported_s = state.queue_base_s - (now - state.load_received_at)
-            if reported_s > 0.0:
-                queue_s = reported_s + state.queue_s_assigned_since_load
-            else:  # drained: it stays so until its next telemetry
-                queue_s = 0.0 + state.queue_s_assigned_since_load
-                idle.append(position)
-            snapshot = snapshots[position]
-            if queue_s != snapshot.queue_time_s:
-                snapshots[position] = replace(snapshot, queue_time_s=queue_s)
-        self.busy.difference_update(idle)
-        return list(self.snapshots)
+
+    def columns(self, now: float) -> InstanceColumns:
+        """The instances at `now`: every queue drained to `now` in one pass."""
+        age = np.maximum(now - self.received_at, 0.0)
+        queue_s = np.maximum(self.queue_base - age, 0.0) + self.assigned
+        handed = self._handed
+        if handed is None:
+            handed = self._handed = InstanceColumns(
+                self.rows,
+                queue_s,
+                self.is_usable.copy(),
+                self.kv_free.copy(),
+                self.num_running.copy(),
+                self.num_context.copy(),
+                self.model.copy(),
+                self.root.copy(),
+                list(self.roots),
+                list(self.ids),
+                list(self.nodes),
+            )
+        return InstanceColumns(
+            list(self.rows),
+            queue_s,
+            handed.is_usable,
+            handed.kv_free,
+            handed.num_running,
+            handed.num_context,
+            handed.model,
+            handed.root,
+            handed.roots,
+            handed.ids,
+            handed.nodes,
+        )
+
+    def _set_row(self, position: int, entry: Refreshed) -> None:
+        self.sure[position] = entry.sure_until
+        state, snapshot = self.states[position], entry.snapshot
+        self.queue_base[position] = state.queue_base_s if state.load is not None else -np.inf
+        self.received_at[position] = state.load_received_at
+        self.assigned[position] = state.queue_s_assigned_since_load
+        fixed = (
+            not snapshot.is_stale and snapshot.is_accepting,
+            snapshot.kv_capacity_tokens - snapshot.kv_used_tokens,
+            snapshot.num_running,
+            snapshot.num_context_tokens,
+            model_terms(snapshot.costs),
+            self._root_of(snapshot.costs),
+            snapshot.node,
+        )
+        if fixed == self._fixed[position]:
+            return
+        self._fixed[position] = fixed
+        self._handed = None
+        (
+            self.is_usable[position],
+            self.kv_free[position],
+            self.num_running[position],
+            self.num_context[position],
+            self.model[position],
+            self.root[position],
+            self.nodes[position],
+        ) = fixed
+
+    def _root_of(self, costs: CostPredictors | None) -> int:
+        if costs is None:
+            return NO_MODEL
+        root = costs.root
+        position = self._root_position.get(id(root))
+        if position is None:  # the list keeps the object alive, so its id is not reused
+            position = self._root_position[id(root)] = len(self.roots)
+            self.roots.append(root)
+        return position

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crescent.conductor.policy.decision import DecodeChoice, PrefillChoice, Rejection, RejectReason
-from crescent.conductor.policy.decode_load import DecodeLoad, current_loads, projected_loads
+from crescent.conductor.policy.decode_load import DecodeLoads, current_loads, projected_loads
 from crescent.conductor.policy.decode_time import DecodeTimeEstimator
 from crescent.conductor.policy.snapshot import ClusterSnapshot, InstanceSnapshot
 
@@ -52,7 +52,7 @@ class Admission(ABC):
         snapshot: ClusterSnapshot,
         prefill: PrefillChoice,
         now: float,
-    ) -> list[DecodeLoad]:
+    ) -> DecodeLoads:
         """The decode load the decode choice and the TBT test see: the current one by default."""
         return current_loads(decodes)
 
@@ -127,7 +127,7 @@ class PredictiveRejection(EarlyRejection):
         snapshot: ClusterSnapshot,
         prefill: PrefillChoice,
         now: float,
-    ) -> list[DecodeLoad]:
+    ) -> DecodeLoads:
         return projected_loads(
             decodes,
             snapshot.inflight,

@@ -10,10 +10,14 @@ join. With nothing leaving or joining the projection is the current load, exactl
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from operator import attrgetter, itemgetter
-from typing import NamedTuple
+from collections.abc import Iterator, Sequence
+from functools import partial
+from operator import mul
+from typing import NamedTuple, overload
 
+import numpy as np
+
+from crescent.conductor.policy.columns import InstanceColumns
 from crescent.conductor.policy.decision import DecodeChoice, DecodeStepFn, ScheduleRequest
 from crescent.conductor.policy.snapshot import InflightRequest, InstanceSnapshot
 
@@ -35,22 +39,56 @@ def step_fn(instance: InstanceSnapshot, default: DecodeStepFn) -> DecodeStepFn:
     return instance.costs.decode_step_s if instance.costs is not None else default
 
 
-_num_running = itemgetter(1)
-_num_context = itemgetter(2)
-_BOUND_EVERY = 8  # instances visited per evaluation of the bound
+_new_load = partial(tuple.__new__, DecodeLoad)  # DecodeLoad._make in C: one per row read
+_SEGMENT = 16  # instances bounded with one evaluation of the base models
+PRICE_ALL_UP_TO = 16  # up to this many instances each is priced: bounding costs more
 
 
-def current_loads(instances: Sequence[InstanceSnapshot]) -> list[DecodeLoad]:
-    # tuple.__new__ and the context read inline: a decision builds one load per decode
-    # instance, and NamedTuple's Python-level constructor plus a property cost 8× as much.
-    new = tuple.__new__
-    return [
-        new(
-            DecodeLoad,
-            (s, s.num_running, s.kv_used_tokens if s.context_tokens is None else s.context_tokens),
+class DecodeLoads(Sequence[DecodeLoad]):
+    """Decode instances (as columns) with the load each is judged at, one array a field; read
+    as a list of DecodeLoad by the baselines, which visit every instance anyway."""
+
+    __slots__ = ("instances", "num_context", "num_running")
+
+    def __init__(
+        self, instances: InstanceColumns, num_running: np.ndarray, num_context: np.ndarray
+    ) -> None:
+        self.instances = instances
+        self.num_running = num_running
+        self.num_context = num_context
+
+    @classmethod
+    def of(cls, loads: Sequence[DecodeLoad]) -> DecodeLoads:
+        """`loads` as columns (themselves if they already are)."""
+        if isinstance(loads, DecodeLoads):
+            return loads
+        return cls(
+            InstanceColumns.of([load.instance for load in loads]),
+            np.array([load.num_running for load in loads], dtype=np.int64),
+            np.array([load.num_context_tokens for load in loads], dtype=np.int64),
         )
-        for s in instances
-    ]
+
+    def __len__(self) -> int:
+        return len(self.instances)
+
+    @overload
+    def __getitem__(self, i: int) -> DecodeLoad: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[DecodeLoad]: ...
+    def __getitem__(self, i: int | slice) -> DecodeLoad | list[DecodeLoad]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        return DecodeLoad(self.instances[i], int(self.num_running[i]), int(self.num_context[i]))
+
+    def __iter__(self) -> Iterator[DecodeLoad]:
+        return map(
+            _new_load, zip(self.instances, self.num_running.tolist(), self.num_context.tolist())
+        )
+
+
+def current_loads(instances: Sequence[InstanceSnapshot]) -> DecodeLoads:
+    columns = InstanceColumns.of(instances)
+    return DecodeLoads(columns, columns.num_running, columns.num_context)
 
 
 def projected_loads(
@@ -58,29 +96,28 @@ def projected_loads(
     inflight: Sequence[InflightRequest],
     at_s: float,
     decode_time_s: float,
-) -> list[DecodeLoad]:
+) -> DecodeLoads:
     """Each instance's load at time `at_s`, from its current load and the requests in flight."""
-    delta: dict[str, list[int]] = {}
+    columns = InstanceColumns.of(instances)
+    position = {instance_id: i for i, instance_id in enumerate(columns.ids)} if inflight else {}
+    running_change = np.zeros(len(columns), dtype=np.int64)
+    context_change = np.zeros(len(columns), dtype=np.int64)
     for request in inflight:
         ends_by_then = request.decode_start_s + decode_time_s <= at_s
         if request.is_decoding:
             sign = -1 if ends_by_then else 0
         else:
             sign = 1 if request.decode_start_s <= at_s and not ends_by_then else 0
-        if sign:
-            change = delta.setdefault(request.decode_instance_id, [0, 0])
-            change[0] += sign
-            change[1] += sign * request.num_context_tokens
-    loads = []
-    for s in instances:
-        change = delta.get(s.instance_id, (0, 0))
-        # Telemetry and the conductor's own records can disagree briefly: never below empty.
-        loads.append(
-            DecodeLoad(
-                s, max(0, s.num_running + change[0]), max(0, s.num_context_tokens + change[1])
-            )
-        )
-    return loads
+        row = position.get(request.decode_instance_id)
+        if sign and row is not None:
+            running_change[row] += sign
+            context_change[row] += sign * request.num_context_tokens
+    # Telemetry and the conductor's own records can disagree briefly: never below empty.
+    return DecodeLoads(
+        columns,
+        np.maximum(columns.num_running + running_change, 0),
+        np.maximum(columns.num_context + context_change, 0),
+    )
 
 
 def choose_by_tbt(
@@ -90,54 +127,85 @@ def choose_by_tbt(
     model (`decode_step_s` for those without one); ties to the smaller id. `loads` must already
     be filtered for KV room (eligibility.eligible_decode).
 
-    A step takes no less time with more requests or more context (DecodeStepFn), so instances
-    are visited by context, and once the smallest batch with the next instance's context would
-    already be slower than the best so far, under every base model and the smallest decode
-    correction of any instance, no later instance can win or tie: at hundreds of instances the
-    models are evaluated for a few of them.
+    A step takes no less time with more requests or more context (DecodeStepFn), and an
+    instance's model is its decode ratio times its base's. So instances are visited by context
+    in segments: each base priced at the segment's smallest context with the smallest batch,
+    times an instance's own ratio, bounds the instance's TBT from below, and a segment's
+    instances are priced by bound while it does not exceed the best TBT so far; once no
+    instance's bound can be that low, no later instance can win or tie. At hundreds of
+    instances a few are priced.
     """
     if not loads:
         return None
-    best_id, best_tbt = "", math.inf
     prompt = request.num_prompt_tokens
-    floor_steps, ratio = _step_floors(loads, decode_step_s)
-    fewest_running = min(map(_num_running, loads))
-    for visited, (instance, num_running, num_context_tokens) in enumerate(
-        sorted(loads, key=_num_context)
-    ):
-        if visited % _BOUND_EVERY == _BOUND_EVERY - 1:
-            floor = min(
-                step(fewest_running + 1, num_context_tokens + prompt) for step in floor_steps
+    if len(loads) <= PRICE_ALL_UP_TO:  # a few: pricing each costs less than bounding them
+        tbt, instance_id = min(
+            (
+                step_fn(instance, decode_step_s)(num_running + 1, num_context + prompt),
+                instance.instance_id,
             )
-            if floor >= 0 and ratio * floor > best_tbt:
+            for instance, num_running, num_context in loads
+        )
+        return DecodeChoice(instance_id, tbt)
+    loads = DecodeLoads.of(loads)
+    columns = loads.instances
+    best_id, best_tbt = "", math.inf
+    smallest_batch = int(loads.num_running.min()) + 1
+    order = np.argsort(loads.num_context, kind="stable")
+    # Floors are indexed by root + 1: a row without a model (NO_MODEL) reads slot 0.
+    slots = columns.root[order] + 1
+    ratios = columns.decode_ratio[order]
+    bases = _bases(columns, decode_step_s, ratios, slots)
+    floors = [0.0] * (len(columns.roots) + 1)
+    contexts = loads.num_context[order]
+    for start in range(0, len(order), _SEGMENT):
+        context = int(contexts[start]) + prompt
+        least_bound = math.inf
+        for slot, step, least_ratio in bases:
+            floor = floors[slot] = step(smallest_batch, context)
+            least_bound = min(least_bound, least_ratio * floor if floor >= 0 else -math.inf)
+        if least_bound > best_tbt:
+            break
+        # A segment is a few rows: as lists, for which Python beats more numpy calls.
+        end = start + _SEGMENT
+        positions = order[start:end]
+        segment = sorted(
+            zip(
+                map(
+                    mul,
+                    ratios[start:end].tolist(),
+                    map(floors.__getitem__, slots[start:end].tolist()),
+                ),
+                positions.tolist(),
+                loads.num_running[positions].tolist(),
+                contexts[start:end].tolist(),
+            )
+        )
+        for bound, position, num_running, num_context in segment:
+            if bound > best_tbt:  # so are the rest of the segment's
                 break
-        step_s = decode_step_s if instance.costs is None else instance.costs.decode_step_s
-        tbt = step_s(num_running + 1, num_context_tokens + prompt)
-        if tbt < best_tbt or (tbt == best_tbt and instance.instance_id < best_id) or not best_id:
-            best_id, best_tbt = instance.instance_id, tbt
+            costs = columns.costs_of(position)
+            step_s = decode_step_s if costs is None else costs.decode_step_s
+            tbt = step_s(num_running + 1, num_context + prompt)
+            instance_id = columns.id_of(position)
+            if tbt < best_tbt or (tbt == best_tbt and instance_id < best_id) or not best_id:
+                best_id, best_tbt = instance_id, tbt
     return DecodeChoice(best_id, best_tbt)
 
 
-def _step_floors(
-    loads: Sequence[DecodeLoad], default: DecodeStepFn
-) -> tuple[list[DecodeStepFn], float]:
-    """The base step models of the instances' cost models, and the smallest ratio any applies
-    to its base: for every instance, step >= ratio · min over bases (bases non-negative)."""
-    models = [load.instance.costs for load in loads]
-    derived = [model for model in models if model is not None]
-    if not derived:
-        return [default], 1.0
-    roots = [base or model for base, model in zip(map(_base, derived), derived)]
-    bases = {id(root): root.decode_step_s for root in dict(zip(map(id, roots), roots)).values()}
-    ratio = min(map(_decode_ratio, derived))
-    if len(derived) < len(models):
-        bases[id(default)] = default
-        ratio = min(ratio, 1.0)
-    return list(bases.values()), ratio
-
-
-_decode_ratio = attrgetter("decode_ratio")
-_base = attrgetter("base")
+def _bases(
+    columns: InstanceColumns, default: DecodeStepFn, ratios: np.ndarray, slots: np.ndarray
+) -> list[tuple[int, DecodeStepFn, float]]:
+    """Per base model of the instances (by slot: root + 1), its step model and the smallest
+    decode ratio an instance applies to it."""
+    return [
+        (
+            slot,
+            default if slot == 0 else columns.roots[slot - 1].decode_step_s,
+            float(ratios[slots == slot].min()),
+        )
+        for slot in np.flatnonzero(np.bincount(slots)).tolist()
+    ]
 
 
 def choice_for(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from crescent.conductor.policy.columns import InstanceColumns
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 
 
@@ -12,20 +13,14 @@ def is_usable(snapshot: InstanceSnapshot) -> bool:
     return not snapshot.is_stale and snapshot.is_accepting
 
 
-def eligible_prefill(snapshots: Sequence[InstanceSnapshot]) -> list[InstanceSnapshot]:
+def eligible_prefill(snapshots: Sequence[InstanceSnapshot]) -> InstanceColumns:
     """Live prefill instances that take work. Prefill queues requests, so its KV room is not a
     filter here: "full" is the instance's own verdict (`is_accepting`)."""
-    return [s for s in snapshots if not s.is_stale and s.is_accepting]
+    columns = InstanceColumns.of(snapshots)
+    return columns.where(columns.is_usable)
 
 
-def eligible_decode(
-    snapshots: Sequence[InstanceSnapshot], num_kv_tokens: int
-) -> list[InstanceSnapshot]:
+def eligible_decode(snapshots: Sequence[InstanceSnapshot], num_kv_tokens: int) -> InstanceColumns:
     """Live decode instances with KV room for the whole request (prompt + max output)."""
-    return [
-        s
-        for s in snapshots
-        if not s.is_stale
-        and s.is_accepting
-        and s.kv_capacity_tokens - s.kv_used_tokens >= num_kv_tokens
-    ]
+    columns = InstanceColumns.of(snapshots)
+    return columns.where(columns.is_usable & (columns.kv_free >= num_kv_tokens))

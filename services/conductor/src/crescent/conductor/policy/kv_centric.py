@@ -14,19 +14,22 @@ Without transfers (`allow_transfer=False`) this is the paper's local cache-aware
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from itertools import compress, repeat
-from operator import add, attrgetter, le, mul, truediv
+from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import NamedTuple
+
+import numpy as np
 
 from crescent.common.block_index import PrefixMatch
 from crescent.conductor.policy.bandwidth import BandwidthTable
+from crescent.conductor.policy.columns import InstanceColumns
 from crescent.conductor.policy.decision import CostPredictors, PrefillChoice, ScheduleRequest
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 
 DEFAULT_BALANCING_THRESHOLD = 1.5
-_queue_time = attrgetter("queue_time_s")
-_node = attrgetter("node")
+# Up to this many candidates each is priced in full: a handful of numpy calls cost more than
+# that. Above it, they are bounded in numpy and only the few that can win are priced.
+PRICE_ALL_UP_TO = 16
 
 
 class _NodePlan(NamedTuple):
@@ -134,71 +137,12 @@ def choose_prefill(
         raise ValueError(f"kvcache_balancing_threshold must be > 0, got {threshold}")
     if not candidates:
         return None
-    models = candidate_models(candidates, predictors)
-    costs, root_ids, ratios, overheads = (
-        models.costs,
-        models.root_ids,
-        models.ratios,
-        models.overheads,
-    )
-    floor = models.floor
-    planners = {
-        root_id: _Planner(
-            request, root, match, bandwidth, threshold, allow_transfer, transfer_only_if_cheaper
-        )
-        for root_id, root in models.roots.items()
-    }
-    # Branch and bound: queue time plus a floor under the plans of its node priced by its model
-    # (its shared base's prices, scaled by its own correction terms) bounds an instance's TTFT
-    # from below, and an instance whose bound exceeds a TTFT already found cannot win or tie,
-    # so it is never planned. The bounds are computed in C (map, min, compress); Python runs
-    # once per distinct (base, prefix length) and per instance left in the running: at 512
-    # instances, a handful.
-    nodes = list(map(_node, candidates))
-    local_lengths = list(map(match.lengths.get, nodes, repeat(0)))
-    # One base (a uniform cluster) needs no (base, length) pairs: the length is the key.
-    keys = local_lengths if len(planners) == 1 else list(zip(root_ids, local_lengths))
-    distinct = set(keys)
-    terms = {
-        key: floor.terms(planners[root_ids[0]], key)
-        if len(planners) == 1
-        else floor.terms(planners[key[0]], key[1])
-        for key in distinct
-    }
-    queues = map(_queue_time, candidates)
-    if all(local >= 0 and pulled >= 0 for local, _, pulled in terms.values()):
-        # Each instance's own terms: overhead + min(ratio · local T_prefill, the pull's tokens ·
-        # bytes per token / the rate of its node's fastest link from a best node + ratio ·
-        # T_prefill after the pull), both T_prefill by its base.
-        rates = (
-            bandwidth.fastest_rates(match.best_nodes, nodes)
-            if bandwidth is not None and match.best_nodes
-            else repeat(1.0)
-        )
-        local_of, tokens_of, pulled_of = ({k: t[i] for k, t in terms.items()} for i in range(3))
-        local_s = map(mul, ratios, map(local_of.__getitem__, keys))
-        pulled_bytes = map(mul, models.kv_bytes, map(tokens_of.__getitem__, keys))
-        pull_s = map(
-            add,
-            map(truediv, pulled_bytes, rates),
-            map(mul, ratios, map(pulled_of.__getitem__, keys)),
-        )
-        bounds = list(map(add, map(add, queues, overheads), map(min, local_s, pull_s)))
-    else:  # a model prices some prefill below 0: the smallest terms of all, clamped at 0
-        floor_of = {
-            key: floor.ttft_s(planners[root_ids[0]], key)
-            if len(planners) == 1
-            else floor.ttft_s(planners[key[0]], key[1])
-            for key in distinct
-        }
-        bounds = list(map(add, queues, map(floor_of.__getitem__, keys)))
-    own: dict[int, _Planner] = {}
+    planners: dict[int, _Planner] = {}
 
-    def priced(position: int) -> tuple[InstanceSnapshot, _NodePlan, float]:
-        model = costs[position]
-        planner = own.get(id(model))
+    def planner_for(model: CostPredictors) -> _Planner:
+        planner = planners.get(id(model))
         if planner is None:
-            planner = own[id(model)] = _Planner(
+            planner = planners[id(model)] = _Planner(
                 request,
                 model,
                 match,
@@ -207,14 +151,32 @@ def choose_prefill(
                 allow_transfer,
                 transfer_only_if_cheaper,
             )
-        return _priced(candidates[position], planner)
+        return planner
 
-    first = min(range(len(candidates)), key=bounds.__getitem__)
+    if len(candidates) <= PRICE_ALL_UP_TO:
+        # A few candidates: pricing each costs less than bounding them (numpy calls).
+        priced_all = (_priced(s, planner_for(s.costs or predictors)) for s in candidates)
+        instance, plan, _ = min(priced_all, key=_ttft_then_id)
+        return _choice(request, instance, plan)
+    columns = InstanceColumns.of(candidates)
+    # Branch and bound: queue time plus a floor under the plans of its node priced by its model
+    # (its shared base's prices, scaled by its own correction terms) bounds an instance's TTFT
+    # from below, and an instance whose bound exceeds a TTFT already found cannot win or tie,
+    # so it is never planned. The bounds are a few passes over the columns; Python runs once
+    # per distinct (base, prefix length) and per instance left in the running: at 512
+    # instances, a handful.
+    bounds = _bounds(request, columns, match, bandwidth, predictors, planner_for)
+
+    def priced(position: int) -> tuple[InstanceSnapshot, _NodePlan, float]:
+        return _priced(columns[position], planner_for(columns.costs(position, predictors)))
+
+    first = int(np.argmin(bounds))
     winner, winner_plan, winner_ttft = priced(first)
     limit = winner_ttft + _rounding_slack(winner_ttft)
-    in_running = compress(range(len(candidates)), map(le, bounds, repeat(limit)))
-    for position in sorted(in_running, key=bounds.__getitem__):
-        if bounds[position] > limit:
+    in_running = np.flatnonzero(bounds <= limit)
+    in_running = in_running[np.argsort(bounds[in_running], kind="stable")]
+    for position, bound in zip(in_running.tolist(), bounds[in_running].tolist()):
+        if bound > limit:
             break
         if position == first:
             continue
@@ -227,37 +189,55 @@ def choose_prefill(
     return _choice(request, winner, winner_plan)
 
 
-class CandidateModels(NamedTuple):
-    """What choose_prefill reads of the candidates' cost models, in candidate order."""
-
-    costs: list[CostPredictors]
-    roots: dict[int, CostPredictors]  # id → the shared base models
-    root_ids: list[int]
-    ratios: list[float]
-    overheads: list[float]
-    kv_bytes: list[float]
-    floor: _Floor
-
-
-def candidate_models(
-    candidates: Sequence[InstanceSnapshot], predictors: CostPredictors
-) -> CandidateModels:
-    """The candidates' models (`predictors` for those without one), read in C where it can."""
-    costs = [s.costs or predictors for s in candidates]
-    roots = [c.base or c for c in costs]
-    root_ids = list(map(id, roots))
-    ratios = list(map(_prefill_ratio, costs))
-    overheads = list(map(_prefill_overhead, costs))
-    kv_bytes = list(map(_kv_bytes, costs))
-    floor = _Floor(min(ratios), min(overheads), min(kv_bytes))
-    return CandidateModels(
-        costs, dict(zip(root_ids, roots)), root_ids, ratios, overheads, kv_bytes, floor
+def _bounds(
+    request: ScheduleRequest,
+    columns: InstanceColumns,
+    match: PrefixMatch,
+    bandwidth: BandwidthTable | None,
+    predictors: CostPredictors,
+    planner_for: Callable[[CostPredictors], _Planner],
+) -> np.ndarray:
+    """Per candidate, a TTFT no candidate's own model prices below: its queue + overhead +
+    min(ratio · local T_prefill, the pull's tokens · bytes per token / the rate of its node's
+    fastest link from a best node + ratio · T_prefill after the pull), both T_prefill by its
+    base, evaluated once per distinct (base, local prefix length)."""
+    roots, root, kv_bytes = columns.models(predictors)
+    ratios, overheads = columns.prefill_ratio, columns.prefill_overhead_s
+    floor = _Floor(float(ratios.min()), float(overheads.min()), float(kv_bytes.min()))
+    nodes = columns.nodes
+    lengths = match.lengths
+    local = (
+        np.fromiter(map(lengths.get, nodes, repeat(0)), np.int64, len(nodes))
+        if lengths
+        else np.zeros(len(nodes), np.int64)
     )
-
-
-_prefill_ratio = attrgetter("prefill_ratio")
-_prefill_overhead = attrgetter("prefill_overhead_s")
-_kv_bytes = attrgetter("kv_bytes_per_token")
+    # (base, local length) pairs as codes; the distinct ones found through a table of them all.
+    width = len(request.block_hashes) + 1  # a local prefix holds 0..all the request's blocks
+    codes = root * width + local
+    is_present = np.zeros(len(roots) * width, dtype=bool)
+    is_present[codes] = True
+    keys = np.flatnonzero(is_present)
+    pairs = [divmod(key, width) for key in keys.tolist()]
+    terms = [floor.terms(planner_for(roots[base]), length) for base, length in pairs]
+    inverse = np.searchsorted(keys, codes)
+    if all(local_s >= 0 and pulled_s >= 0 for local_s, _, pulled_s in terms):
+        local_s, tokens, pulled_s = np.array(terms)[inverse].T
+        rates = (
+            np.fromiter(bandwidth.fastest_rates(match.best_nodes, nodes), np.float64, len(nodes))
+            if bandwidth is not None and match.best_nodes
+            else 1.0
+        )
+        if floor.kv_bytes_per_token > 0:
+            pull_s = kv_bytes * tokens / rates + ratios * pulled_s
+        else:  # 0 bytes a token times no pull (inf) is NaN: fmin takes the local plan, as min does
+            with np.errstate(invalid="ignore"):
+                pull_s = kv_bytes * tokens / rates + ratios * pulled_s
+        return columns.queue_s + overheads + np.fmin(ratios * local_s, pull_s)
+    # A model prices some prefill below 0: the smallest terms of all, clamped at 0.
+    floors = np.array(
+        [floor.ttft_s(planner_for(roots[base]), length) for base, length in pairs], np.float64
+    )
+    return columns.queue_s + floors[inverse]
 
 
 class _Floor(NamedTuple):
@@ -313,6 +293,10 @@ def _priced(
     order so that reported and compared TTFTs agree."""
     plan = planner.plan(instance.node)
     return instance, plan, plan.transfer_s + instance.queue_time_s + plan.prefill_s
+
+
+def _ttft_then_id(priced: tuple[InstanceSnapshot, _NodePlan, float]) -> tuple[float, str]:
+    return priced[2], priced[0].instance_id
 
 
 def _rounding_slack(seconds: float) -> float:

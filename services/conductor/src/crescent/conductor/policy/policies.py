@@ -82,7 +82,7 @@ class Policy(ABC):
         if rejection is not None:
             return rejection
         self.accepted(prefill, decode)
-        decode_node = next(s.node for s in decodes if s.instance_id == decode.instance_id)
+        decode_node = decodes.node_of(decode.instance_id)
         if prefill_on_decode(
             request, match.length(decode_node) * request.block_size, self.local_prefill_max_tokens
         ):
@@ -200,10 +200,11 @@ class LeastLoadedPolicy(Policy):
         return self._price_local(request, least_loaded.choose_prefill(candidates), match)
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        loads = list(loads)  # read once: the view hands out columns
         chosen = least_loaded.choose_decode(
             [load.instance for load in loads], request.num_kv_tokens
         )
-        load = next(load for load in loads if load.instance is chosen)
+        load = next(load for load in loads if load.instance.instance_id == chosen.instance_id)
         return choice_for(request, load, self.predictors.decode_step_s)
 
 
@@ -227,6 +228,7 @@ class RandomPolicy(Policy):
         return self._price_local(request, instance, match)
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        loads = list(loads)  # read once: the view hands out columns
         load = baselines.random_pick(loads, [load.instance.instance_id for load in loads], self.rng)
         return choice_for(request, load, self.predictors.decode_step_s)
 
@@ -256,6 +258,7 @@ class RoundRobinPolicy(Policy):
         return self._price_local(request, instance, match)
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        loads = list(loads)  # read once: the view hands out columns
         load = baselines.next_in_turn(
             loads, [load.instance.instance_id for load in loads], self.cursor.last_decode
         )
@@ -283,10 +286,11 @@ class DynamoKvPolicy(Policy):
         )
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        loads = list(loads)  # read once: the view hands out columns
         chosen = peer_scores.dynamo_decode_pick(request, [load.instance for load in loads])
         return choice_for(
             request,
-            next(load for load in loads if load.instance is chosen),
+            next(load for load in loads if load.instance.instance_id == chosen.instance_id),
             self.predictors.decode_step_s,
         )
 
@@ -308,10 +312,11 @@ class LlmdScorePolicy(Policy):
         )
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        loads = list(loads)  # read once: the view hands out columns
         chosen = peer_scores.llmd_decode_pick([load.instance for load in loads])
         return choice_for(
             request,
-            next(load for load in loads if load.instance is chosen),
+            next(load for load in loads if load.instance.instance_id == chosen.instance_id),
             self.predictors.decode_step_s,
         )
 

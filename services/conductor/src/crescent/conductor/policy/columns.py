@@ -1,0 +1,196 @@
+"""Instances as columns: what a decision reads of hundreds of instances, one numpy array a field.
+
+A decision at 512 prefill + 512 decode instances that visits each instance's snapshot in Python
+spends most of its time on the visits (~1 µs each, several passes). Kept as columns, the
+filters, the queue times that drain with the clock and the bounds of Algorithm 1 are a few
+vectorised passes, and Python touches only the rows a policy picks. The conductor's view keeps
+these columns up to date between decisions (view_cache); a policy handed plain snapshots (the
+simulator's tests, the reference tests) builds them with `InstanceColumns.of`, so both run the
+same code.
+
+InstanceColumns is also a Sequence of InstanceSnapshot: the baselines, which visit every
+instance anyway, read it as a list. A row's snapshot carries the queue time of its column
+(the view does not rebuild a snapshot when only its queue has drained).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Sequence
+from typing import overload
+
+import msgspec
+import numpy as np
+
+from crescent.conductor.policy.decision import CostPredictors
+from crescent.conductor.policy.snapshot import InstanceSnapshot
+
+NO_MODEL = -1  # `root` of a row whose snapshot carries no cost model: the policy's default
+
+_replace = msgspec.structs.replace
+_NO_MODEL_TERMS = (1.0, 0.0, 1.0, float("nan"))  # one object: equal to itself despite the NaN
+
+
+def model_terms(costs: CostPredictors | None) -> tuple[float, float, float, float]:
+    """(prefill ratio, prefill overhead, decode ratio, KV bytes per token) of a row's model;
+    NaN bytes for none (the policy's default fills it in)."""
+    if costs is None:
+        return _NO_MODEL_TERMS
+    return (
+        costs.prefill_ratio,
+        costs.prefill_overhead_s,
+        costs.decode_ratio,
+        costs.kv_bytes_per_token,
+    )
+
+
+class InstanceColumns(Sequence[InstanceSnapshot]):
+    """Instances of one role, row i in every column. Immutable once built: the view hands out
+    copies of the arrays it updates. A subset (`where`) shares its parent's lists of snapshots,
+    ids and nodes, and reads them through `index` (its rows' places in them)."""
+
+    def __init__(
+        self,
+        rows: list[InstanceSnapshot],
+        queue_s: np.ndarray,
+        is_usable: np.ndarray,
+        kv_free: np.ndarray,
+        num_running: np.ndarray,
+        num_context: np.ndarray,
+        model: np.ndarray,
+        root: np.ndarray,
+        roots: Sequence[CostPredictors],
+        ids: list[str] | None = None,
+        nodes: list[str] | None = None,
+        index: np.ndarray | None = None,
+    ) -> None:
+        self._rows = rows  # their queue_time_s may be older than `queue_s`
+        self._ids = [s.instance_id for s in rows] if ids is None else ids
+        self._nodes = [s.node for s in rows] if nodes is None else nodes
+        self._index = index  # None: row i is rows[i]
+        self.queue_s = queue_s
+        self.is_usable = is_usable  # not stale and accepting
+        self.kv_free = kv_free
+        self.num_running = num_running
+        self.num_context = num_context  # decode: the TBT model's context (KV in use if unreported)
+        self.model = model  # shape (n, 4): model_terms per row; the next four are its columns
+        self.prefill_ratio = model[:, 0]
+        self.prefill_overhead_s = model[:, 1]
+        self.decode_ratio = model[:, 2]
+        self.kv_bytes = model[:, 3]
+        self.root = root  # index into `roots` of the row's shared base model; NO_MODEL: none
+        self.roots = roots
+
+    @classmethod
+    def of(cls, snapshots: Sequence[InstanceSnapshot]) -> InstanceColumns:
+        """`snapshots` as columns (themselves if they already are)."""
+        if isinstance(snapshots, InstanceColumns):
+            return snapshots
+        rows = list(snapshots)
+        roots: dict[int, CostPredictors] = {}
+        for s in rows:
+            if s.costs is not None:
+                roots.setdefault(id(s.costs.root), s.costs.root)
+        position = {key: i for i, key in enumerate(roots)}
+        return cls(
+            rows,
+            np.array([s.queue_time_s for s in rows], dtype=np.float64),
+            np.array([not s.is_stale and s.is_accepting for s in rows], dtype=bool),
+            np.array([s.kv_free_tokens for s in rows], dtype=np.int64),
+            np.array([s.num_running for s in rows], dtype=np.int64),
+            np.array([s.num_context_tokens for s in rows], dtype=np.int64),
+            np.array([model_terms(s.costs) for s in rows], dtype=np.float64).reshape(-1, 4),
+            np.array(
+                [NO_MODEL if s.costs is None else position[id(s.costs.root)] for s in rows],
+                dtype=np.int64,
+            ),
+            list(roots.values()),
+        )
+
+    @property
+    def rows(self) -> list[InstanceSnapshot]:
+        """The rows' snapshots as last built (their queue times may be older than `queue_s`)."""
+        return self._take(self._rows)
+
+    @property
+    def ids(self) -> list[str]:
+        return self._take(self._ids)
+
+    @property
+    def nodes(self) -> list[str]:
+        return self._take(self._nodes)
+
+    def _take(self, values: list) -> list:
+        if self._index is None:
+            return values
+        return list(map(values.__getitem__, self._index.tolist()))
+
+    def _place(self, i: int) -> int:
+        return i if self._index is None else int(self._index[i])
+
+    def __len__(self) -> int:
+        return len(self.queue_s)
+
+    @overload
+    def __getitem__(self, i: int) -> InstanceSnapshot: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[InstanceSnapshot]: ...
+    def __getitem__(self, i: int | slice) -> InstanceSnapshot | list[InstanceSnapshot]:
+        if isinstance(i, slice):
+            return list(self)[i]
+        return _with_queue(self._rows[self._place(i)], float(self.queue_s[i]))
+
+    def __iter__(self) -> Iterator[InstanceSnapshot]:
+        return map(_with_queue, self.rows, self.queue_s.tolist())
+
+    def costs_of(self, i: int) -> CostPredictors | None:
+        return self._rows[self._place(i)].costs
+
+    def id_of(self, i: int) -> str:
+        return self._ids[self._place(i)]
+
+    def node_of(self, instance_id: str) -> str:
+        """The node of the row of `instance_id` (ValueError if absent)."""
+        return self._nodes[self._ids.index(instance_id)]
+
+    def where(self, mask: np.ndarray) -> InstanceColumns:
+        """The rows where `mask` holds, in order (themselves when it holds everywhere)."""
+        if mask.all():
+            return self
+        keep = np.flatnonzero(mask)
+        return InstanceColumns(
+            self._rows,
+            self.queue_s[keep],
+            self.is_usable[keep],
+            self.kv_free[keep],
+            self.num_running[keep],
+            self.num_context[keep],
+            self.model[keep],
+            self.root[keep],
+            self.roots,
+            self._ids,
+            self._nodes,
+            keep if self._index is None else self._index[keep],
+        )
+
+    def without(self, instance_ids: Collection[str]) -> InstanceColumns:
+        """The rows whose instance is not in `instance_ids`."""
+        return self.where(np.fromiter((i not in instance_ids for i in self.ids), bool, len(self)))
+
+    def models(
+        self, default: CostPredictors
+    ) -> tuple[list[CostPredictors], np.ndarray, np.ndarray]:
+        """The shared base models (the policy's `default` for rows without a model), each row's
+        index into them, and each row's KV bytes per token."""
+        root, kv_bytes = self.root, self.kv_bytes
+        if (root == NO_MODEL).any():
+            root = np.where(root == NO_MODEL, len(self.roots), root)
+            kv_bytes = np.where(self.root == NO_MODEL, default.kv_bytes_per_token, kv_bytes)
+            return [*self.roots, default], root, kv_bytes
+        return list(self.roots), root, kv_bytes
+
+    def costs(self, position: int, default: CostPredictors) -> CostPredictors:
+        return self.costs_of(position) or default
+
+
+def _with_queue(row: InstanceSnapshot, queue_s: float) -> InstanceSnapshot:
+    return row if row.queue_time_s == queue_s else _replace(row, queue_time_s=queue_s)
