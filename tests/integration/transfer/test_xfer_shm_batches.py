@@ -1,7 +1,6 @@
 """Many small shm entries: back to back (one run), scattered on one side (one numpy row copy),
 scattered on both or unaligned (chunk by chunk): every layout moves exactly its bytes, in
-both directions, and the planner picks the one-call paths where they apply. Large copies are
-memcpys of at most PIECE_BYTES each."""
+both directions, and the planner picks the one-call paths where they apply."""
 
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from crescent.transfer import (
 )
 from crescent.transfer.groups import EntryGroup
 from crescent.transfer.segment import ShmMapping
-from crescent.transfer.transports.shm_plan import PIECE_BYTES, RowCopy, plan_runs
+from crescent.transfer.transports.shm_plan import RowCopy, plan_runs
 
 KiB = 1 << 10
 NUM = 64
@@ -86,14 +85,14 @@ async def test_every_layout_moves_exactly_its_bytes_both_ways(name, engines):
 @pytest.mark.parametrize(
     ("name", "one_call"),
     [
-        ("back-to-back", False),
+        ("back-to-back", True),
         ("remote-scattered", True),
         ("local-scattered", True),
         ("both-scattered", False),
         ("unaligned", False),
     ],
 )
-async def test_batches_of_small_entries_are_one_call_where_one_side_is_scattered(
+async def test_batches_of_small_entries_are_one_call_where_one_side_is_contiguous(
     name, one_call, engines
 ):
     _, local, served, remote = engines
@@ -113,35 +112,3 @@ async def test_batches_of_small_entries_are_one_call_where_one_side_is_scattered
         assert (len(plan_runs(group, mapping)) == 1) is (name == "back-to-back")
     finally:
         mapping.close()
-
-
-async def test_a_large_entry_is_copied_as_memcpys_of_at_most_a_piece(
-    engine_factory, segment_factory, monkeypatch
-):
-    size = 3 * PIECE_BYTES + 17  # not a multiple of a piece: the last one is short
-    served = segment_factory("served-large", size)
-    server = TransferEngine(DictResolver(), TransferConfig(node="server"))
-    await server.start()
-    try:
-        server.register(served)
-        client = await engine_factory(
-            DictResolver({"served-large": server.descriptor("served-large")}),
-            transports=(TransportKind.SHM,),
-        )
-        local = segment_factory("local-large", size)
-        client.register(local)
-        local.array()[:] = np.random.default_rng(3).integers(0, 255, size, dtype=np.uint8)
-        copied: list[int] = []
-        real_copyto = np.copyto
-
-        def counting_copyto(dst, src, *args, **kwargs):
-            copied.append(dst.nbytes)
-            real_copyto(dst, src, *args, **kwargs)
-
-        monkeypatch.setattr(np, "copyto", counting_copyto)
-        entry = TransferEntry(Op.WRITE, "local-large", 0, "served-large", 0, size)
-        (await client.transfer([entry], timeout=10)).raise_for_errors()
-        assert np.array_equal(served.array(), local.array())
-        assert sum(copied) == size and max(copied) <= PIECE_BYTES
-    finally:
-        await server.close()

@@ -1,18 +1,13 @@
 """Planning of the shm transport's copies, so that many small entries cost about what one
 large one does. Every decision is a few numpy calls over a group's columns, none per entry.
 
-- Row copies: a group of many entries of one size (at most PIECE_BYTES), contiguous on one
-  side and at offsets of one alignment on the other, scattered on that one (a staging area
-  and a store's free slots), is one numpy call: a scatter (`rows[index] = block`) or a gather
-  (`np.take`), a loop in C.
+- Row copies: a group of many entries of one size, contiguous on one side and at offsets of
+  one alignment on the other (a staging area and a store's free slots), is one numpy call: a
+  scatter (`rows[index] = block`), a gather (`np.take`) or one block copy, a loop in C.
 - Otherwise runs: entries that lie back to back in both segments (a block's layers,
-  consecutive slots) are one run; runs are cut into chunks of at most `chunk_bytes`, copied
-  one by one so that the deadline and the owners' liveness are checked as the copy goes.
-
-Every memcpy is at most PIECE_BYTES long (`copy_in_pieces`): glibc copies a block below its
-`rep_movsb_stop_threshold` (the L2 size, 1 MiB, on the AMD EPYC this runs on) with
-`rep movsb`, above it with a vector loop, and the former moves 1.2-1.35x the bytes per second
-here (a 16 MiB copy as 32 pieces of 512 KiB against one call, measured in one process).
+  consecutive slots) are one run, copied by one memcpy; runs are cut into chunks of at most
+  `chunk_bytes`, copied one by one so that the deadline and the owners' liveness are checked
+  as the copy goes.
 
 A run, and a row copy, succeeds or fails as a whole.
 """
@@ -34,23 +29,6 @@ Chunk = tuple[Sequence[int], str, memoryview, memoryview, ShmMapping]
 # Groups of fewer entries are planned in plain Python: a numpy call's fixed cost would not
 # pay off.
 MIN_ROW_ENTRIES = 8
-
-# Longest single memcpy: below glibc's rep_movsb_stop_threshold (see the module docstring).
-PIECE_BYTES = 512 << 10
-
-
-def copy_in_pieces(dst: memoryview, src: memoryview) -> None:
-    """dst[:] = src as memcpys of at most PIECE_BYTES. Pieces go through numpy, which drops
-    the GIL while it copies (copy threads run side by side); a copy of one piece or less is
-    a memoryview assignment, whose fixed cost is lower."""
-    num_bytes = dst.nbytes
-    if num_bytes <= PIECE_BYTES:
-        dst[:] = src
-        return
-    dst_array, src_array = np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8)
-    for start in range(0, num_bytes, PIECE_BYTES):
-        stop = start + PIECE_BYTES
-        np.copyto(dst_array[start:stop], src_array[start:stop])
 
 
 class Run:
@@ -131,10 +109,8 @@ def plan_runs(group: EntryGroup, mapping: ShmMapping) -> list[Run]:
 
 
 class RowCopy:
-    """A group of equal-size entries (at most PIECE_BYTES each) contiguous on one side and
-    aligned but scattered on the other: one numpy call copies them all. `of` says whether a
-    group qualifies. (Back to back on both sides is one run instead: copied in pieces, it
-    beats numpy's single memcpy of the whole block.)"""
+    """A group of equal-size entries contiguous on at least one side and aligned on the other:
+    one numpy call copies them all. `of` says whether a group qualifies."""
 
     def __init__(
         self,
@@ -153,7 +129,7 @@ class RowCopy:
         if num < MIN_ROW_ENTRIES:
             return None
         length = lengths[0]
-        if length > PIECE_BYTES or lengths.count(length) != num:
+        if lengths.count(length) != num:
             return None
         local_rows = _rows(group.local.view(), group.local_offsets, length)
         if local_rows is None:
@@ -162,14 +138,12 @@ class RowCopy:
         if remote_rows is None:
             return None
         dst, src = (remote_rows, local_rows) if group.op is Op.WRITE else (local_rows, remote_rows)
-        if isinstance(dst[1], np.ndarray) is isinstance(src[1], np.ndarray):
-            # Scattered on both sides (numpy would gather into a temporary first), or back
-            # to back on both (one run, copied in pieces).
-            return None
+        if isinstance(dst[1], np.ndarray) and isinstance(src[1], np.ndarray):
+            return None  # scattered on both sides: numpy would gather into a temporary first
         return cls(group, dst, src)
 
     def run(self) -> None:
-        if isinstance(self._src_index, slice):  # a scatter from contiguous rows
+        if isinstance(self._src_index, slice):  # a scatter (or one block) from contiguous rows
             self._dst_rows[self._dst_index] = self._src_rows[self._src_index]
         else:  # a gather straight into contiguous rows (mode="clip": "raise" buffers `out`)
             np.take(
