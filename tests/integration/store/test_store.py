@@ -24,6 +24,7 @@ from crescent.common.store_messages import (
     Done,
     PinBlocks,
     PinnedBlocks,
+    UnpinBlocks,
 )
 from crescent.storeclient.client import ClientConfig, StoreClient
 from crescent.storeclient.directory import encode_segments
@@ -490,3 +491,32 @@ async def test_prefill_job_pulls_the_planned_prefix_into_its_node(
         assert count == 4 and got == data
     finally:
         prefill.stop()
+
+
+async def test_a_get_does_not_wait_for_its_unpin_and_a_later_evict_does(stores, client_factory):
+    """The unpin after a get is answered off the get's path: here the store's answer is held
+    back until the get has returned; the evict that follows still waits for it, so it finds
+    no block kept by the read's pin."""
+    stores.start("n1")
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    hashes, data = blocks(4)
+    assert await client.put_blocks(MODEL, "n1", hashes, data) == 4
+    release_unpin, unpin_answered = asyncio.Event(), asyncio.Event()
+    real_ctl = client.ctl
+
+    async def ctl_with_held_unpin(node, request, reply_type):
+        reply = await real_ctl(node, request, reply_type)
+        if isinstance(request, UnpinBlocks):
+            await release_unpin.wait()
+            unpin_answered.set()
+        return reply
+
+    client.ctl = ctl_with_held_unpin
+    count, got = await asyncio.wait_for(read_back(client, "n1", hashes), 10)
+    assert count == 4 and got == data
+    assert not unpin_answered.is_set()
+    evicting = asyncio.create_task(client.evict(MODEL, "n1", hashes))
+    release_unpin.set()
+    evicted = await asyncio.wait_for(evicting, 10)
+    assert unpin_answered.is_set() and sorted(evicted.evicted) == sorted(hashes)

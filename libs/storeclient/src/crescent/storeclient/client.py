@@ -99,6 +99,7 @@ class StoreClient:
         self._staging: ShmSegment | None = None
         self._staging_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
+        self._unpins: dict[str, set[asyncio.Task]] = {}  # node → unpins not answered yet
 
     async def start(self) -> None:
         segments = PrefixMirror(self._etcd, self._keys.segments(""), self.directory.apply)
@@ -114,6 +115,8 @@ class StoreClient:
         self._transfer.register(self._staging)
 
     async def close(self) -> None:
+        for node in list(self._unpins):
+            await self._settle_unpins(node)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -233,7 +236,8 @@ class StoreClient:
         self, model: str, node: str, hashes: Sequence[bytes], blocks: Sequence
     ) -> int:
         """Store whole blocks on `node`'s store; blocks it already has are skipped. Returns
-        how many were written."""
+        how many were written, once they are committed and their metadata is in etcd."""
+        await self._settle_unpins(node)  # a block this client read is not pinned any more
         slots = await self.ctl(node, AllocBlocks(model=model, hashes=list(hashes)), BlockSlots)
         if not slots.allocated:
             return 0
@@ -261,7 +265,12 @@ class StoreClient:
         num_layers: int = 1,
     ) -> int:
         """Read the longest prefix of `hashes` held on `node` into `out` (whole blocks, or one
-        layer's contiguous slice of each); returns how many blocks were read."""
+        layer's contiguous slice of each); returns how many blocks were read.
+
+        Returns once the bytes are in `out`; the unpin that follows is sent before it returns
+        but not waited for (its round trip overlaps the caller's next step). This client's
+        next put or evict on that store waits for it, so that they never find the blocks still
+        pinned by this read; a lost unpin runs out with the pin's ttl."""
         pinned = await self.ctl(node, PinBlocks(model=model, hashes=list(hashes)), PinnedBlocks)
         try:
             offsets = pinned.offsets
@@ -276,8 +285,30 @@ class StoreClient:
             )
         finally:
             if pinned.hashes:
-                await self.ctl(node, UnpinBlocks(model=model, hashes=pinned.hashes), Done)
+                await self._unpin_later(node, UnpinBlocks(model=model, hashes=pinned.hashes))
         return len(pinned.hashes)
+
+    async def _unpin_later(self, node: str, request: UnpinBlocks) -> None:
+        """Send an unpin in a tracked task. One event-loop turn lets the task put its request
+        on the connection, so that requests this client sends after it reach the store after it
+        (NATS keeps one connection's order, and the store takes requests in order)."""
+        task = asyncio.create_task(self._unpin(node, request), name=f"unpin on {node}")
+        pending = self._unpins.setdefault(node, set())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        await asyncio.sleep(0)
+
+    async def _unpin(self, node: str, request: UnpinBlocks) -> None:
+        try:
+            await self.ctl(node, request, Done)
+        except Exception as exc:  # the pins run out with their ttl
+            log.warning("unpin failed", extra={"node": node, "error": repr(exc)})
+
+    async def _settle_unpins(self, node: str) -> None:
+        """Wait for this client's unpins on `node` (each is bounded by the request timeout)."""
+        pending = self._unpins.get(node)
+        if pending:
+            await asyncio.gather(*pending)
 
     async def block_bytes(self, node: str) -> int:
         """The block (slot) size of `node`'s store."""
@@ -320,6 +351,7 @@ class StoreClient:
         return await self.ctl(target_node, request, ReplicateReply)
 
     async def evict(self, model: str, node: str, hashes: Sequence[bytes]) -> EvictReply:
+        await self._settle_unpins(node)  # blocks this client read are not kept as pinned
         return await self.ctl(node, EvictBlocks(model=model, hashes=list(hashes)), EvictReply)
 
 
