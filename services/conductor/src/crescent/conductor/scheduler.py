@@ -44,7 +44,6 @@ from crescent.conductor.policy.block_heat import BlockHeat
 from crescent.conductor.policy.columns import InstanceColumns
 from crescent.conductor.policy.correction import CostCorrection
 from crescent.conductor.policy.decode_load import step_fn
-from crescent.conductor.policy.eligibility import is_usable
 from crescent.conductor.policy.imbalance import imbalance_factor, slo_load
 from crescent.conductor.policy.replication import HotSpotConfig, hot_spot_orders, rank_target_nodes
 from crescent.conductor.pricing import Pricing
@@ -268,7 +267,7 @@ class Scheduler:
         prefill = [
             slo_load(s.queue_time_s, self.settings.ttft_slo_s)
             for s in self.view.snapshot("prefill", model, now, self.pricing)
-            if is_usable(s)
+            if s.is_usable
         ]
         step_s = self.policy.predictors.decode_step_s
         decode = [
@@ -276,7 +275,7 @@ class Scheduler:
                 step_fn(s, step_s)(s.num_running, s.num_context_tokens), self.settings.tbt_slo_s
             )
             for s in self.view.snapshot("decode", model, now, self.pricing)
-            if is_usable(s)
+            if s.is_usable
         ]
         return prefill, decode
 

@@ -94,7 +94,7 @@ class InstanceColumns(Sequence[InstanceSnapshot]):
         return cls(
             rows,
             np.array([s.queue_time_s for s in rows], dtype=np.float64),
-            np.array([not s.is_stale and s.is_accepting for s in rows], dtype=bool),
+            np.array([s.is_usable for s in rows], dtype=bool),
             np.array([s.kv_free_tokens for s in rows], dtype=np.int64),
             np.array([s.num_running for s in rows], dtype=np.int64),
             np.array([s.num_context_tokens for s in rows], dtype=np.int64),

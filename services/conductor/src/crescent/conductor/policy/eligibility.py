@@ -9,10 +9,6 @@ from crescent.conductor.policy.columns import InstanceColumns
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 
 
-def is_usable(snapshot: InstanceSnapshot) -> bool:
-    return not snapshot.is_stale and snapshot.is_accepting
-
-
 def eligible_prefill(snapshots: Sequence[InstanceSnapshot]) -> InstanceColumns:
     """Live prefill instances that take work. Prefill queues requests, so its KV room is not a
     filter here: "full" is the instance's own verdict (`is_accepting`)."""

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from crescent.conductor.policy.bandwidth import BandwidthTable
 from crescent.conductor.policy.block_heat import BlockHeat
 from crescent.conductor.policy.decision import PrefillChoice, ReplicationOrder, ReplicationReason
-from crescent.conductor.policy.eligibility import is_usable
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 
 
@@ -49,7 +48,7 @@ def rank_target_nodes(prefill: Sequence[InstanceSnapshot]) -> list[str]:
     replicas there let the KV-centric choice move load onto them without a pull."""
     queue: dict[str, float] = {}
     for s in prefill:
-        if is_usable(s):
+        if s.is_usable:
             queue[s.node] = min(queue.get(s.node, s.queue_time_s), s.queue_time_s)
     return sorted(queue, key=lambda node: (queue[node], node))
 

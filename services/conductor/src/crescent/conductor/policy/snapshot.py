@@ -42,6 +42,11 @@ class InstanceSnapshot(msgspec.Struct, frozen=True):
     costs: CostPredictors | None = None
 
     @property
+    def is_usable(self) -> bool:
+        """Takes new work: its telemetry is current and it says it accepts."""
+        return not self.is_stale and self.is_accepting
+
+    @property
     def kv_free_tokens(self) -> int:
         return self.kv_capacity_tokens - self.kv_used_tokens
 
