@@ -128,6 +128,14 @@ class Policy(ABC):
     ) -> PrefillChoice:
         return kv_centric.price_local(request, instance, match, instance.costs or self.predictors)
 
+    def _choice_of(
+        self, request: ScheduleRequest, loads: Sequence[DecodeLoad], chosen: InstanceSnapshot
+    ) -> DecodeChoice:
+        """The decode choice for the instance a baseline picked among `loads`' instances, found
+        by id: the view's columns hand out a new snapshot at every read."""
+        load = next(load for load in loads if load.instance.instance_id == chosen.instance_id)
+        return choice_for(request, load, self.predictors.decode_step_s)
+
     def _by_tbt(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
         return choose_by_tbt(request, loads, self.predictors.decode_step_s)
 
@@ -204,8 +212,7 @@ class LeastLoadedPolicy(Policy):
         chosen = least_loaded.choose_decode(
             [load.instance for load in loads], request.num_kv_tokens
         )
-        load = next(load for load in loads if load.instance.instance_id == chosen.instance_id)
-        return choice_for(request, load, self.predictors.decode_step_s)
+        return self._choice_of(request, loads, chosen)
 
 
 class RandomPolicy(Policy):
@@ -288,11 +295,7 @@ class DynamoKvPolicy(Policy):
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
         loads = list(loads)  # read once: the view hands out columns
         chosen = peer_scores.dynamo_decode_pick(request, [load.instance for load in loads])
-        return choice_for(
-            request,
-            next(load for load in loads if load.instance.instance_id == chosen.instance_id),
-            self.predictors.decode_step_s,
-        )
+        return self._choice_of(request, loads, chosen)
 
 
 class LlmdScorePolicy(Policy):
@@ -314,11 +317,7 @@ class LlmdScorePolicy(Policy):
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
         loads = list(loads)  # read once: the view hands out columns
         chosen = peer_scores.llmd_decode_pick([load.instance for load in loads])
-        return choice_for(
-            request,
-            next(load for load in loads if load.instance.instance_id == chosen.instance_id),
-            self.predictors.decode_step_s,
-        )
+        return self._choice_of(request, loads, chosen)
 
 
 POLICIES: dict[str, Callable[..., Policy]] = {
