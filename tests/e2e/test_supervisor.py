@@ -76,7 +76,8 @@ def test_shared_memory_of_killed_processes_is_swept_at_stop_and_at_the_next_star
         assert serves_correctly(cluster, "before the kill")
         killed = [cluster.process("prefill-0"), cluster.process("store-node0")]
         left_behind = set().union(*(shm_files(p.pid) for p in killed))
-        assert len(left_behind) >= 2  # the prefill's staging segment and the store's DRAM pool
+        # The store's DRAM pool (a worker's store client has shm of its own only to stage rdma).
+        assert left_behind
         for process in killed:
             process.signal(signal.SIGKILL)
             process.popen.wait(5)

@@ -181,3 +181,25 @@ async def test_a_draining_decode_instance_says_so_and_waits_for_what_it_reserved
         assert time.monotonic() < deadline, [msgspec.to_builtins(load) for load in seen[-3:]]
         await asyncio.sleep(0.05)
     assert draining[0].not_accepting_reason == "draining"
+
+
+async def test_telemetry_acknowledges_the_reservations_it_counts(infra, cluster_name, decode):
+    """A conductor adds a reservation to the reported load until a report says it was received
+    (InstanceLoad.received): the report that names its number counts its KV room."""
+    bus, start = decode
+    await start("--kv-capacity-tokens", "100000", "--emulated-time-scale", "0")
+    reservation = Reservation(
+        request_id="numbered",
+        num_prompt_tokens=500,
+        max_tokens=16,
+        conductor="conductor-t",
+        assignment=42,
+    )
+    reply = await bus.request(
+        Subjects(cluster_name).decode_reserve("decode-a"), reservation, ReservationReply, 5
+    )
+    assert reply.accepted
+    load = await telemetry_until(
+        bus, cluster_name, lambda load: load.received.get("conductor-t") == 42, 5
+    )
+    assert load.kv_used_tokens >= 516 and load.num_queued >= 1

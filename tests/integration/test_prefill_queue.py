@@ -50,6 +50,19 @@ def start(infra, cluster: str, tmp_path, role: str, *flags: str) -> ManagedProce
     return process
 
 
+async def telemetry_of(bus: Bus, cluster: str, prefill: ManagedProcess) -> list[InstanceLoad]:
+    """The prefill-q instance's telemetry as it comes, once its first message is in."""
+    loads: list[InstanceLoad] = []
+    await bus.subscribe(
+        Subjects(cluster).telemetry("prefill", "prefill-q"), InstanceLoad, loads.append
+    )
+    deadline = time.monotonic() + 20
+    while not loads:
+        assert time.monotonic() < deadline and prefill.is_running, prefill.log_tail()
+        await asyncio.sleep(0.05)
+    return loads
+
+
 @pytest.fixture
 async def store_client(infra, cluster_name, tmp_path):
     store = start(
@@ -90,15 +103,8 @@ async def test_queue_time_counts_the_prefix_the_store_holds(
     whole_prompts = cost.prefill_s(8000) * 2
 
     prefill = start(infra, cluster_name, tmp_path, "prefill", "--block-size", str(BLOCK_SIZE))
-    loads: list[InstanceLoad] = []
-    await bus.subscribe(
-        Subjects(cluster_name).telemetry("prefill", "prefill-q"), InstanceLoad, loads.append
-    )
     try:
-        deadline = time.monotonic() + 20
-        while not loads:
-            assert time.monotonic() < deadline and prefill.is_running, prefill.log_tail()
-            await asyncio.sleep(0.05)
+        loads = await telemetry_of(bus, cluster_name, prefill)
         subject = Subjects(cluster_name).prefill_job("prefill-q")
         first = asyncio.create_task(
             bus.request(
@@ -181,5 +187,37 @@ async def test_a_draining_prefill_finishes_its_jobs_and_refuses_new_ones(
             )
         assert (await held).request_id == "held"
         assert await asyncio.to_thread(prefill.popen.wait, 15) == 0
+    finally:
+        prefill.stop()
+
+
+async def test_telemetry_acknowledges_the_jobs_it_counts(
+    infra, cluster_name, tmp_path, store_client
+):
+    """A conductor adds a job to the reported queue until a report says it was received
+    (InstanceLoad.received): the report that counts the queued job names its number."""
+    bus, _ = store_client
+    prefill = start(infra, cluster_name, tmp_path, "prefill", "--block-size", str(BLOCK_SIZE))
+    try:
+        loads = await telemetry_of(bus, cluster_name, prefill)
+        assert all(not load.received for load in loads)  # nothing numbered received yet
+        job = PrefillJob(
+            request_id="numbered",
+            model=MODEL,
+            token_ids=[11 + i % 997 for i in range(8000)],  # about 1.3 s of compute
+            block_size=BLOCK_SIZE,
+            conductor="conductor-t",
+            assignment=7,
+        )
+        running = asyncio.create_task(
+            bus.request(Subjects(cluster_name).prefill_job("prefill-q"), job, PrefillResult, 30)
+        )
+        deadline = time.monotonic() + 10
+        while not [load for load in loads if load.num_queued == 1]:
+            assert time.monotonic() < deadline, "no telemetry counted the job"
+            await asyncio.sleep(0.05)
+        counting = [load for load in loads if load.num_queued == 1]
+        assert counting[0].received == {"conductor-t": 7}
+        await running
     finally:
         prefill.stop()

@@ -108,6 +108,21 @@ def brute_force_lengths(holdings: dict[str, set[bytes]], hashes: list[bytes]) ->
     return lengths
 
 
+def assert_matches_brute_force(
+    index: BlockIndex, holdings: dict[str, set[bytes]], hashes: list[bytes], nodes: list[str]
+) -> None:
+    """The index's match of `hashes` says what a scan of each node's holdings says."""
+    expected = brute_force_lengths(holdings, hashes)
+    match = index.match(hashes)
+    assert dict(match.lengths) == expected
+    assert [match.length(n) for n in [*nodes, "nowhere"]] == [
+        expected.get(n, 0) for n in [*nodes, "nowhere"]
+    ]
+    best = max(expected.values(), default=0)
+    assert match.best_len == best
+    assert match.best_nodes == {n for n, length in expected.items() if length == best}
+
+
 POOL = chain("pool", 12)
 NODES = [f"n{i}" for i in range(70)]  # more than one 64-bit word of node bits
 
@@ -128,11 +143,76 @@ def test_prefix_lengths_equal_a_brute_force_per_node_scan(holdings, hashes, remo
         index.remove(block, node)
         if node in holdings:
             holdings[node].discard(block)
-    expected = brute_force_lengths(holdings, hashes)
-    match = index.match(hashes)
-    assert dict(match.lengths) == expected
-    best = max(expected.values(), default=0)
-    assert match.best_len == best
-    assert match.best_nodes == {n for n, length in expected.items() if length == best}
+    assert_matches_brute_force(index, holdings, hashes, NODES)
     for block in POOL:
         assert index.holders(block) == {n for n, held in holdings.items() if block in held}
+
+
+LONG = chain("long", 400)  # longer than the first two of match's chunks of lookups
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    prefixes=st.dictionaries(st.sampled_from(NODES), st.integers(0, len(LONG)), max_size=20),
+    holes=st.lists(st.tuples(st.sampled_from(NODES), st.integers(0, len(LONG) - 1)), max_size=8),
+    request_len=st.integers(0, len(LONG)),
+)
+def test_long_requests_match_a_brute_force_scan_across_chunks(prefixes, holes, request_len):
+    """Runs that end in any chunk, holes anywhere, and holder sets that recur after a change
+    (interned masks: the same object again) give the same lengths as a scan per node."""
+    index = BlockIndex()
+    holdings = {node: set(LONG[:length]) for node, length in prefixes.items() if length}
+    for node, held in holdings.items():
+        index.add_many(held, node)
+        index.add_many(LONG[: prefixes[node]], node)  # adding again changes nothing
+    for node, position in holes:
+        index.remove(LONG[position], node)
+        holdings.get(node, set()).discard(LONG[position])
+    hashes = LONG[:request_len]
+    assert_matches_brute_force(index, holdings, hashes, NODES)
+    for node, position in holes[:3]:
+        index.add(LONG[position], node)
+        holdings.setdefault(node, set()).add(LONG[position])
+    assert_matches_brute_force(index, holdings, hashes, NODES)
+
+
+# Chains that share their first blocks, as sessions extending one system prompt do.
+SHARED = chain("shared", 150)
+BRANCHES = [SHARED + chain(f"branch{b}", 150) for b in range(3)]
+operation = st.one_of(
+    st.tuples(
+        st.sampled_from(["add", "remove"]),
+        st.sampled_from(NODES[:6]),
+        st.integers(0, 2),
+        st.one_of(st.just(0), st.integers(0, 299)),  # prefixes from block 0, and stretches
+        st.integers(1, 300),
+    ),
+    st.tuples(
+        st.just("remove_node"), st.sampled_from(NODES[:6]), st.just(0), st.just(0), st.just(0)
+    ),
+    st.tuples(st.just("match"), st.just(""), st.integers(0, 2), st.integers(0, 300), st.just(0)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations=st.lists(operation, max_size=25))
+def test_repeated_matches_through_changes_equal_a_brute_force_scan(operations):
+    """Stretches of one holder set that a match noted are reused by the next match with the
+    same prefix, and forgotten when any of their blocks gains or loses a holder: each match,
+    whatever came before it, equals a scan per node."""
+    index = BlockIndex()
+    holdings: dict[str, set[bytes]] = {}
+    for kind, node, branch, start, count in operations:
+        blocks = BRANCHES[branch][start : start + count]
+        if kind == "add":
+            index.add_many(blocks, node)
+            holdings.setdefault(node, set()).update(blocks)
+        elif kind == "remove":
+            for block in blocks:
+                index.remove(block, node)
+            holdings.get(node, set()).difference_update(blocks)
+        elif kind == "remove_node":
+            index.remove_node(node)
+            holdings.pop(node, None)
+        for hashes in (BRANCHES[branch][:start], BRANCHES[(branch + 1) % 3]):
+            assert_matches_brute_force(index, holdings, hashes, NODES[:6])

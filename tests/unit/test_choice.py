@@ -9,7 +9,7 @@ import pytest
 from crescent.common.messages import SamplingParams, StructuredOutput, TokenLogprobs
 from crescent.common.tokenizer import ByteTokenizer
 from crescent.conductor.choice import Choice
-from crescent.conductor.flow import TokenEvent
+from crescent.conductor.flow_state import TokenEvent
 from crescent.conductor.openai_api import parse_chat, parse_completion
 from crescent.conductor.openai_shapes import Collected, chunk, full_response
 from crescent.conductor.progress import Progress, Replay, ReplayDivergedError, replayable

@@ -1,7 +1,7 @@
 """A moved decode goes on from where the last one stopped: what its start message says."""
 
 from crescent.common.messages import SamplingParams
-from crescent.conductor.flow import _DecodeSide
+from crescent.conductor.flow_state import DecodeSide
 from crescent.conductor.progress import Progress
 
 
@@ -15,7 +15,7 @@ def test_a_moved_decode_starts_from_the_prompt_plus_all_but_the_last_generated_t
 
 
 def test_each_decode_attempt_has_an_id_of_its_own():
-    decode = _DecodeSide("cmpl-1")
+    decode = DecodeSide("cmpl-1")
     assert decode.attempt_id == "cmpl-1"
     decode.attempt += 1
     assert decode.attempt_id == "cmpl-1-m1"

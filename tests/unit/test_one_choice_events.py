@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from crescent.conductor.flow import TokenEvent
+from crescent.conductor.flow_state import TokenEvent
 from crescent.conductor.relay import ChoiceEvents, OneChoiceEvents
 
 

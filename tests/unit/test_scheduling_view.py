@@ -126,16 +126,6 @@ def test_malformed_registry_entry_is_ignored():
     assert view.instances == {}
 
 
-def test_own_assignments_count_until_next_telemetry():
-    clock = Clock()
-    view = ClusterView(clock=clock)
-    register(view, "prefill", "p0")
-    view.note_assignment("prefill", "p0", 100)
-    assert view.snapshot("prefill", "m", clock.now)[0].num_queued == 1
-    view.apply_load(load("prefill", "p0", num_queued=1))
-    assert view.snapshot("prefill", "m", clock.now)[0].num_queued == 1
-
-
 def test_models_lists_smallest_context_per_model():
     view = ClusterView(clock=Clock())
     register(view, "prefill", "p0", max_model_len=100)
@@ -198,10 +188,12 @@ def test_snapshots_are_reused_until_the_instance_changes():
     view.apply_load(load("decode", "d0", num_running=2, kv_used_tokens=10, kv_capacity_tokens=100))
     [first] = view.snapshot("decode", "m", clock.now, pricing)
     assert view.snapshot("decode", "m", clock.now, pricing)[0] is first
-    view.note_assignment("decode", "d0", 30)
+    number = view.assign("decode", "d0", "r1", 30)
     [assigned] = view.snapshot("decode", "m", clock.now, pricing)
     assert assigned.kv_used_tokens == 40 and assigned is not first
-    view.apply_load(load("decode", "d0", num_running=3, kv_used_tokens=50, kv_capacity_tokens=100))
+    counted = {view.conductor_id: number}  # the report counts the assignment
+    loaded = load("decode", "d0", num_running=3, kv_used_tokens=50, kv_capacity_tokens=100)
+    view.apply_load(msgspec.structs.replace(loaded, received=counted))
     [loaded] = view.snapshot("decode", "m", clock.now, pricing)
     assert (loaded.num_running, loaded.kv_used_tokens, loaded.is_stale) == (3, 50, False)
     clock.now += 10  # silent for many periods
@@ -229,6 +221,7 @@ def test_kept_snapshots_equal_snapshots_built_anew_through_any_changes():
     ids = [f"p{i}" for i in range(6)]
     for instance_id in ids:
         register(view, "prefill", instance_id)
+    handed_before = None
     for _ in range(400):
         event = rng.random()
         instance_id = rng.choice(ids)
@@ -240,10 +233,14 @@ def test_kept_snapshots_equal_snapshots_built_anew_through_any_changes():
                     queue_time_s=rng.choice([0.0, 0.05, 0.3]),
                     running_s=rng.choice([0.0, 0.01]),
                     num_queued=rng.randint(0, 3),
+                    received={view.conductor_id: view.next_number() - rng.randint(0, 30)},
                 )
             )
+        elif event < 0.45:
+            request_id = f"r{rng.randint(0, 20)}"
+            view.assign("prefill", instance_id, request_id, 10, rng.choice([0.0, 0.02, 0.3]))
         elif event < 0.5:
-            view.note_assignment("prefill", instance_id, 10, rng.choice([0.0, 0.02, -0.02]))
+            view.unassign(f"r{rng.randint(0, 20)}")
         elif event < 0.53:
             register(view, "prefill", instance_id, kv_capacity_tokens=rng.randint(0, 9))
         elif event < 0.55 and instance_id != "p0":
@@ -258,6 +255,15 @@ def test_kept_snapshots_equal_snapshots_built_anew_through_any_changes():
         for name in ("queue_s", "is_usable", "kv_free", "num_running", "num_context", "model"):
             assert getattr(kept, name).tolist() == getattr(built, name).tolist(), name
         assert [kept.roots[r] for r in kept.root] == [built.roots[r] for r in built.root]
+        # Columns handed out earlier keep what they said: the view copies a column it lent
+        # before writing into it.
+        assert handed_before is None or _column_values(handed_before[0]) == handed_before[1]
+        handed_before = (kept, _column_values(kept))
+
+
+def _column_values(columns):
+    names = ("is_usable", "kv_free", "num_running", "num_context", "model", "root")
+    return [getattr(columns, name).tolist() for name in names] + [columns.nodes]
 
 
 def test_a_running_job_past_its_prediction_leaves_the_queue_behind_it_whole():

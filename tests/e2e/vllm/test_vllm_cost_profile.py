@@ -58,17 +58,19 @@ def prefill_worker(infra, cluster: str, tmp_path, model_dir, profile_dir) -> Man
 
 
 async def published_profile(
-    infra, cluster: str, process: ManagedProcess, timeout_s: float
-) -> CostProfile:
+    infra, cluster: str, process: ManagedProcess, timeout_s: float, newer_than: int = 0
+) -> tuple[CostProfile, int]:
+    """The profile `process` published and its etcd revision: one written after revision
+    `newer_than` (a stopped worker's key may outlive it until its lease expires)."""
     etcd = await connect_etcd(infra.etcd_url)
     key = Keys(cluster).cost("prefill", "prefill-p").encode()
     try:
         deadline = time.monotonic() + timeout_s
-        while (entry := await etcd.get(key)) is None:
+        while (entry := await etcd.get(key)) is None or entry.mod_revision <= newer_than:
             assert process.is_running, process.log_tail()
             assert time.monotonic() < deadline, "no profile published"
             await asyncio.sleep(0.5)
-        return decode(entry.value, CostProfile)
+        return decode(entry.value, CostProfile), entry.mod_revision
     finally:
         await etcd.close()
 
@@ -79,7 +81,7 @@ async def test_worker_publishes_a_fitted_profile_and_keeps_it(
     profile_dir = tmp_path / "profiles"
     worker = prefill_worker(infra, cluster_name, tmp_path, tiny_model_dir, profile_dir)
     try:
-        measured = await published_profile(infra, cluster_name, worker, 400)
+        measured, revision = await published_profile(infra, cluster_name, worker, 400)
     finally:
         worker.stop()
     check_profile(measured, MODEL)
@@ -91,7 +93,7 @@ async def test_worker_publishes_a_fitted_profile_and_keeps_it(
 
     again = prefill_worker(infra, cluster_name, tmp_path, tiny_model_dir, profile_dir)
     try:
-        reused = await published_profile(infra, cluster_name, again, 300)
+        reused, _ = await published_profile(infra, cluster_name, again, 300, revision)
     finally:
         again.stop()
     assert reused.source == "stored" and reused.prefill == measured.prefill

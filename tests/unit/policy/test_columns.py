@@ -1,7 +1,9 @@
 """InstanceColumns: the columns a decision reads say what the snapshots say, subsets included."""
 
 import numpy as np
+from policy_helpers import chain
 
+from crescent.common.block_index import BlockIndex
 from crescent.conductor.policy import CostPredictors, InstanceSnapshot
 from crescent.conductor.policy.columns import NO_MODEL, InstanceColumns
 
@@ -61,3 +63,28 @@ def test_a_row_reads_the_queue_of_its_column():
     columns.queue_s[2] = 0.25  # as the view drains a queue without a new snapshot
     assert columns[2].queue_time_s == 0.25 and list(columns)[2].queue_time_s == 0.25
     assert columns[0] is rows[0]
+
+
+def test_prefix_lengths_read_by_bit_equal_the_match_by_name():
+    """Rows read their node's prefix length through the index's node bits; a subset reads its
+    own rows, a node the index does not know reads 0, and a node that moves to another bit
+    (another left and came back) is read at its new bit, not the one kept from before."""
+    hashes = chain("r", 40)
+    index = BlockIndex()
+    nodes = [f"n{i}" for i in range(70)]  # more than eight bytes of bits
+    for i, node in enumerate(nodes):
+        index.add_many(hashes[: (i * 7) % 41], node)
+    rows = [
+        InstanceSnapshot(f"p{i}", node, 0, 0, 0.0, 0, 100, is_stale=i % 3 == 0)
+        for i, node in enumerate([*nodes, "unknown"])
+    ]
+    columns = InstanceColumns.of(rows)
+    usable = columns.where(columns.is_usable)
+    for _ in range(2):
+        match = index.match(hashes)
+        for part in (columns, usable):
+            assert part.prefix_lengths(match).tolist() == [match.length(n) for n in part.nodes]
+        index.remove_node("n0")  # frees bit 0 ...
+        index.remove_node("n5")
+        index.add_many(hashes[:3], "n5")  # ... which n5 takes
+        index.add_many(hashes[:9], "n0")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 from policy_helpers import BLOCK, chain, index_with, linear_predictors, prefill, request
 
-from crescent.conductor.policy import BandwidthTable, CostPredictors
+from crescent.conductor.policy import BandwidthTable, CostPredictors, InstanceSnapshot
+from crescent.conductor.policy.columns import InstanceColumns
 from crescent.conductor.policy.kv_centric import choose_prefill, exceeds_threshold, price_local
 from crescent.engine.cost_model import CostModel
 
@@ -161,19 +163,33 @@ def test_paper_scale_example_with_the_emulated_cost_model():
     assert choice.predicted_ttft_s < 2.0
 
 
-def test_fastest_rates_are_the_rates_fastest_source_picks():
-    """The rates the KV-centric bound reads in C: what fastest_source gives each destination
-    for a few sources, and no less than that for many."""
+def test_link_rates_are_the_rates_fastest_source_picks():
+    """The rates the KV-centric bound reads per row: what fastest_source gives each row's node
+    for a few sources (two rows share a node; a subset reads its own rows; a source with links
+    measured to most nodes is read by row), and no less than that for many."""
     rng = random.Random(5)
     nodes = [f"n{i}" for i in range(20)]
     table = BandwidthTable(1e6)
     for _ in range(60):
         table.set(rng.choice(nodes), rng.choice(nodes), rng.choice([5e5, 1e6, 2e6, 4e6]))
-    for num_sources in (1, 2, 4, 9):
-        sources = rng.sample(nodes, num_sources)
-        rates = list(table.fastest_rates(sources, nodes))
-        exact = [table.fastest_source(sources, node)[1] for node in nodes]
-        if num_sources <= 4:
-            assert rates == exact
-        else:
-            assert all(rate >= fastest for rate, fastest in zip(rates, exact))
+    for node in nodes:
+        table.set("everywhere", node, rng.choice([5e5, 4e6]))
+    rows = [*nodes, "n3", "unmeasured"]
+    columns = InstanceColumns.of(
+        [InstanceSnapshot(f"i{i}", n, 0, 0, 0.0, 0, 1) for i, n in enumerate(rows)]
+    )
+    subset = columns.where(np.arange(len(rows)) % 3 != 0)
+    for sources in (
+        ["n1"],
+        ["everywhere"],
+        ["n2", "everywhere"],
+        rng.sample(nodes, 4),
+        rng.sample(nodes, 9),
+    ):
+        for part in (columns, subset):
+            rates = part.link_rates(table, sources).tolist()
+            exact = [table.fastest_source(sources, node)[1] for node in part.nodes]
+            if len(sources) <= 4:
+                assert rates == exact
+            else:
+                assert all(rate >= fastest for rate, fastest in zip(rates, exact))

@@ -42,6 +42,7 @@ def time_scheduler(load: ConductorLoad, repeat: int) -> dict:
     for i in range(WARMUP):  # warm caches and code paths, and reach the steady state
         load.between_decisions(scheduler.schedule(requests[i % len(requests)], MODEL))
     gc.collect()
+    gc.freeze()  # as the conductor does once its state is loaded (app.py)
     wall, cpu = [], []
     for i in range(repeat):
         request = requests[i % len(requests)]
@@ -50,6 +51,7 @@ def time_scheduler(load: ConductorLoad, repeat: int) -> dict:
         cpu.append(time.thread_time_ns() - start_cpu)
         wall.append(time.perf_counter_ns() - start)
         load.between_decisions(outcome)
+    gc.unfreeze()  # the next case's cluster replaces this one
     # CPU time beside wall time tells the code's own cost from time spent preempted on a busy host.
     return {
         "p50_us": _percentile(wall, 0.50),

@@ -20,7 +20,7 @@ from __future__ import annotations
 from crescent.bench.sim.autoscale import SimRatio
 from crescent.bench.sim.config import SimConfig
 from crescent.bench.sim.events import EventLoop
-from crescent.bench.sim.instances import DecodeInstance, PrefillInstance
+from crescent.bench.sim.instances import DecodeInstance, PrefillInstance, take_in
 from crescent.bench.sim.network import Network
 from crescent.bench.sim.request import SimRequest, Status
 from crescent.bench.sim.store import NodeStore
@@ -299,9 +299,13 @@ class DisaggregatedCluster:
             self.scheduler.record(scheduled, outcome)
             decode = self.decodes[outcome.decode.instance_id]
             if is_baseline:
+                # The baseline's decode hears of the request now but takes its room only when
+                # the request reaches it: its reports acknowledge the assignment without it.
+                self._take_in("decode", decode, request.request_id)
                 break
             if decode.can_reserve(scheduled.num_kv_tokens):
                 decode.reserve(request.request_id, scheduled.num_kv_tokens)
+                self._take_in("decode", decode, request.request_id)
                 break
             self.scheduler.forget(scheduled, outcome)
             refused.append(decode.instance_id)
@@ -320,6 +324,7 @@ class DisaggregatedCluster:
             return
         prefill.queue.append(request)
         prefill.num_queued_tokens += request.num_prompt
+        self._take_in("prefill", prefill, request.request_id)
         if prefill.is_idle:
             self._start_prefill(prefill)
 
@@ -379,6 +384,14 @@ class DisaggregatedCluster:
             self.loop.after(self._decode_load_s(request), self._join_decode, request)
         if prefill.queue:
             self._start_prefill(prefill)
+
+    def _take_in(
+        self, role: str, instance: PrefillInstance | DecodeInstance, request_id: str
+    ) -> None:
+        """The instance holds the request's work now: its telemetry acknowledges the conductor's
+        assignment (what the real workers report in InstanceLoad.received)."""
+        number = self.view.assignment_number(role, instance.instance_id, request_id)
+        take_in(instance.received, self.view.conductor_id, number)
 
     def _decode_load_s(self, request: SimRequest) -> float:
         """Host-to-device load of the prompt's KV on the decode node, pipelined with the

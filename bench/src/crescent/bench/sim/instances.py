@@ -22,6 +22,7 @@ class PrefillInstance:
         self.num_queued_tokens = 0
         self.is_draining = False  # takes no new work; leaves once what it holds is done
         self.drain_announced_s: float | None = None  # when its telemetry first said so
+        self.received: dict[str, int] = {}  # conductor → highest assignment number taken in
 
     @property
     def is_idle(self) -> bool:
@@ -47,6 +48,7 @@ class PrefillInstance:
             num_queued=len(self.queue) + (self.running is not None),
             queue_time_s=self.queue_time_s(now),
             kv_used_tokens=self.num_queued_tokens,
+            received=dict(self.received),
             **_accepting(self.is_draining),
         )
 
@@ -68,6 +70,7 @@ class DecodeInstance:
         self.is_stepping = False
         self.is_draining = False  # takes no new work; leaves once what it holds is done
         self.drain_announced_s: float | None = None  # when its telemetry first said so
+        self.received: dict[str, int] = {}  # conductor → highest assignment number taken in
 
     @property
     def holds_work(self) -> bool:
@@ -101,8 +104,14 @@ class DecodeInstance:
             kv_used_tokens=self.kv_used_tokens,
             kv_capacity_tokens=self.kv_capacity_tokens,
             num_context_tokens=self.batch.context_tokens,
+            received=dict(self.received),
             **_accepting(self.is_draining),
         )
+
+
+def take_in(received: dict[str, int], conductor: str, number: int) -> None:
+    """An instance takes in an assignment: its telemetry acknowledges the number from now on."""
+    received[conductor] = max(received.get(conductor, 0), number)
 
 
 def _accepting(is_draining: bool) -> dict:

@@ -20,6 +20,7 @@ from crescent.common.naming import TOKEN_PATTERN
 MAX_SEQUENCE_TOKENS = 1 << 24  # prompt + output of one request: beyond any model's context
 MAX_TOKEN_ID = (1 << 32) - 1  # block hashing packs token ids as uint32
 MAX_COUNT = 1 << 40  # requests, tokens held by an instance, blocks, slots
+MAX_ASSIGNMENT = (1 << 63) - 1  # a conductor's assignment numbers start at its start time in µs
 MAX_BYTES = 1 << 50  # a segment, an offset into one, a block (1 PiB)
 MAX_SECONDS = 7 * 24 * 3600.0  # a measured or predicted duration
 MAX_TTL_S = 3600.0  # how long a reservation, allocation or pin may hold resources unattended
@@ -43,6 +44,7 @@ TokenId = Annotated[int, Meta(ge=0, le=MAX_TOKEN_ID)]
 TokenIds = Annotated[list[TokenId], Meta(max_length=MAX_SEQUENCE_TOKENS)]
 StopTokenIds = Annotated[list[TokenId], Meta(max_length=MAX_STOP_TOKENS)]
 Count = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
+AssignmentNumber = Annotated[int, Meta(ge=0, le=MAX_ASSIGNMENT)]
 NumBytes = Annotated[int, Meta(ge=0, le=MAX_BYTES)]
 Offsets = Annotated[list[NumBytes], Meta(max_length=MAX_SEQUENCE_TOKENS)]  # one per block
 Seconds = Annotated[float, Meta(ge=0.0, le=MAX_SECONDS)]

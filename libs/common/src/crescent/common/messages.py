@@ -13,6 +13,7 @@ from msgspec import Meta
 
 from crescent.common.bounds import (
     MAX_SEQUENCE_TOKENS,
+    AssignmentNumber,
     Bandwidth,
     BlockHashes,
     Count,
@@ -98,6 +99,10 @@ class InstanceLoad(Message):
     # (decode: no KV room left); `not_accepting_reason` says which.
     is_accepting: bool = True
     not_accepting_reason: Name = ""
+    # prefill/decode: by conductor id, the highest assignment number (PrefillJob.assignment,
+    # Reservation.assignment) received from that conductor. Everything up to it is counted in
+    # this message; a conductor keeps adding what it sent after it (conductor/cluster_view.py).
+    received: dict[Id, AssignmentNumber] = {}
 
 
 class DesiredInstances(Message):
@@ -177,12 +182,18 @@ class PrefillJob(Message):
     pull_from_node: OptionalId = ""  # first pull pull_hashes from this node's store into ours
     pull_hashes: BlockHashes = []
     timeout_s: Seconds = 0.0  # how long the conductor waits for the result; 0: no deadline
+    # The sending conductor and its number for this assignment, which the instance's telemetry
+    # acknowledges (InstanceLoad.received); 0: not numbered.
+    conductor: OptionalId = ""
+    assignment: AssignmentNumber = 0
 
 
 class PrefillCancel(Message):
     """Conductor → prefill.<id>.cancel: the client left or the job was placed elsewhere."""
 
     request_id: Id
+    conductor: OptionalId = ""  # numbered like an assignment: InstanceLoad.received says when
+    assignment: AssignmentNumber = 0  # the job no longer counts in the instance's load
 
 
 class PrefillResult(Message):
@@ -204,6 +215,8 @@ class Reservation(Message):
     num_prompt_tokens: TokenCount
     max_tokens: TokenCount
     ttl_s: Ttl = 30.0
+    conductor: OptionalId = ""  # as in PrefillJob: acknowledged by InstanceLoad.received
+    assignment: AssignmentNumber = 0
 
 
 class ReservationReply(Message):
@@ -228,6 +241,8 @@ class DecodeStart(Message):
 
 class DecodeCancel(Message):
     request_id: Id
+    conductor: OptionalId = ""  # as in PrefillCancel
+    assignment: AssignmentNumber = 0
 
 
 class TokenChunk(Message):

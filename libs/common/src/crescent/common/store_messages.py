@@ -38,13 +38,14 @@ class BlockSlots(Message):
 
 
 class CommitBlocks(Message):
-    """Make allocated blocks readable. The reply comes once lookups and pins at this store see
-    them; with `wait_metadata` also once their keys are in etcd (the cluster's index), else
-    those follow within the store's metadata batching interval."""
+    """Make allocated blocks readable. The reply comes once lookups, pins and gets at this
+    store see them; their keys in etcd (what the conductor's block index follows) come after,
+    within the store's metadata lag (crescent_store_metadata_lag_seconds). With
+    `wait_metadata` the reply also waits until those keys are in etcd."""
 
     model: Name
     hashes: BlockHashes
-    wait_metadata: bool = True
+    wait_metadata: bool = False
 
 
 class AbortBlocks(Message):

@@ -276,14 +276,11 @@ class BlockOps:
     ) -> None:
         await self.client.move(Op.WRITE, segment, offsets, buffers)
 
-    async def commit(self, node: str, hashes: Sequence[bytes], wait_metadata: bool = True) -> None:
-        """Make written blocks readable; `wait_metadata=False` returns once the store itself
-        serves them, before their keys reach etcd."""
+    async def commit(self, node: str, hashes: Sequence[bytes]) -> None:
+        """Make written blocks readable: returns once the store itself serves them; their keys
+        reach etcd (the conductor's index) after, within the store's metadata lag."""
         if hashes:
-            request = CommitBlocks(
-                model=self.model, hashes=list(hashes), wait_metadata=wait_metadata
-            )
-            await self.ctl(node, request, Done)
+            await self.ctl(node, CommitBlocks(model=self.model, hashes=list(hashes)), Done)
 
     async def evict(self, node: str, hashes: Sequence[bytes]) -> None:
         await self.ctl(node, EvictBlocks(model=self.model, hashes=list(hashes)), EvictReply)

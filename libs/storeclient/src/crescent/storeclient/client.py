@@ -3,8 +3,9 @@ and get KV blocks anywhere in the cluster, find the longest cached prefix per no
 replication.
 
 Bytes take the shortest road: a store on this host is mapped into this process and its slots
-are read and written in place (one memcpy, no socket); a store elsewhere is reached through a
-staging segment and the data plane (tcp, or rdma where there is a NIC).
+are read and written in place (one memcpy, no socket); a store elsewhere is reached through the
+data plane, over tcp straight from and into the caller's buffers, over rdma through a
+registered staging segment (rdma moves only memory registered with its device).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import aetcd
 
 from crescent.common.block_index import BlockIndex, apply_block_change
 from crescent.common.bus import Bus
-from crescent.common.errors import RecoverableError
 from crescent.common.etcd import MirrorEvent, PrefixMirror
 from crescent.common.naming import Keys, Subjects
 from crescent.common.store_messages import (
@@ -39,14 +39,13 @@ from crescent.common.store_messages import (
     UnpinBlocks,
 )
 from crescent.storeclient import metrics
+from crescent.storeclient.data_plane import DataPlaneMover
 from crescent.storeclient.directory import SegmentDirectory
 from crescent.transfer import (
     Op,
     ShmEndpoint,
-    ShmSegment,
     TransferConfig,
     TransferEngine,
-    TransferEntry,
     TransportCounters,
     TransportKind,
 )
@@ -55,20 +54,12 @@ from crescent.transfer.segment import ShmMapping
 
 log = logging.getLogger(__name__)
 
-# Staged moves go in parts of this size, whose transfers run at once while the next part is
-# copied into staging (or the previous one out of it).
-PIPELINE_BYTES = 4 << 20
-
-
-class StoreClientError(RecoverableError):
-    pass
-
 
 @dataclass
 class ClientConfig:
     node: str
     timeout_s: float = 30.0
-    staging_bytes: int = 64 << 20  # staging for stores on other hosts
+    staging_bytes: int = 64 << 20  # staging for stores reached over rdma (made on first use)
     use_mapping: bool = (
         True  # map same-host stores; False forces the data plane (tests, benchmarks)
     )
@@ -96,8 +87,7 @@ class StoreClient:
         self._block_bytes: dict[str, int] = {}
         self._host_id = host_id()
         self._transfer: TransferEngine | None = None
-        self._staging: ShmSegment | None = None
-        self._staging_lock = asyncio.Lock()
+        self._data_plane: DataPlaneMover | None = None
         self._tasks: list[asyncio.Task] = []
         self._unpins: dict[str, set[asyncio.Task]] = {}  # node → unpins not answered yet
 
@@ -109,10 +99,13 @@ class StoreClient:
             self.directory, self.config.transfer or TransferConfig(node=self.config.node)
         )
         await self._transfer.start()
-        self._staging = ShmSegment.create(
-            f"{self.config.node}.client-staging", self.config.staging_bytes
+        self._data_plane = DataPlaneMover(
+            self._transfer,
+            self.directory,
+            self.config.node,
+            self.config.staging_bytes,
+            self.config.timeout_s,
         )
-        self._transfer.register(self._staging)
 
     async def close(self) -> None:
         for node in list(self._unpins):
@@ -124,8 +117,8 @@ class StoreClient:
             mapping.close()
         if self._transfer is not None:
             await self._transfer.close()
-        if self._staging is not None:
-            self._staging.close()
+        if self._data_plane is not None:
+            self._data_plane.close()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -185,61 +178,26 @@ class StoreClient:
                     buffer[:] = region
             _count_moved(op, "mapped", buffers)
             return
-        async with self._staging_lock:
-            staging = self._staging.view()
-            start = 0
-            while start < len(buffers):
-                end, used = start, 0
-                while end < len(buffers) and used + len(buffers[end]) <= len(staging):
-                    used += len(buffers[end])
-                    end += 1
-                if end == start:
-                    raise StoreClientError(
-                        f"a {len(buffers[start])}-byte block exceeds the staging segment"
-                    )
-                await self._move_staged(
-                    op, segment, offsets[start:end], buffers[start:end], staging
-                )
-                start = end
+        await self._data_plane.move(op, segment, offsets, buffers)
         _count_moved(op, "data-plane", buffers)
 
-    async def _move_staged(self, op, segment, offsets, buffers, staging: memoryview) -> None:
-        """Through the staging segment, in parts of about PIPELINE_BYTES whose transfers run
-        at once: a part's copy into staging (write) or out of it (read) overlaps the other
-        parts' transfers instead of adding to them."""
-        parts, position = [], 0
-        for start, end in _parts([len(buffer) for buffer in buffers], PIPELINE_BYTES):
-            entries = []
-            for offset, buffer in zip(offsets[start:end], buffers[start:end]):
-                if op is Op.WRITE:
-                    staging[position : position + len(buffer)] = buffer
-                entries.append(
-                    TransferEntry(op, self._staging.name, position, segment, offset, len(buffer))
-                )
-                position += len(buffer)
-            transfer = self._transfer.transfer(entries, timeout=self.config.timeout_s)
-            parts.append((start, end, entries, asyncio.ensure_future(transfer)))
-            await asyncio.sleep(0)  # the part's lanes start before the next part is staged
-        try:
-            for start, end, entries, transfer in parts:
-                (await transfer).raise_for_errors()
-                if op is Op.READ:
-                    for entry, buffer in zip(entries, buffers[start:end], strict=True):
-                        buffer[:] = staging[entry.local_offset : entry.local_offset + entry.length]
-        finally:  # staging stays ours until no transfer uses it any more
-            pending = [transfer for *_, transfer in parts if not transfer.done()]
-            for transfer in pending:
-                transfer.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-
     async def put_blocks(
-        self, model: str, node: str, hashes: Sequence[bytes], blocks: Sequence
+        self,
+        model: str,
+        node: str,
+        hashes: Sequence[bytes],
+        blocks: Sequence,
+        wait_metadata: bool = False,
     ) -> int:
         """Store whole blocks on `node`'s store; blocks it already has are skipped. Returns
-        how many were written, once they are committed and their metadata is in etcd."""
+        how many were written, once they are committed: `node`'s store serves them. Their
+        keys reach etcd (the cluster's block index) shortly after, or before this returns
+        with `wait_metadata`."""
         await self._settle_unpins(node)  # a block this client read is not pinned any more
         slots = await self.ctl(node, AllocBlocks(model=model, hashes=list(hashes)), BlockSlots)
         if not slots.allocated:
+            if wait_metadata:  # the blocks' own commit (another writer's) may not be in etcd yet
+                await self.ctl(node, CommitBlocks(model=model, hashes=[], wait_metadata=True), Done)
             return 0
         by_hash = dict(zip(hashes, blocks))
         try:
@@ -252,7 +210,8 @@ class StoreClient:
         except BaseException:
             await self.ctl(node, AbortBlocks(model=model, hashes=slots.allocated), Done)
             raise
-        await self.ctl(node, CommitBlocks(model=model, hashes=slots.allocated), Done)
+        commit = CommitBlocks(model=model, hashes=slots.allocated, wait_metadata=wait_metadata)
+        await self.ctl(node, commit, Done)
         return len(slots.allocated)
 
     async def get_blocks(
@@ -353,19 +312,6 @@ class StoreClient:
     async def evict(self, model: str, node: str, hashes: Sequence[bytes]) -> EvictReply:
         await self._settle_unpins(node)  # blocks this client read are not kept as pinned
         return await self.ctl(node, EvictBlocks(model=model, hashes=list(hashes)), EvictReply)
-
-
-def _parts(sizes: Sequence[int], max_bytes: int) -> list[tuple[int, int]]:
-    """Consecutive index ranges of about `max_bytes` each (at least one item per range)."""
-    parts, start, used = [], 0, 0
-    for index, size in enumerate(sizes):
-        if index > start and used + size > max_bytes:
-            parts.append((start, index))
-            start, used = index, 0
-        used += size
-    if start < len(sizes):
-        parts.append((start, len(sizes)))
-    return parts
 
 
 def _count_moved(op: Op, route: str, buffers: Sequence[memoryview]) -> None:

@@ -195,6 +195,26 @@ class TransferEngine:
         self._endpoints[segment.name] = tuple(endpoints)
         return self.descriptor(segment.name)
 
+    def register_local(self, segment: Segment) -> None:
+        """Allow `segment` (a caller's buffer, crescent.transfer.buffers.BufferSegment) as the
+        local side of entries, never serving it to peers: no id, no endpoints. Entries routed
+        to a transport that cannot move such memory (rdma) fail with BadEntry; ask
+        `moves_local_buffers` first."""
+        self._check_running()
+        self._registry.add_local(segment)
+
+    def unregister_local(self, name: str) -> None:
+        """Forget a segment of `register_local`; SegmentNotFound if it is not registered."""
+        self._registry.remove_local(name)
+
+    def moves_local_buffers(self, remote: SegmentDescriptor) -> bool:
+        """Whether entries to `remote` may take a `register_local` segment as their local side
+        (False also when no transport reaches `remote`)."""
+        try:
+            return self._route(remote).moves_unregistered_memory
+        except NoRoute:
+            return False
+
     def unregister(self, name: str) -> None:
         """Stop serving a segment; SegmentNotFound if it is not registered."""
         segment = self._registry.remove(name)
@@ -298,6 +318,11 @@ class TransferEngine:
                 return None
         try:
             transport = self._route(remote)
+            if not transport.moves_unregistered_memory and self._registry.is_local_only(local.name):
+                raise BadEntry(
+                    f"local segment {local.name!r} is not registered memory, which "
+                    f"{transport.kind.value} needs to reach {remote.name!r}"
+                )
         except TransferError as exc:
             for index in columns.indices:
                 failures[index] = exc

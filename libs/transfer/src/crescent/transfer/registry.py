@@ -1,5 +1,6 @@
 """This process's registered segments, by name (for local entries) and by numeric id (what
-the tcp wire protocol carries, so a request header stays fixed-size)."""
+the tcp wire protocol carries, so a request header stays fixed-size); and local-only ones (a
+caller's buffers, crescent.transfer.buffers), by name alone, which no peer can address."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class SegmentRegistry:
     def __init__(self) -> None:
         self._by_name: dict[str, tuple[int, Segment]] = {}
         self._by_id: dict[int, Segment] = {}
+        self._local_only: dict[str, Segment] = {}
         self._next_id = 1
         self._lock = threading.Lock()
 
@@ -33,6 +35,23 @@ class SegmentRegistry:
             self._by_id[segment_id] = segment
             return segment_id
 
+    def add_local(self, segment: Segment) -> None:
+        """Allow `segment` as the local side of entries; it gets no id, so it is never served."""
+        with self._lock:
+            if segment.name in self._by_name or segment.name in self._local_only:
+                raise ValueError(f"segment {segment.name!r} is already registered")
+            self._local_only[segment.name] = segment
+
+    def remove_local(self, name: str) -> Segment:
+        with self._lock:
+            try:
+                return self._local_only.pop(name)
+            except KeyError:
+                raise SegmentNotFound(name) from None
+
+    def is_local_only(self, name: str) -> bool:
+        return name in self._local_only
+
     def remove(self, name: str) -> Segment:
         with self._lock:
             try:
@@ -43,14 +62,14 @@ class SegmentRegistry:
             return segment
 
     def get(self, name: str) -> Segment:
-        entry = self._by_name.get(name)
-        if entry is None:
+        segment = self.find(name)
+        if segment is None:
             raise SegmentNotFound(name)
-        return entry[1]
+        return segment
 
     def find(self, name: str) -> Segment | None:
         entry = self._by_name.get(name)
-        return entry[1] if entry is not None else None
+        return entry[1] if entry is not None else self._local_only.get(name)
 
     def id_of(self, name: str) -> int:
         entry = self._by_name.get(name)

@@ -7,6 +7,7 @@ the cluster, readiness (/ready) and the informational endpoints.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 
@@ -23,7 +24,8 @@ from crescent.common.tokenizer import ByteTokenizer
 from crescent.conductor import metrics
 from crescent.conductor.autoscale import RatioLoop
 from crescent.conductor.cluster_view import ClusterView
-from crescent.conductor.flow import FlowTimeouts, RequestFlow
+from crescent.conductor.flow import RequestFlow
+from crescent.conductor.flow_state import FlowTimeouts
 from crescent.conductor.generation import Generation
 from crescent.conductor.http_errors import openai_errors
 from crescent.conductor.openapi import OPENAPI
@@ -50,6 +52,7 @@ class Conductor:
 
     async def start(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        self.view.conductor_id = runtime.instance_id  # the id its jobs and reservations carry
         await self._agree_on_config(runtime)
         mirror = PrefixMirror(
             runtime.etcd, runtime.keys.instances(), self.scheduler.apply_registry_event
@@ -66,6 +69,12 @@ class Conductor:
         )
         await blocks.load()
         runtime.tasks.spawn("blocks-watch", blocks.run())
+        # What is loaded by now (modules, registry, prices, block index) lives as long as the
+        # process: frozen, a full collection no longer walks it, and that collection pauses a
+        # decision ~0.6 ms instead of ~76 ms (measured on the schedule bench's 512 × 1,024 state).
+        # Collected first, so that no garbage is kept alive by the freeze.
+        gc.collect()
+        gc.freeze()
         if self.ratio is not None:
             runtime.tasks.spawn("ratio-controller", self.ratio.run(runtime))
         if self.settings.hot_spot_period_s > 0:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crescent.common.messages import TokenLogprobs
-from crescent.conductor.flow import TokenEvent
+from crescent.conductor.flow_state import TokenEvent
 from crescent.conductor.logprobs import CompletionLogprobs, chat_content
 from crescent.conductor.openai_api import GenerationRequest
 from crescent.conductor.text import TextAssembler

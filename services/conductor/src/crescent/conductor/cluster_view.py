@@ -11,9 +11,16 @@ is_accepting) and the policies' eligibility filter leaves such instances out.
 Silence is judged against what the conductor heard from the others: when its own loop stalls
 (a busy machine), every instance's telemetry waits unread in the NATS client and all of them
 would look silent at once. So an instance is stale only when others were heard after it by more
-than the stale window, or when nothing at all was heard for DEAF_PERIODS periods. Between two
-telemetry messages the conductor counts its own assignments, so a burst of requests does not
-all land on the instance that looked idlest a moment ago.
+than the stale window, or when nothing at all was heard for DEAF_PERIODS periods.
+
+On top of an instance's reported load the conductor counts its own assignments that the report
+does not include yet, so a burst of requests does not all land on the instance that looked
+idlest a moment ago. Each assignment is numbered (this conductor's numbers only grow) and the
+number travels with the job or reservation; telemetry says the highest number the instance had
+received from this conductor when it was built (InstanceLoad.received), and only assignments
+up to it leave the conductor's count. A report built while a job was still on its way leaves
+that job counted. An assignment also leaves the count when its request is done with the
+instance (its prefill result, its end) or undone, acknowledged or not.
 
 The scheduler asks for both roles' snapshots, priced, on every request; those are kept between
 requests (view_cache) and only what moved since is redone.
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +40,7 @@ from crescent.common.codec import decode
 from crescent.common.errors import MessageError
 from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceInfo, InstanceLoad
+from crescent.conductor.assignments import Assigned, Unacknowledged
 from crescent.conductor.policy.decision import CostPredictors
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 from crescent.conductor.pricing import Pricing, reported_queue_s
@@ -49,9 +58,8 @@ class InstanceState:
     registered_at: float
     load: InstanceLoad | None = None
     load_received_at: float = 0.0
-    num_assigned_since_load: int = 0
-    kv_assigned_since_load: int = 0
-    queue_s_assigned_since_load: float = 0.0
+    # This conductor's assignments the latest telemetry does not count, added to its load.
+    unacknowledged: Unacknowledged = field(default_factory=Unacknowledged)
     was_live: bool = True  # at the last look: each change is logged once
     is_contradiction_logged: bool = False  # contradictory telemetry is logged once per instance
     # The last snapshot built with the scheduler's pricing, until registry, telemetry, an
@@ -63,6 +71,18 @@ class InstanceState:
     # price moved (Pricing.take_changed): telemetry and assignments do not ask again.
     price: tuple[CostPredictors, float] | None = None
 
+    @property
+    def num_assigned_since_load(self) -> int:
+        return self.unacknowledged.num_requests
+
+    @property
+    def kv_assigned_since_load(self) -> int:
+        return self.unacknowledged.num_tokens
+
+    @property
+    def queue_s_assigned_since_load(self) -> float:
+        return self.unacknowledged.queue_s
+
 
 @dataclass
 class ClusterView:
@@ -71,6 +91,13 @@ class ClusterView:
     default_period_s: float = 0.25
     instances: dict[tuple[str, str], InstanceState] = field(default_factory=dict)
     last_heard_any: float = 0.0  # when the newest telemetry from any instance was received
+    conductor_id: str = "conductor"  # whose assignment numbers the telemetry acknowledges
+    # The next assignment number: from the start time in µs, so that a restarted conductor of
+    # the same id never reuses a number its predecessor sent.
+    _next_number: int = field(default_factory=lambda: int(time.time() * 1e6))
+    # request → instance → its assignment there, until the request is done with the instance
+    # (acknowledged or not: what a release takes back)
+    _assigned: dict[str, dict[tuple[str, str], Assigned]] = field(default_factory=dict)
     # (role, model) → its priced instances as of the last decision (view_cache)
     _groups: dict[tuple[str, str], RoleColumns] = field(default_factory=dict)
 
@@ -133,10 +160,22 @@ class ClusterView:
             return
         state.load = load
         state.load_received_at = self.last_heard_any = self.clock()
-        state.num_assigned_since_load = 0
-        state.kv_assigned_since_load = 0
-        state.queue_s_assigned_since_load = 0.0
-        self._mark((load.role, load.instance_id))
+        key = (load.role, load.instance_id)
+        in_flight = state.unacknowledged
+        in_flight.acknowledge(load.received.get(self.conductor_id, 0), state.load_received_at)
+        if in_flight.by_request:  # the report was built before these reached the instance
+            log.debug(
+                "telemetry without assignments in flight",
+                extra={
+                    "role": load.role,
+                    "instance_id": load.instance_id,
+                    "num_in_flight": len(in_flight.by_request),
+                    "queue_s_in_flight": round(
+                        sum(a.queue_s for a in in_flight.by_request.values()), 6
+                    ),
+                },
+            )
+        self._mark(key)
 
     def is_live(self, state: InstanceState, now: float) -> bool:
         period = state.load.period_s if state.load else self.default_period_s
@@ -294,22 +333,66 @@ class ClusterView:
             return 0.0
         return max(0.0, reported_queue_s(load, ratio) - max(0.0, now - state.load_received_at))
 
-    def note_assignment(
+    def next_number(self) -> int:
+        """A new assignment number, for a job or reservation sent before it is assigned."""
+        self._next_number += 1
+        return self._next_number
+
+    def assign(
         self,
         role: str,
         instance_id: str,
+        request_id: str,
         num_tokens: int,
         queue_s: float = 0.0,
-        num_requests: int = 1,
-    ) -> None:
-        """This conductor just gave the instance work its next telemetry will include (negative
-        amounts take back an assignment that did not happen)."""
-        state = self.instances.get((role, instance_id))
+        number: int = 0,
+    ) -> int:
+        """This conductor gives the instance the request's work, numbered `number` (0: a new
+        number): it counts on top of the reported load until telemetry acknowledges it.
+        Returns the number, which the job or reservation carries."""
+        number = number or self.next_number()
+        key = (role, instance_id)
+        state = self.instances.get(key)
         if state is not None:
-            state.num_assigned_since_load += num_requests
-            state.kv_assigned_since_load += num_tokens
-            state.queue_s_assigned_since_load += queue_s
-            self._mark((role, instance_id))
+            assigned = Assigned(number, num_tokens, queue_s)
+            state.unacknowledged.add(request_id, assigned)
+            self._assigned.setdefault(request_id, {})[key] = assigned
+            self._mark(key)
+        return number
+
+    def assignment_number(self, role: str, instance_id: str, request_id: str) -> int:
+        """The number of the request's unacknowledged assignment to the instance (0: none)."""
+        state = self.instances.get((role, instance_id))
+        assigned = state.unacknowledged.by_request.get(request_id) if state is not None else None
+        return assigned.number if assigned is not None else 0
+
+    def unassign(self, request_id: str, role: str = "", instance_id: str = "") -> None:
+        """The request is done with the instance (`role`/`instance_id`; both "": with every
+        instance), or its assignment did not happen: it no longer adds to that load."""
+        held = self._assigned.get(request_id, {})
+        for key in [k for k in held if not role or k == (role, instance_id)]:
+            del held[key]
+            state = self.instances.get(key)
+            if state is not None and state.unacknowledged.remove(request_id):
+                self._mark(key)
+        if not held:
+            self._assigned.pop(request_id, None)
+
+    def release(self, role: str, instance_id: str, request_id: str) -> int:
+        """The request's work on the instance is being cancelled: returns the number its cancel
+        carries. Work the instance's reports already count is taken off them until a report
+        acknowledges that number (assignments.py)."""
+        number = self.next_number()
+        key = (role, instance_id)
+        assigned = self._assigned.get(request_id, {}).get(key)
+        state = self.instances.get(key)
+        is_counted = state is not None and request_id not in state.unacknowledged.by_request
+        self.unassign(request_id, role, instance_id)
+        if assigned is not None and is_counted:
+            released = Assigned(number, assigned.num_tokens, assigned.queue_s, self.clock())
+            state.unacknowledged.release(released)
+            self._mark(key)
+        return number
 
     def models(self) -> dict[str, int]:
         """Models a registered prefill instance serves → their smallest max_model_len. Registered,

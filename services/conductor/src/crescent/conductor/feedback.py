@@ -82,8 +82,15 @@ class Feedback:
     def forget(self, request_id: str) -> None:
         self.placed.pop(request_id, None)
 
-    def on_prefilled(self, request_id: str, result: PrefillResult, measured_ttft_s: float) -> None:
-        """The first token came `measured_ttft_s` after the job was sent."""
+    def on_prefilled(
+        self,
+        request_id: str,
+        result: PrefillResult,
+        measured_ttft_s: float,
+        reserve_wait_s: float = 0.0,
+    ) -> None:
+        """The first token came `measured_ttft_s` after the job was sent, the last
+        `reserve_wait_s` of it waiting for the decode's reservation reply after the result."""
         placed = self.placed.get(request_id)
         if placed is None:
             return
@@ -105,6 +112,7 @@ class Feedback:
                 "queue_s": round(result.queue_s, 6),
                 "compute_s": round(result.compute_s, 6),
                 "transfer_s": round(result.transfer_s, 6),
+                "reserve_wait_s": round(reserve_wait_s, 6),
             },
         )
         contradiction = _contradiction(result, placed, measured_ttft_s)

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Collection
-from dataclasses import dataclass, field
-from typing import TypeVar
+from collections.abc import AsyncIterator, Collection
 
-from crescent.common.bus import Bus, Stream, StreamGroup
+from crescent.common.bus import Bus, StreamGroup
 from crescent.common.errors import (
     CrescentError,
     NoRespondersError,
@@ -40,21 +38,24 @@ from crescent.common.messages import (
     Reservation,
     ReservationReply,
     SamplingParams,
-    TokenChunk,
-    TokenLogprobs,
 )
 from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
-from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.flow_errors import (
     INVALID_REQUEST,
     MOVABLE_ERRORS,
     ConnectionLostError,
-    InstanceLostError,
     RejectedError,
     RequestRefusedError,
     StreamBrokenError,
+)
+from crescent.conductor.flow_state import (
+    Attempt,
+    DecodeSide,
+    FlowTimeouts,
+    Gone,
+    TokenEvent,
 )
 from crescent.conductor.policy import (
     Decision,
@@ -63,94 +64,15 @@ from crescent.conductor.policy import (
     RejectReason,
     ScheduleRequest,
 )
+from crescent.conductor.presence import Presence
 from crescent.conductor.progress import Progress, Replay, replayable
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.tbt_sample import SteadyGaps
 
 log = logging.getLogger(__name__)
 
-PRESENCE_CHECK_S = 0.25
 PLACEMENT_RETRY_S = 0.1
 MAX_MIGRATIONS = 4  # per stage: more means the request itself is the problem
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class FlowTimeouts:
-    reserve_s: float = 2.0
-    prefill_s: float = 120.0
-    start_s: float = 5.0
-    token_gap_s: float = 30.0
-    placement_wait_s: float = 10.0  # how long a request waits for a live instance to exist
-
-
-@dataclass
-class TokenEvent:
-    token_ids: list[int]
-    finish_reason: str | None = None
-    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked for
-    prompt_logprobs: list[TokenLogprobs] | None = None  # on the first event, when asked for
-
-
-@dataclass
-class _DecodeSide:
-    """Which decode instance holds the request's KV room now, under which attempt id: every
-    attempt has its own id, so a late start, cancel or chunk of an earlier one never mixes in."""
-
-    request_id: str
-    instance_id: str = ""
-    attempt: int = 0
-    is_finished: bool = False  # decode released the room itself
-    is_moved: bool = False  # decoding went on elsewhere: the prediction no longer applies
-
-    @property
-    def attempt_id(self) -> str:
-        return self.request_id if self.attempt == 0 else f"{self.request_id}-m{self.attempt}"
-
-
-@dataclass(frozen=True)
-class _SentTo:
-    """The NATS connection (epoch) and the instance's incarnation when a message went to it."""
-
-    epoch: int
-    started_at: float | None
-
-
-@dataclass
-class _Attempt:
-    """One decode attempt under way: its token stream, open before the start went out (a chunk
-    for a stream not yet open would be dropped), and the start's acknowledgement to come."""
-
-    stream: Stream
-    sent_to: _SentTo
-    starting: asyncio.Future  # the decode's Ack
-
-    async def close(self) -> None:
-        """Idempotent."""
-        self.starting.cancel()
-        await asyncio.gather(self.starting, return_exceptions=True)
-        await self.stream.close()
-
-
-class _Gone:
-    """Instances a request left because they failed it. An instance is left out only in the
-    incarnation that failed: the same id registered again (a restarted process) is usable."""
-
-    def __init__(self, view: ClusterView, role: str) -> None:
-        self._view = view
-        self._role = role
-        self._started_at: dict[str, float | None] = {}
-
-    def add(self, instance_id: str, started_at: float | None) -> None:
-        """`instance_id`, in the incarnation that started at `started_at`, failed the request."""
-        self._started_at[instance_id] = started_at
-
-    def ids(self) -> set[str]:
-        return {
-            i
-            for i, started in self._started_at.items()
-            if self._view.started_at(self._role, i) in (started, None)
-        }
 
 
 class RequestFlow:
@@ -175,6 +97,7 @@ class RequestFlow:
         self._clock = scheduler.clock
         self._timeouts = timeouts
         self._eos_token_id = eos_token_id
+        self._presence = Presence(bus, self._view)
 
     async def generate(
         self,
@@ -194,8 +117,8 @@ class RequestFlow:
             may_prefill_on_decode=sampling.prompt_logprobs is None,
         )
         progress = Progress(list(token_ids), max_tokens, replayable(sampling))
-        decode = _DecodeSide(request_id)
-        attempt: _Attempt | None = None
+        decode = DecodeSide(request_id)
+        attempt: Attempt | None = None
         try:
             result = await self._prefill(request, model, progress, decode)
             if (
@@ -283,10 +206,19 @@ class RequestFlow:
         return False
 
     async def _reserve(
-        self, decode_id: str, attempt_id: str, num_prompt_tokens: int, max_tokens: int
+        self,
+        decode_id: str,
+        attempt_id: str,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        assignment: int,
     ) -> bool:
         reservation = Reservation(
-            request_id=attempt_id, num_prompt_tokens=num_prompt_tokens, max_tokens=max_tokens
+            request_id=attempt_id,
+            num_prompt_tokens=num_prompt_tokens,
+            max_tokens=max_tokens,
+            conductor=self._owner,
+            assignment=assignment,
         )
         try:
             reply = await self._bus.request(
@@ -303,7 +235,7 @@ class RequestFlow:
         return reply.accepted
 
     async def _prefill(
-        self, request: ScheduleRequest, model: str, progress: Progress, decode: _DecodeSide
+        self, request: ScheduleRequest, model: str, progress: Progress, decode: DecodeSide
     ) -> PrefillResult | None:
         """The result (first token) of the first prefill instance that survives the job; None
         when the policy has the decode instance compute the prompt (conditional disaggregation).
@@ -313,7 +245,7 @@ class RequestFlow:
         conductor's request) is left out, the job it raced is cancelled, and the policy is
         asked again: a refusal costs one wasted prefill, a rare event, where waiting for every
         reservation first cost every request a round trip."""
-        gone = _Gone(self._view, "prefill")
+        gone = Gone(self._view, "prefill")
         refused: set[str] = set()  # decode instances that refused this request's reservation
         num_moves = 0
         while True:
@@ -337,9 +269,15 @@ class RequestFlow:
                 pull_from_node=prefill.transfer_source or "",
                 pull_hashes=list(prefill.transfer_hashes),
                 timeout_s=self._timeouts.prefill_s,
+                conductor=self._owner,
+                assignment=self._scheduler.assignment_number(
+                    "prefill", prefill.instance_id, request.request_id
+                ),
             )
             sent_at = self._clock()
-            sent_to = self._sent_to("prefill", prefill.instance_id)  # the incarnation it goes to
+            sent_to = self._presence.sent_to(
+                "prefill", prefill.instance_id
+            )  # the incarnation it goes to
             # A task, not a coroutine awaited later: it sends the job in the event loop's next
             # turn, while this task waits for the reservation, and one socket write carries both.
             prefilling = asyncio.ensure_future(
@@ -350,15 +288,21 @@ class RequestFlow:
                     self._timeouts.prefill_s,
                 )
             )
+            prefilled_at: list[float] = []  # when the result came: the reservation may be later
+            prefilling.add_done_callback(lambda _, at=prefilled_at: at.append(self._clock()))
             try:
                 if not await self._reserve_for(request, decode):
                     await self._drop_job(prefilling, prefill.instance_id, request.request_id)
                     self._refused(request, decision, decode, refused)
                     continue
-                result = await self._while_present(
+                result = await self._presence.wait(
                     "prefill", prefill.instance_id, prefilling, sent_to
                 )
-                self._scheduler.on_prefilled(request, decision, result, self._clock() - sent_at)
+                now = self._clock()
+                reserve_wait_s = now - prefilled_at[0] if prefilled_at else 0.0
+                self._scheduler.on_prefilled(
+                    request, decision, result, now - sent_at, reserve_wait_s
+                )
                 return result
             except MOVABLE_ERRORS as exc:
                 if isinstance(exc, RemoteError) and exc.code == INVALID_REQUEST:
@@ -371,8 +315,8 @@ class RequestFlow:
                     gone.add(prefill.instance_id, sent_to.started_at)
                 if not isinstance(exc, NoRespondersError):
                     await self._cancel_prefill(prefill.instance_id, request.request_id)
+                await self._cancel_decode(decode)  # before forget: it releases what was held
                 self._scheduler.forget(request, decision)
-                await self._cancel_decode(decode)
                 decode.instance_id = ""
                 decode.attempt += 1
             except asyncio.CancelledError:
@@ -380,16 +324,21 @@ class RequestFlow:
                 await self._cancel_prefill(prefill.instance_id, request.request_id)
                 raise
 
-    async def _reserve_for(self, request: ScheduleRequest, decode: _DecodeSide) -> bool:
+    async def _reserve_for(self, request: ScheduleRequest, decode: DecodeSide) -> bool:
         return await self._reserve(
-            decode.instance_id, decode.attempt_id, request.num_prompt_tokens, request.max_tokens
+            decode.instance_id,
+            decode.attempt_id,
+            request.num_prompt_tokens,
+            request.max_tokens,
+            self._scheduler.assignment_number("decode", decode.instance_id, request.request_id),
         )
 
     def _refused(
-        self, request: ScheduleRequest, decision: Decision, decode: _DecodeSide, refused: set[str]
+        self, request: ScheduleRequest, decision: Decision, decode: DecodeSide, refused: set[str]
     ) -> None:
         """The decode instance of `decision` holds no room for the request: place it again
         without that instance."""
+        metrics.DECODE_REFUSALS.inc()
         self._scheduler.forget(request, decision)
         refused.add(decode.instance_id)
         decode.instance_id = ""
@@ -409,12 +358,12 @@ class RequestFlow:
         request: ScheduleRequest,
         model: str,
         progress: Progress,
-        decode: _DecodeSide,
-        attempt: _Attempt | None = None,
+        decode: DecodeSide,
+        attempt: Attempt | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Stream from the decode instance (`attempt`: its start already sent); when it is
         lost, go on from where it stopped on another one, within MAX_MIGRATIONS moves."""
-        lost = _Gone(self._view, "decode")
+        lost = Gone(self._view, "decode")
         num_moves = 0
         while True:
             attempt = attempt or self._begin(decode, progress)
@@ -436,7 +385,7 @@ class RequestFlow:
             attempt = None
             await self._move_decode(request, model, progress, decode, lost)
 
-    def _begin(self, decode: _DecodeSide, progress: Progress) -> _Attempt:
+    def _begin(self, decode: DecodeSide, progress: Progress) -> Attempt:
         """Open the token stream of decode's current attempt, then send its start."""
         stream = self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
         starting = asyncio.ensure_future(
@@ -447,15 +396,15 @@ class RequestFlow:
                 self._timeouts.start_s,
             )
         )
-        return _Attempt(stream, self._sent_to("decode", decode.instance_id), starting)
+        return Attempt(stream, self._presence.sent_to("decode", decode.instance_id), starting)
 
     async def _stream_from(
-        self, decode: _DecodeSide, progress: Progress, attempt: _Attempt
+        self, decode: DecodeSide, progress: Progress, attempt: Attempt
     ) -> AsyncIterator[TokenEvent]:
         decode_id = decode.instance_id
         stream = attempt.stream
         try:
-            await self._while_present("decode", decode_id, attempt.starting, attempt.sent_to)
+            await self._presence.wait("decode", decode_id, attempt.starting, attempt.sent_to)
         except RequestTimeoutError as exc:  # nothing was generated on it: as good as gone
             raise StreamBrokenError(
                 f"decode {decode_id} did not acknowledge the start: {exc}"
@@ -467,7 +416,7 @@ class RequestFlow:
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
         while True:
-            chunk = await self._next_chunk(decode_id, stream)
+            chunk = await self._presence.next_chunk(decode_id, stream, self._timeouts.token_gap_s)
             if chunk.seq != expected_seq:
                 raise StreamBrokenError(
                     f"token stream of {decode.attempt_id} skipped from {expected_seq} "
@@ -492,37 +441,13 @@ class RequestFlow:
             if chunk.is_final:
                 return
 
-    async def _next_chunk(self, decode_id: str, stream: Stream) -> TokenChunk:
-        """The next chunk within token_gap_s. Like _while_present, it gives up as soon as the
-        decode instance leaves (or is replaced) or NATS reconnects, but it checks between short
-        waits on the stream instead of running the wait as a task: chunks are frequent."""
-        epoch = self._bus.epoch
-        started_at = self._view.started_at("decode", decode_id)
-        waited_s = 0.0
-        while True:
-            wait_s = min(PRESENCE_CHECK_S, self._timeouts.token_gap_s - waited_s)
-            try:
-                return await stream.next(wait_s)
-            except RequestTimeoutError:
-                waited_s += wait_s
-                if waited_s >= self._timeouts.token_gap_s:
-                    raise
-                if self._view.started_at("decode", decode_id) != started_at:
-                    raise InstanceLostError(
-                        f"decode instance {decode_id} left the cluster mid-request"
-                    ) from None
-                if self._bus.epoch != epoch:
-                    raise ConnectionLostError(
-                        f"NATS reconnected while waiting on decode {decode_id}"
-                    ) from None
-
     async def _move_decode(
         self,
         request: ScheduleRequest,
         model: str,
         progress: Progress,
-        decode: _DecodeSide,
-        lost: _Gone,
+        decode: DecodeSide,
+        lost: Gone,
     ) -> None:
         """Release the old attempt and reserve room for the next one on a live decode instance."""
         await self._cancel_decode(decode)
@@ -534,11 +459,13 @@ class RequestFlow:
         while True:
             choice = self._scheduler.schedule_decode(request, model, excluded)
             if isinstance(choice, DecodeChoice):
+                number = self._view.next_number()
                 if await self._reserve(
                     choice.instance_id,
                     decode.attempt_id,
                     len(start.token_ids) + 1,
                     start.max_tokens - 1,
+                    number,
                 ):
                     break
                 excluded.add(choice.instance_id)
@@ -550,7 +477,7 @@ class RequestFlow:
                 excluded = lost.ids()
         decode.instance_id = choice.instance_id
         decode.is_moved = True
-        self._scheduler.move_decode(request, old_id, choice.instance_id)
+        self._scheduler.move_decode(request, old_id, choice.instance_id, number)
 
     def _migrated(
         self, stage: str, request_id: str, instance_id: str, cause: Exception, num_generated: int
@@ -572,40 +499,6 @@ class RequestFlow:
             },
         )
 
-    async def _while_present(
-        self,
-        role: str,
-        instance_id: str,
-        step: Awaitable[T],
-        sent: _SentTo | None = None,
-    ) -> T:
-        """Await `step`, but give up as soon as the instance serving it leaves the registry, or
-        is replaced by a restarted process under the same id, or NATS reconnects (what was due may
-        be lost), instead of waiting out the deadline. A slow
-        instance, one with stale telemetry, is waited for. `sent`: the instance and connection
-        as they were when the step's message went out, for a step started earlier."""
-        sent = sent or self._sent_to(role, instance_id)
-        epoch, started_at = sent.epoch, sent.started_at
-        task = asyncio.ensure_future(step)
-        try:
-            while True:
-                done, _ = await asyncio.wait([task], timeout=PRESENCE_CHECK_S)
-                if done:
-                    return task.result()
-                if self._view.started_at(role, instance_id) != started_at:  # gone, or a new process
-                    raise InstanceLostError(
-                        f"{role} instance {instance_id} left the cluster mid-request"
-                    )
-                if self._bus.epoch != epoch:
-                    raise ConnectionLostError(
-                        f"NATS reconnected while waiting on {role} {instance_id}"
-                    )
-        finally:
-            task.cancel()
-
-    def _sent_to(self, role: str, instance_id: str) -> _SentTo:
-        return _SentTo(self._bus.epoch, self._view.started_at(role, instance_id))
-
     def _finish_on_first(self, token: int, max_tokens: int, sampling: SamplingParams) -> str | None:
         if token in sampling.stop_token_ids or (
             token == self._eos_token_id and not sampling.ignore_eos
@@ -615,15 +508,20 @@ class RequestFlow:
             return "length"
         return None
 
-    async def _cancel_decode(self, decode: _DecodeSide) -> None:
+    async def _cancel_decode(self, decode: DecodeSide) -> None:
+        """The cancel is numbered: until a report acknowledges it, the view takes the room off
+        what the instance reports (ClusterView.release)."""
+        number = self._view.release("decode", decode.instance_id, decode.request_id)
         await self._publish(
             self._subjects.decode_cancel(decode.instance_id),
-            DecodeCancel(request_id=decode.attempt_id),
+            DecodeCancel(request_id=decode.attempt_id, conductor=self._owner, assignment=number),
         )
 
     async def _cancel_prefill(self, instance_id: str, request_id: str) -> None:
+        number = self._view.release("prefill", instance_id, request_id)
         await self._publish(
-            self._subjects.prefill_cancel(instance_id), PrefillCancel(request_id=request_id)
+            self._subjects.prefill_cancel(instance_id),
+            PrefillCancel(request_id=request_id, conductor=self._owner, assignment=number),
         )
 
     async def _publish(self, subject: str, message: DecodeCancel | PrefillCancel) -> None:

@@ -75,6 +75,11 @@ MIGRATIONS = Counter(
     "Requests moved to another instance, by stage and cause",
     ["stage", "cause"],
 )
+DECODE_REFUSALS = Counter(
+    "crescent_decode_refusals",
+    "Decode reservations refused after placement (the room went to another conductor's request, "
+    "or the instance began to drain): the request is placed again without that instance",
+)
 PREFILL_ON_DECODE = Counter(
     "crescent_prefill_on_decode",
     "Requests whose decode instance computed the prompt itself (conditional disaggregation)",

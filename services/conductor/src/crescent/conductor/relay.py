@@ -20,7 +20,7 @@ from aiohttp import web
 from crescent.common.errors import RecoverableError
 from crescent.conductor import metrics
 from crescent.conductor.choice import Choice, ChoiceDelta
-from crescent.conductor.flow import TokenEvent
+from crescent.conductor.flow_state import TokenEvent
 from crescent.conductor.openai_fields import ApiError
 from crescent.conductor.openai_shapes import Collected
 

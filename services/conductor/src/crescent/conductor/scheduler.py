@@ -181,7 +181,7 @@ class Scheduler:
         now = self.clock()
         self.feedback.on_placed(request, decision, model)
         self.heat.record_hits(request.block_hashes, now)
-        self._assign(request, decision, sign=1)
+        self._assign(request, decision)
         self.inflight[request.request_id] = InflightRequest(
             decision.decode.instance_id,
             request.num_kv_tokens,
@@ -190,32 +190,40 @@ class Scheduler:
         )
 
     def forget(self, request: ScheduleRequest, decision: Decision) -> None:
-        self._assign(request, decision, sign=-1)
+        self.view.unassign(request.request_id)
         self.inflight.pop(request.request_id, None)
         self.feedback.forget(request.request_id)
 
-    def _assign(self, request: ScheduleRequest, decision: Decision, sign: int) -> None:
+    def _assign(self, request: ScheduleRequest, decision: Decision) -> None:
+        request_id = request.request_id
         if not decision.prefill_on_decode:
             # Queue time is compute: the messaging overhead in the corrected T_prefill is not queued.
             prefill_id = decision.prefill.instance_id
             queue_s = max(
                 0.0, decision.prefill.prefill_s - self.pricing.correction.of(prefill_id).overhead_s
             )
-            self.view.note_assignment(
-                "prefill", prefill_id, sign * request.num_prompt_tokens, sign * queue_s, sign
-            )
-        self.view.note_assignment(
-            "decode", decision.decode.instance_id, sign * request.num_kv_tokens, 0.0, sign
-        )
+            self.view.assign("prefill", prefill_id, request_id, request.num_prompt_tokens, queue_s)
+        self.view.assign("decode", decision.decode.instance_id, request_id, request.num_kv_tokens)
+
+    def assignment_number(self, role: str, instance_id: str, request_id: str) -> int:
+        """What the job or reservation for this placed request carries (ClusterView.assign)."""
+        return self.view.assignment_number(role, instance_id, request_id)
 
     def on_prefilled(
-        self, request: ScheduleRequest, decision: Decision, result: PrefillResult, measured_s: float
+        self,
+        request: ScheduleRequest,
+        decision: Decision,
+        result: PrefillResult,
+        measured_s: float,
+        reserve_wait_s: float = 0.0,
     ) -> None:
         """A prefill finished `measured_s` after it was placed, as `result` says: the cache hit
         rate counts what was really loaded, not what the plan expected, and the TTFT prediction
         is checked against what happened and corrects the instance's pricing."""
         num_cached_tokens = result.num_cached_tokens
-        self.feedback.on_prefilled(request.request_id, result, measured_s)
+        # The job has left the prefill's queue, whether or not a report counted it yet.
+        self.view.unassign(request.request_id, "prefill", decision.prefill.instance_id)
+        self.feedback.on_prefilled(request.request_id, result, measured_s, reserve_wait_s)
         self.num_prompt_tokens += request.num_prompt_tokens
         self.num_hit_tokens += num_cached_tokens
         metrics.PROMPT_TOKENS_PREFILLED.inc(request.num_prompt_tokens)
@@ -230,10 +238,14 @@ class Scheduler:
         predicted at placement against its mean time between tokens, and learn from it."""
         self.feedback.on_decoded(request_id, measured_tbt_s)
 
-    def move_decode(self, request: ScheduleRequest, old_decode_id: str, new_decode_id: str) -> None:
-        """The request now decodes on `new_decode_id`."""
-        self.view.note_assignment("decode", old_decode_id, -request.num_kv_tokens, 0.0, -1)
-        self.view.note_assignment("decode", new_decode_id, request.num_kv_tokens)
+    def move_decode(
+        self, request: ScheduleRequest, old_decode_id: str, new_decode_id: str, number: int = 0
+    ) -> None:
+        """The request now decodes on `new_decode_id`, reserved there under `number`."""
+        self.view.unassign(request.request_id, "decode", old_decode_id)
+        self.view.assign(
+            "decode", new_decode_id, request.request_id, request.num_kv_tokens, number=number
+        )
         inflight = self.inflight.get(request.request_id)
         if inflight is not None:
             self.inflight[request.request_id] = dataclasses.replace(
@@ -248,6 +260,7 @@ class Scheduler:
             )
 
     def on_finished(self, request_id: str, is_ok: bool) -> None:
+        self.view.unassign(request_id)
         self.feedback.forget(request_id)
         request = self.inflight.pop(request_id, None)
         if request is not None and request.is_decoding and is_ok:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from crescent.conductor.policy.columns import NO_MODEL, InstanceColumns, model_terms
+from crescent.conductor.policy.columns import NO_MODEL, InstanceColumns, NodeList, model_terms
 from crescent.conductor.policy.decision import CostPredictors
 from crescent.conductor.policy.snapshot import InstanceSnapshot
 
@@ -26,6 +26,19 @@ if TYPE_CHECKING:  # the view's state type; cluster_view imports this module
     from crescent.conductor.cluster_view import InstanceState
 
 Key = tuple[str, str]  # (role, instance id)
+_min = np.minimum.reduce  # ndarray.min() adds a Python-level wrapper per call
+# The columns a row's `fixed` tuple fills, in its order (the lists too are copied on write).
+_FIXED_COLUMNS = (
+    "is_usable",
+    "kv_free",
+    "num_running",
+    "num_queued",
+    "num_context",
+    "model",
+    "root",
+    "nodes",
+)
+_NO_ROW = (None,) * len(_FIXED_COLUMNS)
 
 
 @dataclass
@@ -47,7 +60,7 @@ class RoleColumns:
         self.position = {key: i for i, key in enumerate(members)}
         self.rows: list[InstanceSnapshot] = []
         self.ids = [instance_id for _, instance_id in members]
-        self.nodes = [state.info.node for state in self.states]
+        self.nodes = NodeList(state.info.node for state in self.states)
         self.dirty: set[Key] = set()
         self.sure = np.empty(size)  # per row: live by its own telemetry until then (Refreshed)
         # Queue of a row at `now`: max(0, queue_base - max(0, now - received_at)) + assigned,
@@ -58,16 +71,19 @@ class RoleColumns:
         self.is_usable = np.empty(size, dtype=bool)
         self.kv_free = np.empty(size, dtype=np.int64)
         self.num_running = np.empty(size, dtype=np.int64)
+        self.num_queued = np.empty(size, dtype=np.int64)
         self.num_context = np.empty(size, dtype=np.int64)
         self.model = np.empty((size, 4))
         self.root = np.empty(size, dtype=np.int64)
         self.roots: list[CostPredictors] = []
         self._root_position: dict[int, int] = {}
         # Per row, what its columns other than the queue's hold; rows that come back unchanged
-        # (most telemetry of a busy prefill moves only its queue) write nothing, and while none
-        # changed, the arrays last handed out are handed out again instead of new copies.
+        # (most telemetry of a busy prefill moves only its queue) write nothing. The arrays are
+        # handed out as they are, and one is copied before a write only if it was handed out
+        # since its last copy: an assignment moves one column (KV room), so one is copied.
         self._fixed: list[tuple | None] = [None] * size
-        self._handed: InstanceColumns | None = None
+        self._lent: set[str] = set()
+        self._sure_until: float | None = None  # the smallest of `sure` while known
 
     @classmethod
     def build(
@@ -83,7 +99,9 @@ class RoleColumns:
     @property
     def sure_until(self) -> float:
         """Until then no row's liveness needs a second look (then all are judged again)."""
-        return float(self.sure.min()) if len(self.sure) else float("inf")
+        if self._sure_until is None:
+            self._sure_until = float(_min(self.sure)) if len(self.sure) else float("inf")
+        return self._sure_until
 
     def refresh_dirty(self, refresh: Callable[[Key], Refreshed]) -> None:
         for key in self.dirty:
@@ -97,36 +115,26 @@ class RoleColumns:
         """The instances at `now`: every queue drained to `now` in one pass."""
         age = np.maximum(now - self.received_at, 0.0)
         queue_s = np.maximum(self.queue_base - age, 0.0) + self.assigned
-        handed = self._handed
-        if handed is None:
-            handed = self._handed = InstanceColumns(
-                self.rows,
-                queue_s,
-                self.is_usable.copy(),
-                self.kv_free.copy(),
-                self.num_running.copy(),
-                self.num_context.copy(),
-                self.model.copy(),
-                self.root.copy(),
-                list(self.roots),
-                list(self.ids),
-                list(self.nodes),
-            )
+        self._lent.update(_FIXED_COLUMNS)
         return InstanceColumns(
             list(self.rows),
             queue_s,
-            handed.is_usable,
-            handed.kv_free,
-            handed.num_running,
-            handed.num_context,
-            handed.model,
-            handed.root,
-            handed.roots,
-            handed.ids,
-            handed.nodes,
+            self.is_usable,
+            self.kv_free,
+            self.num_running,
+            self.num_queued,
+            self.num_context,
+            self.model,
+            self.root,
+            list(self.roots),
+            self.ids,
+            self.nodes,
         )
 
     def _set_row(self, position: int, entry: Refreshed) -> None:
+        kept = self._sure_until
+        if kept is not None:  # found again only if the row that held it moved
+            self._sure_until = None if self.sure[position] <= kept else min(kept, entry.sure_until)
         self.sure[position] = entry.sure_until
         state, snapshot = self.states[position], entry.snapshot
         self.queue_base[position] = state.queue_base_s if state.load is not None else -np.inf
@@ -136,24 +144,28 @@ class RoleColumns:
             not snapshot.is_stale and snapshot.is_accepting,
             snapshot.kv_capacity_tokens - snapshot.kv_used_tokens,
             snapshot.num_running,
+            snapshot.num_queued,
             snapshot.num_context_tokens,
             model_terms(snapshot.costs),
             self._root_of(snapshot.costs),
             snapshot.node,
         )
-        if fixed == self._fixed[position]:
+        old = self._fixed[position]
+        if fixed == old:
             return
         self._fixed[position] = fixed
-        self._handed = None
-        (
-            self.is_usable[position],
-            self.kv_free[position],
-            self.num_running[position],
-            self.num_context[position],
-            self.model[position],
-            self.root[position],
-            self.nodes[position],
-        ) = fixed
+        for name, value, old_value in zip(_FIXED_COLUMNS, fixed, old or _NO_ROW):
+            if value != old_value:
+                self._own(name)[position] = value
+
+    def _own(self, name: str) -> Any:
+        """The column `name`, copied first if it was handed out since it was last copied."""
+        column = getattr(self, name)
+        if name in self._lent:
+            self._lent.discard(name)
+            column = NodeList(column) if isinstance(column, NodeList) else column.copy()
+            setattr(self, name, column)
+        return column
 
     def _root_of(self, costs: CostPredictors | None) -> int:
         if costs is None:

@@ -27,6 +27,7 @@ from crescent.common.messages import (
     ReservationReply,
     TokenChunk,
 )
+from crescent.common.received import ReceivedAssignments
 from crescent.common.service import Runtime
 from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
@@ -91,6 +92,8 @@ class DecodeWorker:
         self.cluster_config: ConfigFollower | None = None  # its TBT SLO gates admission
         self._generations: dict[str, asyncio.Task] = {}
         self._cancelled: dict[str, float] = {}  # request id → until when a late start is refused
+        # which of each conductor's reservations (and cancels) load() counts
+        self.received = ReceivedAssignments()
         self.recent_tbt = Ewma()  # measured time between tokens of running requests
         self._runtime: Runtime | None = None
         self._is_draining = False  # shutting down: new reservations are refused
@@ -181,6 +184,7 @@ class DecodeWorker:
             recent_tbt_s=self.recent_tbt.value,
             is_accepting=not self.ledger.is_full,
             not_accepting_reason="full" if self.ledger.is_full else "",
+            received=self.received.latest(time.monotonic()),
         )
 
     @property
@@ -192,6 +196,8 @@ class DecodeWorker:
     async def reserve(self, reservation: Reservation) -> ReservationReply:
         need = reservation.num_prompt_tokens + reservation.max_tokens
         now = time.monotonic()
+        # Accepted or refused, from here on load() says it: the ledger holds it or never will.
+        self.received.note(reservation.conductor, reservation.assignment, now)
         if self._is_draining:
             return ReservationReply(
                 request_id=reservation.request_id,
@@ -308,6 +314,7 @@ class DecodeWorker:
             generation.cancel()
         else:
             self.ledger.release(cancel.request_id)
+        self.received.note(cancel.conductor, cancel.assignment, now)
         return Ack(request_id=cancel.request_id)
 
     @property

@@ -37,6 +37,7 @@ from crescent.common.messages import (
     PrefillJob,
     PrefillResult,
 )
+from crescent.common.received import ReceivedAssignments
 from crescent.common.service import Runtime
 from crescent.common.store_messages import (
     REPLICATE_ON_DEMAND,
@@ -103,6 +104,7 @@ class PrefillWorker:
         self._predicted_s: dict[str, float] = {}  # queued or running job → predicted prefill time
         self._computing_since: dict[str, float] = {}  # jobs inside the engine → monotonic start
         self._jobs: dict[str, asyncio.Task] = {}  # queued or running job → the task running it
+        self.received = ReceivedAssignments()  # which conductors' jobs and cancels load() counts
         # one job at a time unless --prefill-batch-tokens lets vLLM batch several; emulated: one
         self._gate = ComputeGate(settings.prefill_batch_tokens if self.is_vllm else 0)
         self.recent_ttft = Ewma()  # measured queue + compute time of finished jobs
@@ -198,6 +200,7 @@ class PrefillWorker:
             running_s=running_s,
             running_predicted_s=running_predicted_s,
             recent_ttft_s=self.recent_ttft.value,
+            received=self.received.latest(time.monotonic()),
         )
 
     def _running(self) -> tuple[float, float]:
@@ -263,6 +266,7 @@ class PrefillWorker:
         self._predicted_s[job.request_id] = self.profile.prefill_s(len(job.token_ids))
         self._jobs[job.request_id] = asyncio.current_task()
         enqueued = time.monotonic()
+        self.received.note(job.conductor, job.assignment, enqueued)
         deadline = enqueued + (job.timeout_s or float("inf"))
         try:
             decode_node = await self._decode_node(job, self._remote_timeout_s(deadline))
@@ -322,11 +326,14 @@ class PrefillWorker:
         )
 
     async def cancel(self, cancel: PrefillCancel) -> Ack:
-        """Stop a queued or running job: nobody waits for its result any more."""
+        """Stop a queued or running job: nobody waits for its result any more. Its predicted
+        time leaves the published queue now, as the cancel's number enters `received`."""
         task = self._jobs.get(cancel.request_id)
         if task is not None:
             log.info("prefill cancelled", extra={"request_id": cancel.request_id})
             task.cancel()
+            self._predicted_s.pop(cancel.request_id, None)
+        self.received.note(cancel.conductor, cancel.assignment, time.monotonic())
         return Ack(request_id=cancel.request_id)
 
     def _remote_timeout_s(self, deadline: float) -> float:

@@ -60,6 +60,7 @@ from crescent.transfer import (
 log = logging.getLogger(__name__)
 
 EXPIRE_PERIOD_S = 1.0
+METADATA_FLUSH_TIMEOUT_S = 5.0  # a shutdown's wait for etcd to take the queued block metadata
 
 
 class BadBlockRequest(PoolError):
@@ -188,7 +189,10 @@ class StoreDaemon:
         )
 
     async def finish_inflight(self) -> None:
-        """Nothing to wait for: a read or write in flight finishes while NATS drains."""
+        """Write the block metadata still queued before the lease is revoked (a read or write in
+        flight finishes while NATS drains)."""
+        if self.metadata is not None:
+            await self.metadata.flush(METADATA_FLUSH_TIMEOUT_S)
 
     async def drain(self) -> None:
         """Runs after the lease is revoked (block metadata gone): release memory and files."""
@@ -257,7 +261,10 @@ class StoreDaemon:
         )
 
     async def commit(self, request: CommitBlocks) -> Done:
+        """Answered once lookups and pins here see the blocks; their etcd keys follow through
+        the metadata writer, or are in etcd already when the request sets `wait_metadata`."""
         keys = _keys(request.model, request.hashes)
+        await self.metadata.make_room()
         async with self._lock:
             for key in keys:
                 block = self.pool.blocks.get(key)

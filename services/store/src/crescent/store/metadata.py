@@ -2,28 +2,52 @@
 the store's lease, so a dead store's blocks vanish with it and a busy store does not issue
 one etcd round trip per block.
 
-Changes to one key within a batch collapse to the last one; changes nobody waits for are held
-up to `interval_s` to batch more. `sync()` returns once everything queued before it is in
-etcd, and writes at once: the store answers a commit only after that, so a block the caller was
-told is stored is also findable, without the commit paying for the batching delay.
+The store answers a commit once its own pool serves the block; the block's key follows here,
+published within about one etcd write of the commit (the conductor's index follows etcd through
+a watch, so a block it does not see yet is only a missed cache hit). Changes to one key within a
+batch collapse to the last one, and batches are written one after another, so a delete queued
+after a put of the same key (an evict right after a commit) always wins. Changes nobody waits
+for are held up to `interval_s` to batch more; `sync()` returns once everything queued before
+it is in etcd, and writes at once (an evict, or a commit asked to wait for its keys).
+
+How far etcd trails is on /metrics: the keys not written yet (a gauge) and each batch's lag
+from its oldest change (a histogram and the last value). The backlog is bounded: a commit that
+finds `max_pending_keys` or more keys unwritten first waits for them (`make_room`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 
 import aetcd
 
 from crescent.common.codec import encode
+from crescent.common.errors import RecoverableError
 from crescent.common.etcd import LeasedKeys
 from crescent.common.naming import Keys
 from crescent.common.store_messages import BlockMeta
+from crescent.store import metrics
 
 log = logging.getLogger(__name__)
 
 MAX_TXN_OPS = 128  # etcd's default --max-txn-ops
+MAX_PENDING_KEYS = 65536  # unwritten keys past which a commit waits for etcd
+
+
+class MetadataNotWritten(RecoverableError, TimeoutError):
+    """Block metadata did not reach etcd within a deadline (etcd down or slow). Also a
+    TimeoutError: the lease's renewal, which waits for the keys it queues again, treats it as
+    the etcd timeout it is."""
+
+    def __init__(self, num_keys: int, timeout_s: float) -> None:
+        super().__init__(
+            f"{num_keys} block metadata keys not written to etcd within {timeout_s:.1f}s"
+        )
+        self.num_keys = num_keys
+        self.timeout_s = timeout_s
 
 
 class MetadataWriter:
@@ -34,26 +58,41 @@ class MetadataWriter:
         keys: Keys,
         node: str,
         interval_s: float = 0.005,
+        max_pending_keys: int = MAX_PENDING_KEYS,
     ) -> None:
         self._client = client
         self._leased = leased
         self._keys = keys
         self._node = node
         self._interval_s = interval_s
+        self._max_pending_keys = max_pending_keys
         self._pending: dict[str, bytes | None] = {}  # key → value, None = delete
+        self._pending_since = 0.0  # monotonic time of the oldest change in _pending
+        self._num_writing = 0  # keys of the batch being written
         self._wake = asyncio.Event()
         self._urgent = asyncio.Event()  # someone waits in sync(): write now, do not batch longer
         self._written = asyncio.Condition()
         self._generation = 0  # batches queued so far
         self._flushed = 0  # batches in etcd so far
         self.num_transactions = 0
+        # Read when /metrics is scraped, not set per key on the commit's path.
+        metrics.METADATA_PENDING_KEYS.set_function(lambda: self.num_unwritten)
+
+    @property
+    def num_unwritten(self) -> int:
+        """Keys queued or being written, not yet in etcd."""
+        return len(self._pending) + self._num_writing
 
     def put(self, model: str, block_hash: bytes, meta: BlockMeta) -> None:
-        self._pending[self._keys.block(model, block_hash, self._node)] = encode(meta)
-        self._wake.set()
+        self._queue(self._keys.block(model, block_hash, self._node), encode(meta))
 
     def delete(self, model: str, block_hash: bytes) -> None:
-        self._pending[self._keys.block(model, block_hash, self._node)] = None
+        self._queue(self._keys.block(model, block_hash, self._node), None)
+
+    def _queue(self, key: str, value: bytes | None) -> None:
+        if not self._pending:
+            self._pending_since = time.monotonic()
+        self._pending[key] = value
         self._wake.set()
 
     def put_all(self, entries: Callable[[], list[tuple[str, bytes, BlockMeta]]]) -> Callable:
@@ -67,13 +106,41 @@ class MetadataWriter:
         return renew
 
     async def sync(self, timeout_s: float = 10.0) -> None:
+        """Return once every change queued before this call is in etcd; raise
+        MetadataNotWritten after `timeout_s`."""
         target = self._generation + (1 if self._pending else 0)
         if self._pending:
             self._urgent.set()
-        async with self._written:
-            await asyncio.wait_for(
-                self._written.wait_for(lambda: self._flushed >= target), timeout_s
+        try:
+            async with self._written:
+                await asyncio.wait_for(
+                    self._written.wait_for(lambda: self._flushed >= target), timeout_s
+                )
+        except TimeoutError:
+            raise MetadataNotWritten(self.num_unwritten, timeout_s) from None
+
+    async def make_room(self, timeout_s: float = 10.0) -> None:
+        """Bound the backlog: wait for etcd while `max_pending_keys` or more keys are unwritten."""
+        if self.num_unwritten >= self._max_pending_keys:
+            log.warning(
+                "block metadata backlog full; waiting for etcd",
+                extra={"num_keys": self.num_unwritten},
             )
+            await self.sync(timeout_s)
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Write what is queued, within `timeout_s` (a store's shutdown, before its lease is
+        revoked); False, with the reason logged, if etcd did not take it in time."""
+        try:
+            await self.sync(timeout_s)
+        except MetadataNotWritten as exc:
+            log.warning(
+                "block metadata not flushed before shutdown; the lease's revoke or expiry "
+                "removes the keys already written",
+                extra={"num_keys": exc.num_keys, "timeout_s": timeout_s},
+            )
+            return False
+        return True
 
     async def run(self) -> None:
         while True:
@@ -86,9 +153,15 @@ class MetadataWriter:
             self._wake.clear()
             self._urgent.clear()
             batch, self._pending = self._pending, {}
+            oldest = self._pending_since
+            self._num_writing = len(batch)
             self._generation += 1
             generation = self._generation
             await self._write(batch)
+            self._num_writing = 0
+            lag_s = time.monotonic() - oldest
+            metrics.METADATA_LAG.observe(lag_s)
+            metrics.METADATA_LAST_LAG.set(lag_s)
             async with self._written:
                 self._flushed = generation
                 self._written.notify_all()
@@ -106,13 +179,13 @@ class MetadataWriter:
         )
 
     async def _write_transaction(self, items: list[tuple[str, bytes | None]]) -> None:
-        ops = [
-            self._client.transactions.delete(key.encode())
-            if value is None
-            else self._client.transactions.put(key.encode(), value, lease=self._leased.lease)
-            for key, value in items
-        ]
         while True:
+            ops = [  # made again on each try: a renewed lease replaces the one that failed
+                self._client.transactions.delete(key.encode())
+                if value is None
+                else self._client.transactions.put(key.encode(), value, lease=self._leased.lease)
+                for key, value in items
+            ]
             try:
                 await self._client.transaction(compare=[], success=ops, failure=[])
                 self.num_transactions += 1

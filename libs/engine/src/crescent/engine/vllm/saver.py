@@ -216,7 +216,7 @@ class Saver:
             if is_failed:
                 await self.runtime.ops.abort(target, slots.allocated)
             else:
-                await self.runtime.ops.commit(target, slots.allocated, wait_metadata=False)
+                await self.runtime.ops.commit(target, slots.allocated)
         except Exception as exc:
             log.warning("KV commit failed", extra={"node": target, "error": repr(exc)})
             return

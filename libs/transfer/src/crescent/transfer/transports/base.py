@@ -75,6 +75,9 @@ class Transport(ABC):
     """
 
     kind: ClassVar[TransportKind]
+    # Whether local memory registered only with the engine's registry (a caller's buffers,
+    # crescent.transfer.buffers) can be moved; rdma needs memory registered with its device.
+    moves_unregistered_memory: ClassVar[bool] = True
 
     def __init__(self, context: TransportContext) -> None:
         self.context = context

@@ -167,6 +167,7 @@ class RdmaConnection:
 
 class RdmaTransport(Transport):
     kind = TransportKind.RDMA
+    moves_unregistered_memory = False  # local memory needs its MR, made in expose()
 
     def __init__(self, context: TransportContext) -> None:
         super().__init__(context)

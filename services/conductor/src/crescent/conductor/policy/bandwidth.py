@@ -6,8 +6,7 @@ default applies, so a fresh conductor still prices transfers sensibly.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from itertools import repeat
+from collections.abc import Iterable, Mapping
 
 DEFAULT_BYTES_PER_S = 12.5e9  # one 100 Gb/s NIC
 
@@ -62,22 +61,9 @@ class BandwidthTable:
                 best_source, best_rate = source, rate
         return best_source, best_rate
 
-    def fastest_rates(
-        self, sources: Collection[str], destinations: Sequence[str], max_sources: int = 4
-    ) -> Iterator[float]:
-        """For each destination, the rate fastest_source(sources, it) would give, looked up in C
-        for a policy bounding hundreds of instances; with more than `max_sources` sources, the
-        fastest link anywhere (no less than that rate) instead of one lookup per source."""
-        if len(sources) > max_sources:
-            return repeat(self.max_rate(), len(destinations))
-        default, measured_from = self.default_bytes_per_s, self._measured_from
-        rates = [
-            map(measured_from.get(source, {}).get, destinations, repeat(default))
-            for source in sources
-        ]
-        if len(rates) == 1:
-            return rates[0]
-        return map(max, *rates)
+    def measured_from(self, source: str) -> Mapping[str, float]:
+        """Destination → rate of the links out of `source` that have been measured."""
+        return self._measured_from.get(source, {})
 
     def transfer_s(self, src: str, dst: str, num_bytes: float) -> float:
         return num_bytes / self.get(src, dst)

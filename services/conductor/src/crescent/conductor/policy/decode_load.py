@@ -42,6 +42,7 @@ def step_fn(instance: InstanceSnapshot, default: DecodeStepFn) -> DecodeStepFn:
 _new_load = partial(tuple.__new__, DecodeLoad)  # DecodeLoad._make in C: one per row read
 _SEGMENT = 16  # instances bounded with one evaluation of the base models
 PRICE_ALL_UP_TO = 16  # up to this many instances each is priced: bounding costs more
+_min = np.minimum.reduce  # ndarray.min() adds a Python-level wrapper per call
 
 
 class DecodeLoads(Sequence[DecodeLoad]):
@@ -150,8 +151,8 @@ def choose_by_tbt(
     loads = DecodeLoads.of(loads)
     columns = loads.instances
     best_id, best_tbt = "", math.inf
-    smallest_batch = int(loads.num_running.min()) + 1
-    order = np.argsort(loads.num_context, kind="stable")
+    smallest_batch = int(_min(loads.num_running)) + 1
+    order = loads.num_context.argsort(kind="stable")
     # Floors are indexed by root + 1: a row without a model (NO_MODEL) reads slot 0.
     slots = columns.root[order] + 1
     ratios = columns.decode_ratio[order]
@@ -202,9 +203,9 @@ def _bases(
         (
             slot,
             default if slot == 0 else columns.roots[slot - 1].decode_step_s,
-            float(ratios[slots == slot].min()),
+            float(_min(ratios[slots == slot])),
         )
-        for slot in np.flatnonzero(np.bincount(slots)).tolist()
+        for slot in np.bincount(slots).nonzero()[0].tolist()
     ]
 
 

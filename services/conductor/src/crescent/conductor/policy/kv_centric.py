@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -30,6 +29,7 @@ DEFAULT_BALANCING_THRESHOLD = 1.5
 # Up to this many candidates each is priced in full: a handful of numpy calls cost more than
 # that. Above it, they are bounded in numpy and only the few that can win are priced.
 PRICE_ALL_UP_TO = 16
+_min = np.minimum.reduce  # ndarray.min() adds a Python-level wrapper per call
 
 
 class _NodePlan(NamedTuple):
@@ -88,7 +88,7 @@ class _Planner:
 
     def plan(self, node: str) -> _NodePlan:
         match = self.match
-        local = match.lengths.get(node, 0)
+        local = match.length(node)
         best = match.best_len
         bandwidth = self.bandwidth
         if (
@@ -170,11 +170,11 @@ def choose_prefill(
     def priced(position: int) -> tuple[InstanceSnapshot, _NodePlan, float]:
         return _priced(columns[position], planner_for(columns.costs(position, predictors)))
 
-    first = int(np.argmin(bounds))
+    first = int(bounds.argmin())
     winner, winner_plan, winner_ttft = priced(first)
     limit = winner_ttft + _rounding_slack(winner_ttft)
-    in_running = np.flatnonzero(bounds <= limit)
-    in_running = in_running[np.argsort(bounds[in_running], kind="stable")]
+    in_running = (bounds <= limit).nonzero()[0]
+    in_running = in_running[bounds[in_running].argsort(kind="stable")]
     for position, bound in zip(in_running.tolist(), bounds[in_running].tolist()):
         if bound > limit:
             break
@@ -203,27 +203,21 @@ def _bounds(
     base, evaluated once per distinct (base, local prefix length)."""
     roots, root, kv_bytes = columns.models(predictors)
     ratios, overheads = columns.prefill_ratio, columns.prefill_overhead_s
-    floor = _Floor(float(ratios.min()), float(overheads.min()), float(kv_bytes.min()))
-    nodes = columns.nodes
-    lengths = match.lengths
-    local = (
-        np.fromiter(map(lengths.get, nodes, repeat(0)), np.int64, len(nodes))
-        if lengths
-        else np.zeros(len(nodes), np.int64)
-    )
+    floor = _Floor(float(_min(ratios)), float(_min(overheads)), float(_min(kv_bytes)))
+    local = columns.prefix_lengths(match)
     # (base, local length) pairs as codes; the distinct ones found through a table of them all.
     width = len(request.block_hashes) + 1  # a local prefix holds 0..all the request's blocks
     codes = root * width + local
     is_present = np.zeros(len(roots) * width, dtype=bool)
     is_present[codes] = True
-    keys = np.flatnonzero(is_present)
+    keys = is_present.nonzero()[0]
     pairs = [divmod(key, width) for key in keys.tolist()]
     terms = [floor.terms(planner_for(roots[base]), length) for base, length in pairs]
-    inverse = np.searchsorted(keys, codes)
+    inverse = keys.searchsorted(codes)
     if all(local_s >= 0 and pulled_s >= 0 for local_s, _, pulled_s in terms):
         local_s, tokens, pulled_s = np.array(terms)[inverse].T
         rates = (
-            np.fromiter(bandwidth.fastest_rates(match.best_nodes, nodes), np.float64, len(nodes))
+            columns.link_rates(bandwidth, match.best_nodes)
             if bandwidth is not None and match.best_nodes
             else 1.0
         )

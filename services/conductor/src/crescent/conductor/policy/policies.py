@@ -35,6 +35,7 @@ from crescent.conductor.policy.decision import (
 )
 from crescent.conductor.policy.decode_load import (
     DecodeLoad,
+    DecodeLoads,
     choice_for,
     choose_by_tbt,
     current_loads,
@@ -208,6 +209,11 @@ class LeastLoadedPolicy(Policy):
         return self._price_local(request, least_loaded.choose_prefill(candidates), match)
 
     def choose_decode(self, request: ScheduleRequest, loads: Sequence[DecodeLoad]) -> DecodeChoice:
+        if isinstance(loads, DecodeLoads) and len(loads) > least_loaded.COMPARE_SNAPSHOTS_UP_TO:
+            position = least_loaded.decode_position(loads.instances, request.num_kv_tokens)
+            if position is None:
+                raise ValueError("no decode instance has room: loads must be filtered for it")
+            return choice_for(request, loads[position], self.predictors.decode_step_s)
         loads = list(loads)  # read once: the view hands out columns
         chosen = least_loaded.choose_decode(
             [load.instance for load in loads], request.num_kv_tokens

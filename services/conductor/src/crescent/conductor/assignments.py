@@ -1,0 +1,74 @@
+"""One instance's assignments from this conductor that its telemetry does not count yet.
+
+The conductor adds them to the instance's reported load (cluster_view.py). Each carries the
+number its job or reservation was sent with; a report that says it received up to a number
+(InstanceLoad.received) counts every assignment numbered up to it, which then leave here.
+
+Taking back work the instance has already counted works the other way round: the cancel goes
+out under a new number, and until a report acknowledges that number (the instance has let the
+work go), the conductor takes the work off the reported load. A release whose acknowledgement
+never comes (an instance that does not number what it receives) lapses after RELEASE_MEMORY_S.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+RELEASE_MEMORY_S = 10.0
+
+
+@dataclass(frozen=True)
+class Assigned:
+    number: int
+    num_tokens: int  # prefill: the prompt; decode: the KV room it holds
+    queue_s: float  # prefill: the compute it adds to the queue
+    at: float = 0.0  # releases: when the cancel went out
+
+
+@dataclass
+class Unacknowledged:
+    by_request: dict[str, Assigned] = field(default_factory=dict)
+    # Work taken back that the last report still counted, by the cancel's number (amounts > 0).
+    released: dict[int, Assigned] = field(default_factory=dict)
+    # Assignments less releases: what this conductor adds to the reported load.
+    num_requests: int = 0
+    num_tokens: int = 0
+    queue_s: float = 0.0
+
+    def add(self, request_id: str, assigned: Assigned) -> None:
+        self.by_request[request_id] = assigned
+        self._recount()
+
+    def remove(self, request_id: str) -> bool:
+        """Whether the request had an assignment here."""
+        if self.by_request.pop(request_id, None) is None:
+            return False
+        self._recount()
+        return True
+
+    def release(self, released: Assigned) -> None:
+        """Work the instance counted is taken back by a cancel numbered `released.number`."""
+        self.released[released.number] = released
+        self._recount()
+
+    def acknowledge(self, number: int, now: float) -> list[str]:
+        """A report counts everything numbered up to `number`: those leave; their request ids.
+        Releases it acknowledges, or too old to wait for, leave too."""
+        counted = [r for r, assigned in self.by_request.items() if assigned.number <= number]
+        for request_id in counted:
+            del self.by_request[request_id]
+        let_go = [
+            n for n, r in self.released.items() if n <= number or now - r.at > RELEASE_MEMORY_S
+        ]
+        for released_number in let_go:
+            del self.released[released_number]
+        if counted or let_go:
+            self._recount()
+        return counted
+
+    def _recount(self) -> None:
+        """Summed anew, not kept by adding and subtracting, so no rounding error builds up."""
+        assigned, released = self.by_request.values(), self.released.values()
+        self.num_requests = len(self.by_request) - len(self.released)
+        self.num_tokens = sum(a.num_tokens for a in assigned) - sum(r.num_tokens for r in released)
+        self.queue_s = sum(a.queue_s for a in assigned) - sum(r.queue_s for r in released)

@@ -1,0 +1,89 @@
+"""What one request's trip through the cluster keeps about itself (flow.py): its deadlines, the
+events it yields, the decode side it holds, and the instances it left."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from crescent.common.bus import Stream
+from crescent.common.messages import TokenLogprobs
+from crescent.conductor.cluster_view import ClusterView
+
+
+@dataclass(frozen=True)
+class FlowTimeouts:
+    reserve_s: float = 2.0
+    prefill_s: float = 120.0
+    start_s: float = 5.0
+    token_gap_s: float = 30.0
+    placement_wait_s: float = 10.0  # how long a request waits for a live instance to exist
+
+
+@dataclass
+class TokenEvent:
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked for
+    prompt_logprobs: list[TokenLogprobs] | None = None  # on the first event, when asked for
+
+
+@dataclass
+class DecodeSide:
+    """Which decode instance holds the request's KV room now, under which attempt id: every
+    attempt has its own id, so a late start, cancel or chunk of an earlier one never mixes in."""
+
+    request_id: str
+    instance_id: str = ""
+    attempt: int = 0
+    is_finished: bool = False  # decode released the room itself
+    is_moved: bool = False  # decoding went on elsewhere: the prediction no longer applies
+
+    @property
+    def attempt_id(self) -> str:
+        return self.request_id if self.attempt == 0 else f"{self.request_id}-m{self.attempt}"
+
+
+@dataclass(frozen=True)
+class SentTo:
+    """The NATS connection (epoch) and the instance's incarnation when a message went to it."""
+
+    epoch: int
+    started_at: float | None
+
+
+@dataclass
+class Attempt:
+    """One decode attempt under way: its token stream, open before the start went out (a chunk
+    for a stream not yet open would be dropped), and the start's acknowledgement to come."""
+
+    stream: Stream
+    sent_to: SentTo
+    starting: asyncio.Future  # the decode's Ack
+
+    async def close(self) -> None:
+        """Idempotent."""
+        self.starting.cancel()
+        await asyncio.gather(self.starting, return_exceptions=True)
+        await self.stream.close()
+
+
+class Gone:
+    """Instances a request left because they failed it. An instance is left out only in the
+    incarnation that failed: the same id registered again (a restarted process) is usable."""
+
+    def __init__(self, view: ClusterView, role: str) -> None:
+        self._view = view
+        self._role = role
+        self._started_at: dict[str, float | None] = {}
+
+    def add(self, instance_id: str, started_at: float | None) -> None:
+        """`instance_id`, in the incarnation that started at `started_at`, failed the request."""
+        self._started_at[instance_id] = started_at
+
+    def ids(self) -> set[str]:
+        return {
+            i
+            for i, started in self._started_at.items()
+            if self._view.started_at(self._role, i) in (started, None)
+        }
