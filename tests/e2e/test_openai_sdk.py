@@ -7,6 +7,9 @@ on the tiny model in vllm/test_openai_sdk_vllm.py."""
 
 from __future__ import annotations
 
+import random
+import time
+
 import openai
 import pytest
 
@@ -237,3 +240,42 @@ def test_the_issues_bad_input(client):
         model=MODEL, messages=HELLO, max_tokens=2, extra_body={"a_field_from_the_future": {"x": 1}}
     )
     assert ignored.choices[0].message.content
+
+
+def cached_once_stored(create, cached_of) -> int:
+    """The cached tokens of `create()` once the first call's blocks are stored and in the
+    conductor's index (etcd is written just after a store commit, hence the deadline)."""
+    deadline = time.monotonic() + 10
+    while True:
+        cached = cached_of(create())
+        if cached or time.monotonic() > deadline:
+            return cached
+        time.sleep(0.2)
+
+
+def test_usage_counts_the_prompt_tokens_loaded_from_the_cache(client):
+    """`usage.prompt_tokens_details.cached_tokens` is what the prefill loaded instead of
+    computing: nothing the first time, then the prompt's whole blocks (512 tokens each); the
+    Responses API says the same in `input_tokens_details`."""
+    prompt = random.Random(11).choices(range(256), k=1200)
+
+    def complete(**extra):
+        return client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, **extra)
+
+    first = complete()
+    assert first.usage.prompt_tokens == 1200
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert (
+        cached_once_stored(complete, lambda r: r.usage.prompt_tokens_details.cached_tokens) == 1024
+    )
+    streamed = list(complete(stream=True, stream_options={"include_usage": True}))
+    assert streamed[-1].usage.prompt_tokens_details.cached_tokens == 1024
+
+    text = bytes(random.Random(12).choices(range(97, 123), k=1200)).decode()
+
+    def respond():
+        return client.responses.create(model=MODEL, input=text, max_output_tokens=2)
+
+    assert respond().usage.input_tokens_details.cached_tokens == 0
+    cached = cached_once_stored(respond, lambda r: r.usage.input_tokens_details.cached_tokens)
+    assert cached > 0 and cached % 512 == 0

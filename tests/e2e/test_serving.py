@@ -61,7 +61,12 @@ async def test_non_streaming_completion_and_chat(dev_cluster):
             assert response.status == 200
             result = await response.json()
         assert result["choices"][0]["text"] == expected_text("Hi!", 5)
-        assert result["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+        assert result["usage"] == {
+            "prompt_tokens": 3,
+            "completion_tokens": 5,
+            "total_tokens": 8,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
 
         chat = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
         async with session.post(

@@ -41,7 +41,13 @@ async def stream(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(0.05 if i == 2 else 0.005)
         chunk = {"choices": [{"index": 0, "text": "a", "finish_reason": None}]}
         await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-    usage = {"choices": [], "usage": {"completion_tokens": body["max_tokens"]}}
+    usage = {
+        "choices": [],
+        "usage": {
+            "completion_tokens": body["max_tokens"],
+            "prompt_tokens_details": {"cached_tokens": 512},
+        },
+    }
     await response.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
     return response
 
@@ -81,6 +87,7 @@ async def test_streamed_tokens_are_timed_and_the_report_adds_up(server):
             record.status == "ok"
             and record.num_output_tokens == 4
             and record.num_prompt_tokens == 600
+            and record.num_cached_tokens == 512
         )
         assert len(record.intervals_s) == 3 and record.ttft_s > 0
         assert record.tbt_s == max(record.intervals_s) >= 0.04  # the slow third token

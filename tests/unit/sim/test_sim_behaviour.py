@@ -103,6 +103,7 @@ def test_a_pull_takes_only_the_blocks_its_source_still_holds():
     request.decode_id = "decode-0"
     cluster.decodes["decode-0"].reserve(request.request_id, 6 * 512 + 1)
     prefill = cluster.prefills["prefill-0"]
+    cluster._take_job(prefill, request)
     prefill.queue.append(request)
     cluster._start_prefill(prefill)
     assert request.cached_tokens == 2 * 512

@@ -58,13 +58,16 @@ def lru_replay(trace, capacity_tokens):
 
 
 def test_unbounded_cache_on_one_node_reaches_the_theoretical_maximum():
-    trace = load_trace(SLICE)
+    """Requests far enough apart that each job finds its predecessors' blocks stored when it
+    comes (a job counts only what is stored then, as the prefill worker does)."""
+    trace = spaced(load_trace(SLICE), gap_s=30.0)
     config = SimConfig(
         num_prefill=1,
         num_decode=1,
         output_limit=1,
         cache_tokens_per_node=None,
         decode_kv_tokens=NO_DECODE_LIMIT,
+        telemetry_period_s=1.0,
     )
     result = simulate(config, trace)
     assert result["hit_rate"] == pytest.approx(theoretical_max(trace), abs=1e-12)

@@ -133,6 +133,9 @@ async def _read_stream(
         usage = chunk.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             record.num_output_tokens = usage["completion_tokens"]
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                record.num_cached_tokens = details["cached_tokens"]
         choices = chunk.get("choices")
         if not isinstance(choices, list):
             raise BadResponse(f"a chunk has no 'choices': {payload[:80]!r}")

@@ -20,6 +20,7 @@ class RequestRecord:
     detail: str = ""
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int | None = None  # usage.prompt_tokens_details, where the server gives it
     ttft_s: float | None = None
     intervals_s: list[float] = field(default_factory=list)
     e2e_s: float | None = None
@@ -42,6 +43,7 @@ class RequestRecord:
             "lag_s": self.lag_s,
             "num_prompt_tokens": self.num_prompt_tokens,
             "num_output_tokens": self.num_output_tokens,
+            "num_cached_tokens": self.num_cached_tokens,
             "ttft_s": self.ttft_s,
             "tbt_s": self.tbt_s,
             "e2e_s": self.e2e_s,

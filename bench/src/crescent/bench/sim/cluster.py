@@ -322,18 +322,21 @@ class DisaggregatedCluster:
             self.scheduler.on_finished(request.request_id, False)
             self._finish(request, Status.REJECTED, "prefill-load")
             return
+        self._take_job(prefill, request)
         prefill.queue.append(request)
         prefill.num_queued_tokens += request.num_prompt
         self._take_in("prefill", prefill, request.request_id)
         if prefill.is_idle:
             self._start_prefill(prefill)
 
-    def _start_prefill(self, prefill: PrefillInstance) -> None:
-        request = prefill.queue.popleft()
+    def _take_job(self, prefill: PrefillInstance, request: SimRequest) -> None:
+        """What the prefill worker does when a job comes, before it queues: the planned pull,
+        then the prefix its node's store holds, which is what the job will load (blocks stored
+        while it waits are not counted, as in prefill/worker.py)."""
         now = self.loop.now
         store = self.stores[prefill.node]
         choice = request.decision.prefill
-        ready = now
+        request.pull_done_s = now
         if choice.transfer_source is not None and self.config.cache_scope == "global":
             source = self.stores[choice.transfer_source]
             pulled = []
@@ -343,18 +346,28 @@ class DisaggregatedCluster:
                 pulled.append(block)
             if pulled:
                 source.read(pulled)
-                ready = self.network.transfer(
+                request.pull_done_s = self.network.transfer(
                     source.node, store.node, len(pulled) * self.block_bytes, now
                 )
                 store.write(pulled)
-        run = store.prefix_run(request.blocks)
+        request.num_cached_blocks = store.prefix_run(request.blocks)
+        request.cached_tokens = min(
+            request.num_cached_blocks * TRACE_BLOCK_TOKENS, request.num_prompt - 1
+        )
+
+    def _start_prefill(self, prefill: PrefillInstance) -> None:
+        request = prefill.queue.popleft()
+        store = self.stores[prefill.node]
+        # Blocks evicted while the job waited are computed after all.
+        run = store.prefix_run(request.blocks[: request.num_cached_blocks])
+        if run < request.num_cached_blocks:
+            request.num_cached_blocks = run
+            request.cached_tokens = min(run * TRACE_BLOCK_TOKENS, request.num_prompt - 1)
         num_from_ssd = store.read(request.blocks[:run])
-        reused = min(run * TRACE_BLOCK_TOKENS, request.num_prompt - 1)
-        request.cached_tokens = reused
-        request.compute_s = self.costs.prefill_s(request.num_prompt, reused)
+        request.compute_s = self.costs.prefill_s(request.num_prompt, request.cached_tokens)
         ssd_s = num_from_ssd * self.block_bytes / (self.config.ssd_gbps * 1e9)
         prefill.running = request
-        prefill.running_ends_s = ready + ssd_s + request.compute_s
+        prefill.running_ends_s = max(self.loop.now, request.pull_done_s) + ssd_s + request.compute_s
         self.loop.at(prefill.running_ends_s, self._prefill_done, prefill)
 
     def _prefill_done(self, prefill: PrefillInstance) -> None:

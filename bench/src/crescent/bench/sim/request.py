@@ -26,9 +26,11 @@ class SimRequest:
         "first_token_s",
         "index",
         "last_emission",
+        "num_cached_blocks",
         "num_output",
         "num_prompt",
         "predicted_prefill_s",
+        "pull_done_s",
         "reject_reason",
         "request_id",
         "status",
@@ -55,6 +57,8 @@ class SimRequest:
         self.decode_id = ""
         self.predicted_prefill_s = 0.0
         self.cached_tokens = 0
+        self.num_cached_blocks = 0  # leading blocks its prefill found stored when the job came
+        self.pull_done_s = 0.0  # when its planned prefix pull has landed
         self.compute_s = 0.0
         self.first_token_s: float | None = None
         self.first_emission = 0

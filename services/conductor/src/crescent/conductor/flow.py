@@ -163,7 +163,9 @@ class RequestFlow:
         progress.generated.append(first_token)
         finish = self._finish_on_first(first_token, progress.max_tokens, sampling)
         logprobs = [result.first_logprobs] if result.first_logprobs is not None else []
-        return TokenEvent([first_token], finish, logprobs, prompt_logprobs)
+        return TokenEvent(
+            [first_token], finish, logprobs, prompt_logprobs, result.num_cached_tokens
+        )
 
     async def place(
         self,

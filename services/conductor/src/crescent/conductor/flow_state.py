@@ -26,6 +26,7 @@ class TokenEvent:
     finish_reason: str | None = None
     logprobs: list[TokenLogprobs] = field(default_factory=list)  # one per token, when asked for
     prompt_logprobs: list[TokenLogprobs] | None = None  # on the first event, when asked for
+    num_cached_tokens: int | None = None  # on the first event: prompt tokens loaded, not computed
 
 
 @dataclass

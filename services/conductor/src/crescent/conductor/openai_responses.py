@@ -17,7 +17,7 @@ from crescent.conductor.choice import Choice, ChoiceDelta
 from crescent.conductor.openai_api import GenerationRequest, parse_common
 from crescent.conductor.openai_fields import bad_request, get, refuse
 from crescent.conductor.openai_sampling import parse_format
-from crescent.conductor.openai_shapes import Collected
+from crescent.conductor.openai_shapes import Collected, TokenUsage
 from crescent.conductor.openai_tools import content_text
 
 _UNSUPPORTED = {
@@ -169,12 +169,10 @@ class ResponsesRenderer:
             )
         ]
 
-    def stream_end(
-        self, choices: Sequence[Collected], num_prompt_tokens: int, num_generated: int
-    ) -> list:
+    def stream_end(self, choices: Sequence[Collected], counts: TokenUsage) -> list:
         text, finish = choices[0].text, choices[0].finish_reason
         item = self._done_item(choices[0])
-        done = self._response("completed", [item], _usage(num_prompt_tokens, num_generated), finish)
+        done = self._response("completed", [item], _usage(counts), finish)
         return [
             self._event("response.output_text.done", **self._where(), text=text, logprobs=[]),
             self._event("response.content_part.done", **self._where(), part=_part(text)),
@@ -185,13 +183,11 @@ class ResponsesRenderer:
     def stream_error(self, message: str) -> list:
         return [self._event("error", code="upstream_error", message=message, param=None)]
 
-    def body(
-        self, choices: Sequence[Collected], num_prompt_tokens: int, num_generated: int
-    ) -> dict[str, Any]:
+    def body(self, choices: Sequence[Collected], counts: TokenUsage) -> dict[str, Any]:
         return self._response(
             "completed",
             [self._done_item(choices[0])],
-            _usage(num_prompt_tokens, num_generated),
+            _usage(counts),
             choices[0].finish_reason,
         )
 
@@ -200,11 +196,11 @@ def _part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _usage(num_prompt_tokens: int, num_generated: int) -> dict[str, Any]:
+def _usage(counts: TokenUsage) -> dict[str, Any]:
     return {
-        "input_tokens": num_prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": num_generated,
+        "input_tokens": counts.num_prompt,
+        "input_tokens_details": {"cached_tokens": counts.num_cached},
+        "output_tokens": counts.num_generated,
         "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": num_prompt_tokens + num_generated,
+        "total_tokens": counts.num_prompt + counts.num_generated,
     }

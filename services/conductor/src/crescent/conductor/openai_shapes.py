@@ -12,11 +12,22 @@ from crescent.conductor.openai_api import GenerationRequest
 from crescent.conductor.tool_calls import ToolCall
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+@dataclass(frozen=True)
+class TokenUsage:
+    """A response's token counts; `num_cached` is the prompt tokens its prefill loaded (from the
+    instance's own cache or the store) instead of computing, the largest over its choices."""
+
+    num_prompt: int
+    num_generated: int
+    num_cached: int = 0
+
+
+def usage(counts: TokenUsage) -> dict[str, Any]:
     return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens": counts.num_prompt,
+        "completion_tokens": counts.num_generated,
+        "total_tokens": counts.num_prompt + counts.num_generated,
+        "prompt_tokens_details": {"cached_tokens": counts.num_cached},
     }
 
 
@@ -185,9 +196,7 @@ class OpenAIRenderer:
             )
         ]
 
-    def stream_end(
-        self, choices: list[Collected], num_prompt_tokens: int, num_generated: int
-    ) -> list:
+    def stream_end(self, choices: list[Collected], counts: TokenUsage) -> list:
         events: list = []
         if self.request.include_usage:
             events.append(
@@ -197,7 +206,7 @@ class OpenAIRenderer:
                         self.request,
                         self.request_id,
                         self.created,
-                        usage(num_prompt_tokens, num_generated),
+                        usage(counts),
                     ),
                 )
             )
@@ -219,13 +228,11 @@ class OpenAIRenderer:
             (None, "[DONE]"),
         ]
 
-    def body(
-        self, choices: list[Collected], num_prompt_tokens: int, num_generated: int
-    ) -> dict[str, Any]:
+    def body(self, choices: list[Collected], counts: TokenUsage) -> dict[str, Any]:
         return full_response(
             self.request,
             self.request_id,
             self.created,
             choices,
-            usage(num_prompt_tokens, num_generated),
+            usage(counts),
         )

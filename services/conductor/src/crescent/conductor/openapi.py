@@ -350,7 +350,14 @@ _RESPONSE = {
 _USAGE = {
     "type": "object",
     "properties": {
-        name: {"type": "integer"} for name in ("prompt_tokens", "completion_tokens", "total_tokens")
+        **{
+            name: {"type": "integer"}
+            for name in ("prompt_tokens", "completion_tokens", "total_tokens")
+        },
+        "prompt_tokens_details": {
+            "type": "object",
+            "properties": {"cached_tokens": {"type": "integer"}},
+        },
     },
 }
 

@@ -22,7 +22,7 @@ from crescent.conductor import metrics
 from crescent.conductor.choice import Choice, ChoiceDelta
 from crescent.conductor.flow_state import TokenEvent
 from crescent.conductor.openai_fields import ApiError
-from crescent.conductor.openai_shapes import Collected
+from crescent.conductor.openai_shapes import Collected, TokenUsage
 
 log = logging.getLogger(__name__)
 
@@ -36,15 +36,11 @@ class Renderer(Protocol):
 
     def stream_delta(self, choice: Choice, delta: ChoiceDelta, is_first: bool) -> list[Event]: ...
 
-    def stream_end(
-        self, choices: Sequence[Collected], num_prompt_tokens: int, num_generated: int
-    ) -> list[Event]: ...
+    def stream_end(self, choices: Sequence[Collected], counts: TokenUsage) -> list[Event]: ...
 
     def stream_error(self, message: str) -> list[Event]: ...
 
-    def body(
-        self, choices: Sequence[Collected], num_prompt_tokens: int, num_generated: int
-    ) -> dict[str, Any]: ...
+    def body(self, choices: Sequence[Collected], counts: TokenUsage) -> dict[str, Any]: ...
 
 
 class ChoiceEvents:
@@ -166,10 +162,12 @@ class Relay:
         self._timings = [_Timing(arrived, slo) for _ in choices]
         self._collected = [Collected(c.index) for c in choices]
         self._has_sent = [False] * len(choices)
+        self._num_cached = 0
 
     @property
-    def num_generated(self) -> int:
-        return sum(c.num_tokens for c in self.choices)
+    def counts(self) -> TokenUsage:
+        num_generated = sum(c.num_tokens for c in self.choices)
+        return TokenUsage(self.num_prompt_tokens, num_generated, self._num_cached)
 
     async def _deltas(
         self, streams: Sequence[AsyncIterator[TokenEvent]]
@@ -180,6 +178,8 @@ class Relay:
                 index, event = item
                 choice = self.choices[index]
                 self._timings[index].on_tokens(len(event.token_ids))
+                if event.num_cached_tokens is not None:
+                    self._num_cached = max(self._num_cached, event.num_cached_tokens)
                 delta = choice.push(event)
                 self._collected[index].add(delta)
                 self._collected[index].tool_calls = choice.tool_calls
@@ -192,7 +192,7 @@ class Relay:
     async def collect(self, streams: Sequence[AsyncIterator[TokenEvent]]) -> web.Response:
         async for _ in self._deltas(streams):
             pass
-        body = self.renderer.body(self._collected, self.num_prompt_tokens, self.num_generated)
+        body = self.renderer.body(self._collected, self.counts)
         return web.Response(
             body=msgspec.json.encode(body),
             content_type="application/json",
@@ -229,12 +229,7 @@ class Relay:
                 await response.prepare(http_request)
                 is_prepared = True
                 await _send(response, self.renderer.stream_start())
-            await _send(
-                response,
-                self.renderer.stream_end(
-                    self._collected, self.num_prompt_tokens, self.num_generated
-                ),
-            )
+            await _send(response, self.renderer.stream_end(self._collected, self.counts))
         except (RecoverableError, ApiError) as exc:
             if not is_prepared:
                 raise
