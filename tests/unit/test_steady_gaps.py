@@ -37,3 +37,19 @@ def test_a_stream_without_a_token_after_its_first_chunk_gives_no_sample():
     gaps.on_chunk(1, 0.0)
     gaps.on_chunk(0, 1.0)
     assert gaps.mean_gap_s() is None
+
+
+def test_a_pause_longer_than_the_stale_window_is_left_out():
+    """Decode steps every 20 ms, is stopped for 5 s, then goes on: the sample is its steps,
+    not 5 s spread over a few tokens; a stall within the window still counts."""
+    gaps = SteadyGaps(pause_s=1.5)
+    for step_at in (0.0, 0.02, 0.04):
+        gaps.on_chunk(1, step_at)
+    gaps.on_chunk(1, 5.04)  # SIGSTOP for 5 s
+    for step_at in (5.06, 5.08, 5.38):  # the last one a 0.3 s stall
+        gaps.on_chunk(1, step_at)
+    assert abs(gaps.mean_gap_s() - (0.04 + 0.34) / 5) < 1e-9
+    only_paused = SteadyGaps(pause_s=1.5)
+    only_paused.on_chunk(1, 0.0)
+    only_paused.on_chunk(3, 9.0)
+    assert only_paused.mean_gap_s() is None

@@ -177,6 +177,12 @@ class ClusterView:
             )
         self._mark(key)
 
+    def stale_window_s(self, role: str, instance_id: str) -> float:
+        """How long the instance may go unheard before it is stale."""
+        state = self.instances.get((role, instance_id))
+        load = state.load if state is not None else None
+        return self.stale_periods * (load.period_s if load else self.default_period_s)
+
     def is_live(self, state: InstanceState, now: float) -> bool:
         period = state.load.period_s if state.load else self.default_period_s
         last_heard = state.load_received_at if state.load else state.registered_at

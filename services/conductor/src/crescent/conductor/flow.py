@@ -414,7 +414,7 @@ class RequestFlow:
         self._scheduler.on_decode_started(decode.request_id)
         expected_seq = 0
         num_decoded_tokens = 0
-        steady = SteadyGaps()
+        steady = SteadyGaps(self._view.stale_window_s("decode", decode_id))
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
         while True:
