@@ -76,6 +76,24 @@ async def test_kept_lease_survives_and_reputs_after_loss(infra):
         await client.close()
 
 
+async def test_a_revoked_lease_is_not_renewed_by_its_keep_alive(infra):
+    """A clean shutdown revokes the lease while the keep-alive still runs: the keep-alive must
+    not take the lease's loss for an outage and register the keys again."""
+    client = await connect_etcd(infra.etcd_url)
+    try:
+        keys = LeasedKeys(client, ttl_s=1)
+        await keys.start()
+        await keys.put("/r/a", b"1")
+        keeper = asyncio.create_task(keys.run())
+        await keys.revoke()
+        await asyncio.sleep(1.2)  # the keep-alive wakes every ttl/3
+        await keys.put("/r/b", b"2")  # a late writer
+        assert await etcd_state(client, "/r/") == {}
+        assert keeper.done() and keeper.exception() is None
+    finally:
+        await client.close()
+
+
 async def test_mirror_loads_then_follows(infra):
     client = await connect_etcd(infra.etcd_url)
     recorder = Recorder()

@@ -75,6 +75,18 @@ async def published_profile(
         await etcd.close()
 
 
+async def revision_left(infra, cluster: str, seen: int) -> int:
+    """The revision a stopped worker's profile key was last written at (`seen` when its lease
+    was revoked, deleting the key): a worker may put its keys again, under a new lease, when a
+    long start let the first lease lapse, so the revision read while it ran is not its last."""
+    etcd = await connect_etcd(infra.etcd_url)
+    try:
+        entry = await etcd.get(Keys(cluster).cost("prefill", "prefill-p").encode())
+    finally:
+        await etcd.close()
+    return seen if entry is None else max(seen, entry.mod_revision)
+
+
 async def test_worker_publishes_a_fitted_profile_and_keeps_it(
     infra, cluster_name, tmp_path, tiny_model_dir
 ):
@@ -84,6 +96,7 @@ async def test_worker_publishes_a_fitted_profile_and_keeps_it(
         measured, revision = await published_profile(infra, cluster_name, worker, 400)
     finally:
         worker.stop()
+    revision = await revision_left(infra, cluster_name, revision)
     check_profile(measured, MODEL)
     assert measured.source == "measured" and measured.dtype == "float32" and measured.hardware
     assert measured.prefill_s(1024) > measured.prefill_s(128) > 0

@@ -56,7 +56,9 @@ class LeasedKeys:
     """Keys that live as long as this process: put under one lease, kept alive in `run()`.
 
     If the lease is lost (etcd restarted, process paused past the TTL), a new lease is granted
-    and every key is put again, so a live instance never stays missing from the registry.
+    and every key is put again, so a live instance never stays missing from the registry. Once
+    revoked (a clean shutdown) it stays so: the keep-alive would otherwise find the lease gone
+    and put every key again under a new one, registering a stopping process for another TTL.
     """
 
     def __init__(self, client: aetcd.Client, ttl_s: int) -> None:
@@ -64,6 +66,7 @@ class LeasedKeys:
         self._ttl_s = ttl_s
         self._values: dict[str, bytes] = {}
         self._lease: aetcd.leases.Lease | None = None
+        self._is_revoked = False
         # Owners of other keys under this lease (a store's block metadata) re-put them here.
         self.on_renew: list[Callable[[], Awaitable[None]]] = []
 
@@ -75,6 +78,9 @@ class LeasedKeys:
         self._lease = await self._client.lease(self._ttl_s)
 
     async def put(self, key: str, value: bytes) -> None:
+        if self._is_revoked:
+            log.warning("etcd put after the lease was revoked; not written", extra={"key": key})
+            return
         self._values[key] = value
         try:
             await self._client.put(key.encode(), value, lease=self._lease)
@@ -90,17 +96,21 @@ class LeasedKeys:
 
     async def run(self) -> None:
         """Keep the lease alive until cancelled; survives etcd outages."""
-        while True:
+        while not self._is_revoked:
             await asyncio.sleep(self._ttl_s / 3)
+            if self._is_revoked:
+                return
             try:
                 reply = await self._lease.refresh()
-                if reply.TTL <= 0:
+                if reply.TTL <= 0 and not self._is_revoked:
                     log.warning("etcd lease lost; re-registering", extra={"lease": self._lease.id})
                     await self._renew()
             except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
                 log.warning("etcd lease refresh failed", extra={"error": repr(exc)})
 
     async def _renew(self) -> None:
+        if self._is_revoked:
+            return
         self._lease = await self._client.lease(self._ttl_s)
         for key, value in self._values.items():
             await self._client.put(key.encode(), value, lease=self._lease)
@@ -109,6 +119,7 @@ class LeasedKeys:
 
     async def revoke(self) -> None:
         """Delete every key now (clean shutdown) rather than waiting for the TTL."""
+        self._is_revoked = True
         if self._lease is not None:
             try:
                 await self._lease.revoke()
