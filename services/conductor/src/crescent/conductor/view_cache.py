@@ -64,7 +64,8 @@ class RoleColumns:
         self.dirty: set[Key] = set()
         self.sure = np.empty(size)  # per row: live by its own telemetry until then (Refreshed)
         # Queue of a row at `now`: max(0, queue_base - max(0, now - received_at)) + assigned,
-        # ClusterView._drained's sum (queue_base is -inf before any telemetry).
+        # ClusterView._queue_s with the ratio applied at the row's last refresh (queue_base is
+        # -inf before any telemetry).
         self.queue_base = np.empty(size)
         self.received_at = np.empty(size)
         self.assigned = np.empty(size)

@@ -153,33 +153,32 @@ def choose_by_tbt(
     best_id, best_tbt = "", math.inf
     smallest_batch = int(_min(loads.num_running)) + 1
     order = loads.num_context.argsort(kind="stable")
-    # Floors are indexed by root + 1: a row without a model (NO_MODEL) reads slot 0.
-    slots = columns.root[order] + 1
-    ratios = columns.decode_ratio[order]
-    bases = _bases(columns, decode_step_s, ratios, slots)
+    # In context order, per instance its base's index, batch and context (one table) and its
+    # ratio: a segment is one slice of each read as lists, for which Python beats more numpy
+    # calls. Floors are indexed by base: a row without a model (NO_MODEL, -1) reads the last.
+    table = np.array((columns.root, loads.num_running, loads.num_context)).take(order, 1)
+    ratios = columns.decode_ratio.take(order)
+    bases = _bases(columns, decode_step_s)
     floors = [0.0] * (len(columns.roots) + 1)
-    contexts = loads.num_context[order]
+    # One ratio under all: the bound below a segment is a little looser than per base, and
+    # costs one reduction instead of three per base.
+    least_ratio = float(_min(ratios))
     for start in range(0, len(order), _SEGMENT):
-        context = int(contexts[start]) + prompt
-        least_bound = math.inf
-        for slot, step, least_ratio in bases:
+        context = int(table[2, start]) + prompt
+        least_floor = math.inf
+        for slot, step in bases:
             floor = floors[slot] = step(smallest_batch, context)
-            least_bound = min(least_bound, least_ratio * floor if floor >= 0 else -math.inf)
-        if least_bound > best_tbt:
+            least_floor = min(least_floor, floor)
+        if (least_ratio * least_floor if least_floor >= 0 else -math.inf) > best_tbt:
             break
-        # A segment is a few rows: as lists, for which Python beats more numpy calls.
         end = start + _SEGMENT
-        positions = order[start:end]
+        bases_of, batches, contexts = table[:, start:end].tolist()
         segment = sorted(
             zip(
-                map(
-                    mul,
-                    ratios[start:end].tolist(),
-                    map(floors.__getitem__, slots[start:end].tolist()),
-                ),
-                positions.tolist(),
-                loads.num_running[positions].tolist(),
-                contexts[start:end].tolist(),
+                map(mul, ratios[start:end].tolist(), map(floors.__getitem__, bases_of)),
+                order[start:end].tolist(),
+                batches,
+                contexts,
             )
         )
         for bound, position, num_running, num_context in segment:
@@ -194,18 +193,14 @@ def choose_by_tbt(
     return DecodeChoice(best_id, best_tbt)
 
 
-def _bases(
-    columns: InstanceColumns, default: DecodeStepFn, ratios: np.ndarray, slots: np.ndarray
-) -> list[tuple[int, DecodeStepFn, float]]:
-    """Per base model of the instances (by slot: root + 1), its step model and the smallest
-    decode ratio an instance applies to it."""
+def _bases(columns: InstanceColumns, default: DecodeStepFn) -> list[tuple[int, DecodeStepFn]]:
+    """Per base model of the rows, its index in the floors (-1: rows without a model, priced by
+    `default`) and its step model."""
+    counts = np.bincount(columns.root + 1, minlength=len(columns.roots) + 1).tolist()
     return [
-        (
-            slot,
-            default if slot == 0 else columns.roots[slot - 1].decode_step_s,
-            float(_min(ratios[slots == slot])),
-        )
-        for slot in np.bincount(slots).nonzero()[0].tolist()
+        (slot - 1, default if slot == 0 else columns.roots[slot - 1].decode_step_s)
+        for slot, count in enumerate(counts)
+        if count
     ]
 
 
