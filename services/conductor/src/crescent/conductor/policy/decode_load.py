@@ -41,6 +41,7 @@ def step_fn(instance: InstanceSnapshot, default: DecodeStepFn) -> DecodeStepFn:
 
 _new_load = partial(tuple.__new__, DecodeLoad)  # DecodeLoad._make in C: one per row read
 _SEGMENT = 16  # instances bounded with one evaluation of the base models
+_CHUNK = 4 * _SEGMENT  # instances read from numpy into lists at once
 PRICE_ALL_UP_TO = 16  # up to this many instances each is priced: bounding costs more
 _min = np.minimum.reduce  # ndarray.min() adds a Python-level wrapper per call
 
@@ -154,8 +155,9 @@ def choose_by_tbt(
     smallest_batch = int(_min(loads.num_running)) + 1
     order = loads.num_context.argsort(kind="stable")
     # In context order, per instance its base's index, batch and context (one table) and its
-    # ratio: a segment is one slice of each read as lists, for which Python beats more numpy
-    # calls. Floors are indexed by base: a row without a model (NO_MODEL, -1) reads the last.
+    # ratio, read as lists a chunk of segments at a time: Python beats a few numpy calls per
+    # segment, and most decisions end in the first chunk. Floors are indexed by base: a row
+    # without a model (NO_MODEL, -1) reads the last.
     table = np.array((columns.root, loads.num_running, loads.num_context)).take(order, 1)
     ratios = columns.decode_ratio.take(order)
     bases = _bases(columns, decode_step_s)
@@ -163,33 +165,36 @@ def choose_by_tbt(
     # One ratio under all: the bound below a segment is a little looser than per base, and
     # costs one reduction instead of three per base.
     least_ratio = float(_min(ratios))
-    for start in range(0, len(order), _SEGMENT):
-        context = int(table[2, start]) + prompt
-        least_floor = math.inf
-        for slot, step in bases:
-            floor = floors[slot] = step(smallest_batch, context)
-            least_floor = min(least_floor, floor)
-        if (least_ratio * least_floor if least_floor >= 0 else -math.inf) > best_tbt:
-            break
-        end = start + _SEGMENT
-        bases_of, batches, contexts = table[:, start:end].tolist()
-        segment = sorted(
-            zip(
-                map(mul, ratios[start:end].tolist(), map(floors.__getitem__, bases_of)),
-                order[start:end].tolist(),
-                batches,
-                contexts,
+    for chunk in range(0, len(order), _CHUNK):
+        chunk_end = chunk + _CHUNK
+        bases_of, batches, contexts = table[:, chunk:chunk_end].tolist()
+        chunk_ratios, positions = ratios[chunk:chunk_end].tolist(), order[chunk:chunk_end].tolist()
+        for start in range(0, len(positions), _SEGMENT):
+            context = contexts[start] + prompt
+            least_floor = math.inf
+            for slot, step in bases:
+                floor = floors[slot] = step(smallest_batch, context)
+                least_floor = min(least_floor, floor)
+            if (least_ratio * least_floor if least_floor >= 0 else -math.inf) > best_tbt:
+                return DecodeChoice(best_id, best_tbt)
+            end = start + _SEGMENT
+            segment = sorted(
+                zip(
+                    map(mul, chunk_ratios[start:end], map(floors.__getitem__, bases_of[start:end])),
+                    positions[start:end],
+                    batches[start:end],
+                    contexts[start:end],
+                )
             )
-        )
-        for bound, position, num_running, num_context in segment:
-            if bound > best_tbt:  # so are the rest of the segment's
-                break
-            costs = columns.costs_of(position)
-            step_s = decode_step_s if costs is None else costs.decode_step_s
-            tbt = step_s(num_running + 1, num_context + prompt)
-            instance_id = columns.id_of(position)
-            if tbt < best_tbt or (tbt == best_tbt and instance_id < best_id) or not best_id:
-                best_id, best_tbt = instance_id, tbt
+            for bound, position, num_running, num_context in segment:
+                if bound > best_tbt:  # so are the rest of the segment's
+                    break
+                costs = columns.costs_of(position)
+                step_s = decode_step_s if costs is None else costs.decode_step_s
+                tbt = step_s(num_running + 1, num_context + prompt)
+                instance_id = columns.id_of(position)
+                if tbt < best_tbt or (tbt == best_tbt and instance_id < best_id) or not best_id:
+                    best_id, best_tbt = instance_id, tbt
     return DecodeChoice(best_id, best_tbt)
 
 
