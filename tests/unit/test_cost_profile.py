@@ -1,5 +1,7 @@
 """Cost profiles: fits with non-negative costs, the emulated model exactly, refusals that say why."""
 
+import random
+
 import msgspec
 import pytest
 
@@ -127,3 +129,23 @@ def test_profile_files_round_trip_and_bad_files_are_refused(tmp_path):
     )
     with pytest.raises(ProfileError, match="neg.json"):
         load_profile(tmp_path / "neg.json", "m")
+
+
+def test_decode_step_is_the_slowest_planes_step_exactly():
+    """decode_step_s writes DecodePlane.seconds out for speed: it must give the same floats."""
+    rng = random.Random(7)
+    for _ in range(500):
+        planes = [
+            DecodePlane(
+                base_s=rng.choice((0.0, rng.uniform(0, 0.05))),
+                per_request_s=rng.choice((0.0, rng.uniform(0, 1e-3))),
+                per_context_token_s=rng.uniform(0, 1e-6),
+            )
+            for _ in range(rng.randint(1, 3))
+        ]
+        profile = CostProfile(model="m", prefill=PrefillCost(), decode=planes)
+        batch, context = rng.randint(-1, 300), rng.randint(0, 2**22)
+        expected = max(p.seconds(batch, context) for p in planes) if batch > 0 else 0.0
+        assert profile.decode_step_s(batch, context) == expected
+    with pytest.raises(ValueError, match="no step"):
+        CostProfile(model="m", prefill=PrefillCost(), decode=[]).decode_step_s(1, 1)

@@ -78,9 +78,22 @@ class CostProfile(Message):
         return self.prefill.seconds(num_tokens, num_cached_tokens)
 
     def decode_step_s(self, batch_size: int, total_context: int) -> float:
+        """The slowest plane's step (DecodePlane.seconds, written out: the conductor prices a
+        dozen steps a decision, and a generator of method calls takes 2.7× as long)."""
         if batch_size <= 0:
             return 0.0
-        return max(plane.seconds(batch_size, total_context) for plane in self.decode)
+        slowest = None
+        for plane in self.decode:
+            seconds = (
+                plane.base_s
+                + plane.per_request_s * batch_size
+                + plane.per_context_token_s * total_context
+            )
+            if slowest is None or seconds > slowest:
+                slowest = seconds
+        if slowest is None:
+            raise ValueError("a cost profile without a decode plane prices no step")
+        return slowest
 
 
 def check_profile(profile: CostProfile, model: str) -> CostProfile:

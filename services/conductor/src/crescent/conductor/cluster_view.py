@@ -284,20 +284,10 @@ class ClusterView:
             costs, queue_ratio = state.price
             snapshot = self._build_snapshot(role, instance_id, state, is_stale, costs)
             state.queue_base_s = reported_queue_s(load, queue_ratio) if load is not None else 0.0
-        queue_s = self._drained(state, now)
-        if queue_s != snapshot.queue_time_s:
-            snapshot = msgspec.structs.replace(snapshot, queue_time_s=queue_s)
+        # Its queue time stays as built: the columns drain every row's queue to `now` in one
+        # pass (RoleColumns.columns) and a row read as a snapshot takes its queue from there.
         state.snapshot = snapshot
         return Refreshed(snapshot, sure_until)
-
-    @staticmethod
-    def _drained(state: InstanceState, now: float) -> float:
-        """The queue left now: ClusterView._queue_s with the ratio applied at the last refresh,
-        plus this conductor's assignments (view_cache.RoleColumns drains all rows the same way)."""
-        queue_s = state.queue_s_assigned_since_load
-        if state.load is None:
-            return queue_s
-        return max(0.0, state.queue_base_s - max(0.0, now - state.load_received_at)) + queue_s
 
     def _queued(
         self, snapshot: InstanceSnapshot, state: InstanceState, now: float, ratio: float

@@ -162,8 +162,10 @@ class Pricing:
         """The uncorrected model of `profile` (None: the default), one object per profile."""
         entry = self._bases.get(id(profile))
         if entry is None or entry[0] is not profile:
+            # The profile's PrefillCost itself (CostProfile.prefill_s only calls it): T_prefill
+            # is evaluated a few dozen times a decision.
             prefill_s = self.prefill_override or (
-                profile.prefill_s if profile else self.default.prefill_s
+                profile.prefill.seconds if profile else self.default.prefill_s
             )
             decode_step_s = profile.decode_step_s if profile else self.default.decode_step_s
             base = CostPredictors(prefill_s, decode_step_s, self.default.kv_bytes_per_token)

@@ -64,9 +64,14 @@ class RoleColumns:
         self.dirty: set[Key] = set()
         self.sure = np.empty(size)  # per row: live by its own telemetry until then (Refreshed)
         # Queue of a row at `now`: max(0, queue_base - max(0, now - received_at)) + assigned,
-        # ClusterView._drained's sum (queue_base is -inf before any telemetry).
+        # ClusterView._queue_s with the ratio applied at the row's last refresh (queue_base is
+        # -inf before any telemetry).
         self.queue_base = np.empty(size)
         self.received_at = np.empty(size)
+        # Rows whose queue can be above 0: with none (decode instances report no queue), every
+        # queue is 0 at any time and the pass is skipped (zeros, never written, handed out).
+        self._queued: set[int] = set()
+        self._no_queue = np.zeros(size)
         self.assigned = np.empty(size)
         self.is_usable = np.empty(size, dtype=bool)
         self.kv_free = np.empty(size, dtype=np.int64)
@@ -113,8 +118,11 @@ class RoleColumns:
 
     def columns(self, now: float) -> InstanceColumns:
         """The instances at `now`: every queue drained to `now` in one pass."""
-        age = np.maximum(now - self.received_at, 0.0)
-        queue_s = np.maximum(self.queue_base - age, 0.0) + self.assigned
+        if self._queued:
+            age = np.maximum(now - self.received_at, 0.0)
+            queue_s = np.maximum(self.queue_base - age, 0.0) + self.assigned
+        else:
+            queue_s = self._no_queue
         self._lent.update(_FIXED_COLUMNS)
         return InstanceColumns(
             list(self.rows),
@@ -137,9 +145,15 @@ class RoleColumns:
             self._sure_until = None if self.sure[position] <= kept else min(kept, entry.sure_until)
         self.sure[position] = entry.sure_until
         state, snapshot = self.states[position], entry.snapshot
-        self.queue_base[position] = state.queue_base_s if state.load is not None else -np.inf
+        queue_base = state.queue_base_s if state.load is not None else -np.inf
+        assigned = state.queue_s_assigned_since_load
+        self.queue_base[position] = queue_base
         self.received_at[position] = state.load_received_at
-        self.assigned[position] = state.queue_s_assigned_since_load
+        self.assigned[position] = assigned
+        if queue_base > 0 or assigned != 0:  # max(<= 0 - age, 0) + 0 is 0 at any time
+            self._queued.add(position)
+        else:
+            self._queued.discard(position)
         fixed = (
             not snapshot.is_stale and snapshot.is_accepting,
             snapshot.kv_capacity_tokens - snapshot.kv_used_tokens,

@@ -234,17 +234,23 @@ class InstanceColumns(Sequence[InstanceSnapshot]):
         return self.where(np.fromiter((i not in instance_ids for i in self.ids), bool, len(self)))
 
     def prefix_lengths(self, match: PrefixMatch) -> np.ndarray:
-        """Each row's node's prefix length in `match`: its runs' masks as a bit matrix, summed
-        by length per bit (a node ends one run at most), read at each row's bit."""
+        """Each row's node's prefix length in `match`, read at each row's bit from a table by
+        bit (a node ends one run at most). Most runs end for one node, whose bit is found in
+        Python and written with the others' in one call; a run of many nodes is unpacked."""
         if match.slots is None:  # the empty match
             return np.zeros(len(self), np.int64)
-        num_bytes = (match.slots.num_slots + 7) // 8
-        masks = b"".join([mask.to_bytes(num_bytes, "little") for mask, _ in match.runs])
-        bits = np.unpackbits(np.frombuffer(masks, np.uint8), bitorder="little")
-        by_slot = np.zeros(num_bytes * 8 + 1, np.int64)  # the last: nodes the index lacks
-        by_slot[:-1] = np.array([length for _, length in match.runs]) @ bits.reshape(
-            len(match.runs), -1
-        )
+        num_slots = match.slots.num_slots
+        by_slot = np.zeros(num_slots + 1, np.int64)  # the last: nodes the index lacks
+        lone_slots, lone_lengths = [], []
+        for mask, length in match.runs:
+            if mask & (mask - 1):
+                packed = np.frombuffer(mask.to_bytes((num_slots + 7) // 8, "little"), np.uint8)
+                bits = np.unpackbits(packed, count=num_slots, bitorder="little")
+                by_slot[:num_slots][bits.view(bool)] = length
+            elif mask:
+                lone_slots.append(mask.bit_length() - 1)
+                lone_lengths.append(length)
+        by_slot[lone_slots] = lone_lengths
         slots = self._nodes.slots_in(match.slots)
         return by_slot[slots if self._index is None else slots[self._index]]
 

@@ -212,10 +212,12 @@ def _bounds(
     is_present[codes] = True
     keys = is_present.nonzero()[0]
     pairs = [divmod(key, width) for key in keys.tolist()]
-    terms = [floor.terms(planner_for(roots[base]), length) for base, length in pairs]
+    planners = list(map(planner_for, roots))
+    terms = [floor.terms(planners[base], length) for base, length in pairs]
     inverse = keys.searchsorted(codes)
     if all(local_s >= 0 and pulled_s >= 0 for local_s, _, pulled_s in terms):
-        local_s, tokens, pulled_s = np.array(terms)[inverse].T
+        # take: a third of fancy indexing's time for rows of three
+        local_s, tokens, pulled_s = np.array(terms).take(inverse, 0).T
         rates = (
             columns.link_rates(bandwidth, match.best_nodes)
             if bandwidth is not None and match.best_nodes
@@ -228,9 +230,7 @@ def _bounds(
                 pull_s = kv_bytes * tokens / rates + ratios * pulled_s
         return columns.queue_s + overheads + np.fmin(ratios * local_s, pull_s)
     # A model prices some prefill below 0: the smallest terms of all, clamped at 0.
-    floors = np.array(
-        [floor.ttft_s(planner_for(roots[base]), length) for base, length in pairs], np.float64
-    )
+    floors = np.array([floor.ttft_s(planners[base], length) for base, length in pairs], np.float64)
     return columns.queue_s + floors[inverse]
 
 
