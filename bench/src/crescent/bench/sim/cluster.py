@@ -350,10 +350,7 @@ class DisaggregatedCluster:
                     source.node, store.node, len(pulled) * self.block_bytes, now
                 )
                 store.write(pulled)
-        request.num_cached_blocks = store.prefix_run(request.blocks)
-        request.cached_tokens = min(
-            request.num_cached_blocks * TRACE_BLOCK_TOKENS, request.num_prompt - 1
-        )
+        request.reuse_blocks(store.prefix_run(request.blocks))
 
     def _start_prefill(self, prefill: PrefillInstance) -> None:
         request = prefill.queue.popleft()
@@ -361,8 +358,7 @@ class DisaggregatedCluster:
         # Blocks evicted while the job waited are computed after all.
         run = store.prefix_run(request.blocks[: request.num_cached_blocks])
         if run < request.num_cached_blocks:
-            request.num_cached_blocks = run
-            request.cached_tokens = min(run * TRACE_BLOCK_TOKENS, request.num_prompt - 1)
+            request.reuse_blocks(run)
         num_from_ssd = store.read(request.blocks[:run])
         request.compute_s = self.costs.prefill_s(request.num_prompt, request.cached_tokens)
         ssd_s = num_from_ssd * self.block_bytes / (self.config.ssd_gbps * 1e9)

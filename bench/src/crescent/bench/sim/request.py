@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 
+from crescent.bench.trace import TRACE_BLOCK_TOKENS
 from crescent.conductor.policy import Decision
 
 
@@ -64,6 +65,12 @@ class SimRequest:
         self.first_emission = 0
         self.last_emission = 0
         self.tbt_s = 0.0
+
+    def reuse_blocks(self, num_blocks: int) -> None:
+        """Its prefill loads its first `num_blocks` blocks; the last prompt token is always
+        computed."""
+        self.num_cached_blocks = num_blocks
+        self.cached_tokens = min(num_blocks * TRACE_BLOCK_TOKENS, self.num_prompt - 1)
 
     @property
     def ttft_s(self) -> float | None:

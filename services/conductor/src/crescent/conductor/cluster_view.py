@@ -177,14 +177,16 @@ class ClusterView:
             )
         self._mark(key)
 
+    def _period_s(self, state: InstanceState | None) -> float:
+        """The instance's telemetry period (the default until it has reported)."""
+        return state.load.period_s if state is not None and state.load else self.default_period_s
+
     def stale_window_s(self, role: str, instance_id: str) -> float:
         """How long the instance may go unheard before it is stale."""
-        state = self.instances.get((role, instance_id))
-        load = state.load if state is not None else None
-        return self.stale_periods * (load.period_s if load else self.default_period_s)
+        return self.stale_periods * self._period_s(self.instances.get((role, instance_id)))
 
     def is_live(self, state: InstanceState, now: float) -> bool:
-        period = state.load.period_s if state.load else self.default_period_s
+        period = self._period_s(state)
         last_heard = state.load_received_at if state.load else state.registered_at
         window = self.stale_periods * period
         if now - last_heard <= window:
