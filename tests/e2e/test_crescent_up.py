@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 
 import psutil
@@ -84,7 +85,16 @@ def test_sigterm_stops_every_process_of_the_cluster(tmp_path):
             up.kill()
 
 
+def log_tails(workdir: Path) -> str:
+    return " ".join(
+        f"\n--- {log.name}:\n" + "\n".join(log.read_text().splitlines()[-40:])
+        for log in (workdir / "logs").glob("*.log")
+    )
+
+
 def test_sigkill_of_crescent_up_leaves_no_process_and_no_shared_memory(tmp_path):
+    """Every child stops as an orphan, its peers (NATS, etcd) stopping at the same moment; each
+    stop runs under its deadline (20 s here), so none is left even if a wait hangs."""
     port = free_port()
     crescent = Path(sys.executable).parent / "crescent"
     up = subprocess.Popen(
@@ -101,6 +111,7 @@ def test_sigkill_of_crescent_up_leaves_no_process_and_no_shared_memory(tmp_path)
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, "CRESCENT_STOP_TIMEOUT_S": "20", "CRESCENT_DRAIN_TIMEOUT_S": "10"},
     )
     children = []
     try:
@@ -116,12 +127,16 @@ def test_sigkill_of_crescent_up_leaves_no_process_and_no_shared_memory(tmp_path)
         up.kill()
         up.wait(10)
         _, alive = psutil.wait_procs(children, timeout=30)
-        assert alive == [], f"left running: {[(p.status(), p.cmdline()) for p in alive]}"
-        left = [path for path in segments if os.path.exists(path)]
-        assert left == [], f"left in /dev/shm: {left}; up said: {up.stdout.read()}; " + " ".join(
-            f"\n--- {log.name}:\n" + "\n".join(log.read_text().splitlines()[-5:])
-            for log in (tmp_path / "logs").glob("*.log")
+        assert alive == [], (
+            f"left running: {[(p.status(), p.cmdline()) for p in alive]}" + log_tails(tmp_path)
         )
+        left = [path for path in segments if os.path.exists(path)]
+        assert left == [], f"left in /dev/shm: {left}; up said: {up.stdout.read()}" + log_tails(
+            tmp_path
+        )
+        for log in (tmp_path / "logs").glob("*.log"):  # stopped, but a wait hung: say where
+            if "stop passed its deadline" in (text := log.read_text()):
+                warnings.warn(f"{log.name}: {text[text.index('stop passed') :]}", stacklevel=1)
     finally:
         if up.poll() is None:
             up.kill()

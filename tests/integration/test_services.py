@@ -1,15 +1,21 @@
-"""Service processes against real NATS and etcd: registry, telemetry, lifecycle, bad input."""
+"""Service processes against real NATS and etcd: registry, telemetry, lifecycle, bad input.
+
+The stop under faults: a SIGTERM while a service starts ends the start, and a stop whose peers
+hang still ends at its deadline, with the hung wait in the log."""
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import nats
 import pytest
 
-from crescent.cluster.processes import ManagedProcess, ProcessSpec
+from crescent.cluster.infra import nats_spec
+from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
 from crescent.common.bus import Bus
 from crescent.common.codec import decode
 from crescent.common.etcd import PrefixMirror, connect_etcd
@@ -188,3 +194,92 @@ def test_bad_setting_exits_with_a_message():
         timeout=30,
     )
     assert result.returncode == 2 and "kv_capacity_tokens" in result.stderr
+
+
+def num_nats_connections(monitor_port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/connz", timeout=2) as response:
+        return json.load(response)["num_connections"]
+
+
+@pytest.fixture
+def monitored_nats(tmp_path):
+    port, monitor_port = free_port(), free_port()
+    nats = ManagedProcess(nats_spec(port, monitor_port=monitor_port), tmp_path / "logs")
+    nats.start()
+    nats.wait_ready(30)
+    yield f"nats://127.0.0.1:{port}", monitor_port
+    nats.stop()
+
+
+def test_a_sigterm_while_starting_ends_the_start(monitored_nats, cluster_name):
+    nats_url, monitor_port = monitored_nats
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "crescent.prefill",
+            "--cluster",
+            cluster_name,
+            "--nats-url",
+            nats_url,
+            "--etcd-url",
+            "http://127.0.0.1:1",  # nothing listens: the start keeps retrying etcd
+            "--connect-timeout-s",
+            "60",
+            "--log-format",
+            "text",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while num_nats_connections(monitor_port) == 0:  # NATS first, then etcd
+            assert worker.poll() is None and time.monotonic() < deadline, "did not connect NATS"
+            time.sleep(0.05)
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(10)
+        output = worker.stdout.read()
+        assert code == 0, output
+        assert "stopped while starting" in output
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+def test_a_stop_whose_peers_hang_ends_at_its_deadline(infra, cluster_name, tmp_path):
+    worker = service(
+        infra,
+        cluster_name,
+        "prefill",
+        "prefill-a",
+        tmp_path,
+        "--stop-timeout-s",
+        "2",
+        "--drain-timeout-s",
+        "0.5",
+        "--log-format",
+        "text",
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while "serving" not in worker.log_tail():
+            assert worker.is_running and time.monotonic() < deadline, worker.log_tail()
+            time.sleep(0.05)
+        infra.etcd.signal(signal.SIGSTOP)  # the lease revoke now waits for its RPC timeout
+        infra.nats.signal(signal.SIGSTOP)
+        stopping_at = time.monotonic()
+        worker.signal(signal.SIGTERM)
+        code = worker.popen.wait(30)
+        took_s = time.monotonic() - stopping_at
+        log_text = worker.log_path.read_text()
+        assert code == 70, log_text
+        assert took_s < 10, f"{took_s:.1f}s"
+        assert "stop passed its deadline" in log_text
+        assert "Current thread" in log_text or "Thread 0x" in log_text  # the stacks
+    finally:
+        infra.etcd.signal(signal.SIGCONT)
+        infra.nats.signal(signal.SIGCONT)
+        worker.stop()

@@ -299,6 +299,7 @@ class Bus:
                 task.cancel()
         if not self._client.is_closed:
             try:
-                await self._client.close()
-            except OSError as exc:  # the server went away first (a whole cluster stopping at once)
+                await asyncio.wait_for(self._client.close(), timeout_s)
+            except (TimeoutError, OSError) as exc:  # the server went away first (a whole
+                # cluster stopping at once) or stopped reading
                 log.warning("NATS close incomplete", extra={"error": repr(exc)})

@@ -151,6 +151,11 @@ class CommonSettings:
     connect_timeout_s: float = setting(
         10.0, "how long to keep retrying NATS and etcd at start before exiting"
     )
+    stop_timeout_s: float = setting(
+        45.0,
+        "on SIGTERM, the longest the whole stop may take (accepted work finishing, leaving the "
+        "registry, closing connections); past it the process logs every thread's stack and exits",
+    )
     log_level: str = setting("INFO", "log level")
     log_format: str = setting("json", "log format: json or text")
 
@@ -167,3 +172,5 @@ class CommonSettings:
             raise ConfigError(f"http_idle_timeout_s must be > 0, got {self.http_idle_timeout_s}")
         if self.connect_timeout_s <= 0:
             raise ConfigError(f"connect_timeout_s must be > 0, got {self.connect_timeout_s}")
+        if self.stop_timeout_s <= 0:
+            raise ConfigError(f"stop_timeout_s must be > 0, got {self.stop_timeout_s}")

@@ -95,9 +95,12 @@ class _JsonErrorServer(web.Server):
 class JsonErrorRunner(web.AppRunner):
     """An AppRunner whose connections answer protocol-level errors with JSON."""
 
-    def __init__(self, app: web.Application, idle_timeout_s: float) -> None:
+    def __init__(
+        self, app: web.Application, idle_timeout_s: float, shutdown_timeout_s: float = 60.0
+    ) -> None:
         super().__init__(
             app,
+            shutdown_timeout=shutdown_timeout_s,
             access_log=None,
             handler_cancellation=True,
             keepalive_timeout=idle_timeout_s,

@@ -45,6 +45,7 @@ from crescent.common.load_metrics import record_load
 from crescent.common.logs import setup_logging
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.common.naming import Keys, Subjects, check_token
+from crescent.common.stop_deadline import StopDeadline
 from crescent.common.supervisor import TaskSupervisor
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,10 @@ class Runtime:
         self.heartbeat.start()
 
     async def start_http(self) -> None:
-        self._http_runner = JsonErrorRunner(self.http_app, self.settings.http_idle_timeout_s)
+        # Responses still streaming at a stop get half of its deadline to finish.
+        self._http_runner = JsonErrorRunner(
+            self.http_app, self.settings.http_idle_timeout_s, self.settings.stop_timeout_s / 2
+        )
         await self._http_runner.setup()
         site = web.TCPSite(self._http_runner, self.settings.host, self.http_port)
         try:
@@ -210,26 +214,39 @@ class Runtime:
 
 
 async def serve(service: Service, settings: CommonSettings) -> int:
-    """Run `service` until SIGTERM/SIGINT or a supervised task fails; return the exit code."""
+    """Run `service` until SIGTERM/SIGINT or a supervised task fails; return the exit code.
+
+    A signal during start-up cancels the start. From the signal on, the whole stop runs under
+    `settings.stop_timeout_s` (StopDeadline), so a process whose peers vanished with it (a
+    supervisor killed by SIGKILL takes NATS and etcd along) still exits."""
     runtime = Runtime(service.role, settings)
     stop = asyncio.Event()
+    deadline = StopDeadline(settings.stop_timeout_s)
+
+    def on_signal() -> None:
+        stop.set()
+        deadline.start()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
-        await runtime.connect()
-        await service.start(runtime)
-        runtime.health_details = service.health
-        await runtime.start_http()
-        await runtime.register(service.instance_info())
-        runtime.start_telemetry(service.load)
-        runtime.status = ServiceStatus.SERVING
-        log.info("serving", extra={"role": service.role, "http": runtime.http_url})
+        starting = asyncio.create_task(_start(service, runtime))
         stop_wait = asyncio.create_task(stop.wait())
+        await asyncio.wait([starting, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():
+            log.info("stopped while starting")
+            starting.cancel()
+            await asyncio.wait([starting])
+            await runtime.deregister()
+            await service.drain()
+            return 0
+        starting.result()
         fail_wait = asyncio.create_task(runtime.tasks.failed.wait())
         await asyncio.wait([stop_wait, fail_wait], return_when=asyncio.FIRST_COMPLETED)
         stop_wait.cancel()
         fail_wait.cancel()
+        deadline.start()
         runtime.status = ServiceStatus.DRAINING
         try:  # conductors hear it before the registry entry goes, and send no more work
             await runtime.publish_load(service.load)
@@ -248,6 +265,17 @@ async def serve(service: Service, settings: CommonSettings) -> int:
         return 0
     finally:
         await runtime.close()
+
+
+async def _start(service: Service, runtime: Runtime) -> None:
+    await runtime.connect()
+    await service.start(runtime)
+    runtime.health_details = service.health
+    await runtime.start_http()
+    await runtime.register(service.instance_info())
+    runtime.start_telemetry(service.load)
+    runtime.status = ServiceStatus.SERVING
+    log.info("serving", extra={"role": service.role, "http": runtime.http_url})
 
 
 def run_service(

@@ -114,6 +114,11 @@ class EngineSettings(EmulatedDevice, CommonSettings):
             raise ConfigError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if not 0 <= self.drain_timeout_s < self.stop_timeout_s:
+            raise ConfigError(
+                f"drain_timeout_s ({self.drain_timeout_s}) must be in [0, stop_timeout_s "
+                f"({self.stop_timeout_s})): the accepted work finishes inside the stop's deadline"
+            )
         self.validate_device()
         if self.block_size < 1:
             raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
