@@ -1,9 +1,10 @@
 """The conductor's plan is what runs, on the real model. A prefill instance and a decode
-instance on two nodes, a store on each; one conductor schedules with kv-centric, another with
-least-loaded. A shared prefix is held only by the decode node's store (the test evicts it from
-the prefill node's): kv-centric plans a pull from the decode node and the prefill node's store
-carries it out; least-loaded plans none and none happens, so the prompt is computed in full.
-Both answer exactly as plain vLLM does."""
+instance on two nodes, a store on each, every byte over tcp (stores and workers alike); one
+conductor schedules with kv-centric, one with each baseline policy. A shared prefix is held only
+by the decode node's store (the test evicts it from the prefill node's): kv-centric plans a
+pull from the decode node and the prefill node's store carries it out over tcp; no baseline
+plans one and none happens, so the prompt is computed in full. All answer exactly as plain
+vLLM does."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from crescent.common.hf_tokenizer import HfTokenizer
 from crescent.common.messages import InstanceInfo
 from crescent.common.naming import Keys, Subjects
 from crescent.common.store_messages import EvictBlocks, EvictReply
+from crescent.conductor.policy.policies import POLICIES, KvCentricPolicy
 
 pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")
 
@@ -33,11 +35,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.timeout(900)]
 BLOCK_SIZE = 64
 MAX_TOKENS = 8
 PREFILL_NODE, DECODE_NODE = "node-prefill-0", "node-decode-0"
+BASELINES = [name for name in POLICIES if name != KvCentricPolicy.name]
 
 
 @pytest.fixture(scope="module")
 def two_node_cluster(tmp_path_factory, tiny_model_dir):
-    """conductor-0 runs kv-centric (the default); conductor-least-loaded runs the baseline.
+    """conductor-0 runs kv-centric (the default); conductor-<policy> runs each baseline.
     vLLM's own prefix cache is off, so every reused token comes from a store."""
     spec = ClusterSpec(
         workdir=tmp_path_factory.mktemp("vllm-planned-pull"),
@@ -47,7 +50,8 @@ def two_node_cluster(tmp_path_factory, tiny_model_dir):
         env=ENV,
         node_per_instance=True,
         block_size=BLOCK_SIZE,
-        engine_args=["--no-vllm-prefix-caching"],
+        engine_args=["--no-vllm-prefix-caching", "--kv-transports", "tcp"],
+        store_args=["--transports", "tcp"],
         store_dram_bytes=64 << 20,
         store_ssd_bytes=64 << 20,
         conductor_args=["--hot-spot-period-s", "0"],
@@ -55,10 +59,11 @@ def two_node_cluster(tmp_path_factory, tiny_model_dir):
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=300)
     try:
-        baseline = cluster.conductor_spec("conductor-least-loaded", free_port())
-        baseline.argv += ["--policy", "least-loaded"]
-        cluster.add_process(baseline)
-        cluster.conductor_ports.append(baseline.port)
+        for policy in BASELINES:
+            baseline = cluster.conductor_spec(f"conductor-{policy}", free_port())
+            baseline.argv += ["--policy", policy, "--hot-spot-period-s", "0"]
+            cluster.add_process(baseline)
+            cluster.conductor_ports.append(baseline.port)
         cluster.wait_serving(120)
         yield cluster
     finally:
@@ -76,16 +81,40 @@ async def store_url(cluster: LocalCluster, node: str) -> str:
         await etcd.close()
 
 
+def metrics_of(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+        return response.read().decode()
+
+
 def pulled_blocks(url: str) -> float:
     """Blocks the store at `url` copied from the decode node's, whoever asked."""
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
-        text = response.read().decode()
+    text = metrics_of(url)
     return sum(
         metric_value(
             text, "crescent_store_replicated_blocks_total", reason=reason, source=DECODE_NODE
         )
         for reason in ("on-demand", "hot-spot", "unspecified")
     )
+
+
+def transfer_bytes(url: str, engine: str, side: str) -> dict[str, float]:
+    """transport → bytes `engine` moved on `side` (client: its own batches; served: its peers'),
+    from the /metrics at `url`."""
+    text = metrics_of(url)
+    return {
+        transport: metric_value(
+            text, "crescent_transfer_bytes_total", engine=engine, transport=transport, side=side
+        )
+        for transport in ("shm", "tcp")
+    }
+
+
+def moved_bytes(url: str, engine: str) -> dict[str, float]:
+    return transfer_bytes(url, engine, "client")
+
+
+def served_bytes(url: str, engine: str) -> dict[str, float]:
+    return transfer_bytes(url, engine, "served")
 
 
 async def blocks_on(session: aiohttp.ClientSession, conductor_url: str, node: str) -> int:
@@ -131,18 +160,20 @@ async def complete(
         return (await response.json())["choices"][0]["text"]
 
 
-async def test_only_the_planned_pull_happens_and_both_policies_answer_as_plain_vllm(
+async def test_only_the_planned_pull_happens_and_every_policy_answers_as_plain_vllm(
     two_node_cluster, tiny_model_dir, reference
 ):
     cluster = two_node_cluster
-    kv_centric, least_loaded = cluster.conductor_urls
+    kv_centric, *baselines = cluster.conductor_urls
     model = tiny_model_dir.name
     prefix = prompt_tokens(768, seed=900)
-    seed, pulled, computed = (prefix + prompt_tokens(60 + 10 * i, seed=901 + i) for i in range(3))
+    seed, pulled, *computed = (
+        prefix + prompt_tokens(60 + 10 * i, seed=901 + i) for i in range(2 + len(baselines))
+    )
     tokenizer = HfTokenizer(tiny_model_dir)
     want = [
         tokenizer.decode(tokens)
-        for tokens in reference_tokens(reference, [seed, pulled, computed], MAX_TOKENS)
+        for tokens in reference_tokens(reference, [seed, pulled, *computed], MAX_TOKENS)
     ]
     prefix_hashes = block_hashes(prefix, BLOCK_SIZE, model)
     prefill_store = await store_url(cluster, PREFILL_NODE)
@@ -150,14 +181,22 @@ async def test_only_the_planned_pull_happens_and_both_policies_answer_as_plain_v
     async with aiohttp.ClientSession() as session:
         # The first request computes the prefix; prefill saves it to both nodes' stores.
         assert await complete(session, kv_centric, model, seed) == want[0]
+        # Its saves reached the decode node's store over tcp (a mapped copy counts nowhere).
+        saved = served_bytes(await store_url(cluster, DECODE_NODE), "store")
+        assert saved["tcp"] > 0, f"the decode node's store served no tcp: {saved}"
         await evict_from_prefill_node(cluster, session, model, prefix_hashes)
         before = pulled_blocks(prefill_store)
+        moved_before = moved_bytes(prefill_store, "store")
 
-        # kv-centric: the prefix is on the decode node only, so the plan pulls it.
+        # kv-centric: the prefix is on the decode node only, so the plan pulls it, over tcp.
         assert await complete(session, kv_centric, model, pulled) == want[1]
         assert pulled_blocks(prefill_store) == before + len(prefix_hashes)
+        moved = moved_bytes(prefill_store, "store")
+        assert moved["shm"] == moved_before["shm"], moved
+        assert moved["tcp"] > moved_before["tcp"], moved
 
-        # least-loaded plans no pull: the prefill node computes the prompt, nothing moves.
-        await evict_from_prefill_node(cluster, session, model, prefix_hashes)
-        assert await complete(session, least_loaded, model, computed) == want[2]
-        assert pulled_blocks(prefill_store) == before + len(prefix_hashes)
+        # No baseline plans a pull: the prefill node computes the prompt, nothing moves.
+        for url, prompt, text in zip(baselines, computed, want[2:]):
+            await evict_from_prefill_node(cluster, session, model, prefix_hashes)
+            assert await complete(session, url, model, prompt) == text, url
+            assert pulled_blocks(prefill_store) == before + len(prefix_hashes), url

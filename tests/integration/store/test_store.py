@@ -11,9 +11,11 @@ import pytest
 from store_helpers import BLOCK, MODEL, blocks, read_back, wait_for_segment, wait_until
 
 from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
-from crescent.common.errors import NoRespondersError, RemoteError
+from crescent.common.bus import Bus
+from crescent.common.errors import FatalError, NoRespondersError, RemoteError
 from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
+from crescent.common.naming import Subjects
 from crescent.common.store_messages import (
     AllocBlocks,
     BlockSlots,
@@ -23,6 +25,7 @@ from crescent.common.store_messages import (
     PinnedBlocks,
     UnpinBlocks,
 )
+from crescent.engine.store_check import check_store_block_bytes
 from crescent.storeclient.directory import encode_segments
 from crescent.transfer import PeerUnreachable, TcpEndpoint, TransportKind
 from crescent.transfer.transports.rdma import unavailable_reason
@@ -386,3 +389,21 @@ async def test_a_get_does_not_wait_for_its_unpin_and_a_later_evict_does(stores, 
     release_unpin.set()
     evicted = await asyncio.wait_for(evicting, 10)
     assert unpin_answered.is_set() and sorted(evicted.evicted) == sorted(hashes)
+
+
+async def test_a_worker_refuses_a_store_whose_blocks_are_not_its_size(
+    stores, client_factory, infra, cluster_name
+):
+    """What a vLLM prefill or decode worker checks at start (check_store_block_bytes)."""
+    stores.start("n1")
+    await wait_for_segment(await client_factory(), "n1")  # the store serves
+    bus = await Bus.connect(infra.nats_url, "worker-check")
+    subjects = Subjects(cluster_name)
+    try:
+        await check_store_block_bytes(bus, subjects, "n1", MODEL, BLOCK, 10)  # agrees: passes
+        with pytest.raises(FatalError, match=f"start the store with --block-bytes {2 * BLOCK}"):
+            await check_store_block_bytes(bus, subjects, "n1", MODEL, 2 * BLOCK, 10)
+        # No store on the node: prompts are computed in full, the worker still starts.
+        await check_store_block_bytes(bus, subjects, "no-such-node", MODEL, BLOCK, 0.5)
+    finally:
+        await bus.drain()

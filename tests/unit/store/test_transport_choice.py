@@ -1,4 +1,4 @@
-"""`--transports` (store) and `--kv-transports` (vLLM connector): what cannot run is a
+"""`--transports` (store) and `--kv-transports` (a worker's KV, either engine): what cannot run is a
 configuration error at start, naming the flag and the reason."""
 
 import pytest
@@ -16,9 +16,10 @@ def test_choice_is_the_named_transports():
     assert transport_choice("transports", "") is None
 
 
-def test_unknown_transport_names_the_flag():
+@pytest.mark.parametrize("engine", ["vllm", "emulated"])
+def test_unknown_transport_names_the_flag(engine):
     with pytest.raises(ConfigError, match="--kv-transports udp: unknown transport udp"):
-        EngineSettings(engine="vllm", kv_transports="udp").validate()
+        EngineSettings(engine=engine, kv_transports="udp").validate()
 
 
 def test_rdma_without_a_device_stops_the_store_at_start():

@@ -8,6 +8,7 @@ from crescent.common.config import CommonSettings, setting
 from crescent.common.errors import ConfigError
 from crescent.engine.device_settings import EmulatedDevice
 from crescent.storeclient.transport_choice import transport_choice
+from crescent.transfer import TransportKind, parse_transports
 
 ENGINES = ("emulated", "vllm")
 KV_FAULTS = ("delay_other_commits", "evict_after_lookup")
@@ -85,7 +86,7 @@ class EngineSettings(EmulatedDevice, CommonSettings):
     )
     kv_use_mapping: bool = setting(
         True,
-        "vllm: map stores on this host and copy KV in place; off: every "
+        "map stores on this host and copy KV in place; off: every "
         "store is reached over the data plane, as a remote one (a same-host "
         "store still over shm unless --kv-transports leaves it out)",
     )
@@ -96,10 +97,10 @@ class EngineSettings(EmulatedDevice, CommonSettings):
     )
     kv_transports: str = setting(
         "",
-        "vllm: the connector's data-plane transports, in order of preference "
-        "(shm, tcp, rdma; e.g. tcp); without shm no store is mapped either, so "
-        "every byte takes the named transports; empty: every transport that "
-        "runs here",
+        "the data-plane transports KV moves over (vllm: the connector's; emulated: "
+        "its store client's), in order of preference (shm, tcp, rdma; e.g. tcp); "
+        "without shm no store is mapped either, so every byte takes the named "
+        "transports; empty: every transport that runs here",
     )
     kv_fault: str = setting(
         "",
@@ -120,6 +121,7 @@ class EngineSettings(EmulatedDevice, CommonSettings):
                 f"({self.stop_timeout_s})): the accepted work finishes inside the stop's deadline"
             )
         self.validate_device()
+        transport_choice("kv_transports", self.kv_transports)
         if self.block_size < 1:
             raise ConfigError(f"block_size must be >= 1, got {self.block_size}")
         if self.engine == "vllm":
@@ -130,11 +132,15 @@ class EngineSettings(EmulatedDevice, CommonSettings):
                 )
             if self.vllm_kv_cache_gib <= 0 or self.kv_timeout_s <= 0:
                 raise ConfigError("vllm_kv_cache_gib and kv_timeout_s must be > 0")
-            transport_choice("kv_transports", self.kv_transports)
             if self.kv_fault not in ("", *KV_FAULTS):
                 raise ConfigError(
                     f"kv_fault must be empty or one of {', '.join(KV_FAULTS)}, got {self.kv_fault!r}"
                 )
+
+    @property
+    def kv_transport_kinds(self) -> tuple[TransportKind, ...] | None:
+        """--kv-transports as transports (None: every one that runs here); checked in validate."""
+        return parse_transports(self.kv_transports)
 
     @property
     def model_name(self) -> str:

@@ -41,6 +41,7 @@ from crescent.common.store_messages import (
 from crescent.storeclient import metrics
 from crescent.storeclient.data_plane import DataPlaneMover
 from crescent.storeclient.directory import SegmentDirectory
+from crescent.storeclient.transfer_metrics import register_transfer_metrics
 from crescent.transfer import (
     Op,
     ShmEndpoint,
@@ -126,6 +127,11 @@ class StoreClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def export_transfer_metrics(self, name: str) -> None:
+        """Put this client's per-transport counters on the process's /metrics as `engine=name`
+        (after start)."""
+        register_transfer_metrics(self._transfer, name)
 
     def transfer_counters(self) -> dict[TransportKind, TransportCounters]:
         """What this client's data plane moved, per transport (mapped copies are not in it)."""

@@ -195,6 +195,7 @@ class Conductor:
                     "instance_id": instance_id,
                     "node": state.info.node,
                     "model": state.info.model,
+                    "http_url": state.info.http_url,
                     "is_live": self.view.is_live(state, now),
                     "pricing": self.scheduler.pricing.describe(role, instance_id, state.info.model),
                     "is_accepting": load is None or load.is_accepting,

@@ -37,6 +37,7 @@ from crescent.engine.base import FINISH_ABORT
 from crescent.engine.costs import emulated_profile, resolve_profile
 from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
+from crescent.engine.store_check import check_store_block_bytes
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,15 @@ class DecodeWorker:
         await self.cluster_config.start()
         runtime.tasks.spawn("cluster-config", self.cluster_config.run())
         if self.is_vllm:
+            if self.settings.vllm_connector:
+                await check_store_block_bytes(
+                    runtime.bus,
+                    subjects,
+                    self.settings.node,
+                    self.settings.model_name,
+                    self.engine.store_block_bytes,
+                    self.settings.kv_timeout_s,
+                )
             await self.engine.start()
             self.ledger.capacity_tokens = min(
                 self.settings.kv_capacity_tokens or self.engine.kv_capacity_tokens,

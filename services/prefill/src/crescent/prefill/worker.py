@@ -27,7 +27,7 @@ import time
 from crescent.common.cluster_config import ConfigFollower
 from crescent.common.codec import decode, encode
 from crescent.common.cost_profile import CostProfile
-from crescent.common.errors import FatalError, MessageError, RecoverableError
+from crescent.common.errors import MessageError, RecoverableError
 from crescent.common.hashing import block_hashes
 from crescent.common.messages import (
     Ack,
@@ -43,8 +43,6 @@ from crescent.common.store_messages import (
     REPLICATE_ON_DEMAND,
     LookupBlocks,
     LookupReply,
-    PinBlocks,
-    PinnedBlocks,
     ReplicateBlocks,
     ReplicateReply,
 )
@@ -56,8 +54,10 @@ from crescent.engine.emulated import unsupported
 from crescent.engine.emulated_kv import EmulatedKv
 from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
+from crescent.engine.store_check import check_store_block_bytes
 from crescent.prefill.compute_gate import ComputeGate
 from crescent.storeclient.client import ClientConfig, StoreClient
+from crescent.transfer import TransferConfig
 
 log = logging.getLogger(__name__)
 
@@ -66,31 +66,6 @@ DRAIN_POLL_S = 0.05
 
 class JobRejected(RecoverableError):
     """A job this instance will not run (wrong model, too long)."""
-
-
-async def check_store_block_bytes(
-    runtime: Runtime, node: str, model: str, expected: int, timeout_s: float
-) -> None:
-    """The store on `node` must hold blocks of exactly this model's size; no store there is
-    only a warning (every prompt is then computed in full)."""
-    try:
-        pinned = await runtime.bus.request(
-            runtime.subjects.store_ctl(node),
-            PinBlocks(model=model, hashes=[]),
-            PinnedBlocks,
-            timeout_s,
-        )
-    except RecoverableError as exc:
-        log.warning(
-            "no store answers on this node; prompts are computed in full",
-            extra={"node": node, "error": str(exc)},
-        )
-        return
-    if pinned.block_bytes != expected:
-        raise FatalError(
-            f"the store on node {node} has {pinned.block_bytes}-byte blocks; this model needs "
-            f"{expected} (start the store with --block-bytes {expected})"
-        )
 
 
 class PrefillWorker:
@@ -134,7 +109,8 @@ class PrefillWorker:
         if self.is_vllm:
             if self.settings.vllm_connector:
                 await check_store_block_bytes(
-                    runtime,
+                    runtime.bus,
+                    runtime.subjects,
                     self.settings.node,
                     self.settings.model_name,
                     self.engine.store_block_bytes,
@@ -152,9 +128,14 @@ class PrefillWorker:
                     node=self.settings.node,
                     timeout_s=self.settings.kv_timeout_s,
                     staging_bytes=16 << 20,
+                    use_mapping=self.settings.kv_use_mapping,
+                    transfer=TransferConfig(
+                        node=self.settings.node, transports=self.settings.kv_transport_kinds
+                    ),
                 ),
             )
             await self._store.start()
+            self._store.export_transfer_metrics("prefill-kv")
             self.engine.kv = EmulatedKv(
                 self._store, self.settings.model_name, self.settings.block_size, self.settings.node
             )

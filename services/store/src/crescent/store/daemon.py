@@ -43,9 +43,9 @@ from crescent.store.metadata import MetadataWriter
 from crescent.store.pool import BlockKey, BlockPool, Plan, PoolError, PoolFullError, Tier
 from crescent.store.settings import StoreSettings
 from crescent.store.ssd import SsdTier
-from crescent.store.transfer_metrics import register_transfer_metrics
 from crescent.storeclient.directory import SegmentDirectory, encode_segments
 from crescent.storeclient.metrics import KV_TRANSFER_BYTES
+from crescent.storeclient.transfer_metrics import register_transfer_metrics
 from crescent.transfer import (
     Op,
     ShmSegment,

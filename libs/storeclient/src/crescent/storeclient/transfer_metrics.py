@@ -1,6 +1,9 @@
-"""Per-transport data-plane counters on /metrics: what each TransferEngine of this process
-(the store daemon's, a store client's) moved, by transport, so an operator, a benchmark or a
-test can tell which road the bytes really took.
+"""Per-transport data-plane counters on /metrics: what each registered TransferEngine of this
+process moved, by transport, so an operator, a benchmark or a test can tell which road the
+bytes really took. The store daemon registers its engine as `store`; a StoreClient's owner
+registers the client's (`StoreClient.export_transfer_metrics`): the emulated prefill as
+`prefill-kv`. (The vLLM connector's client lives in vLLM's EngineCore process, which serves no
+/metrics; the stores' `served` counters show its tcp traffic.)
 
     crescent_transfer_bytes_total{engine, transport, side}      side: client | served
     crescent_transfer_transfers_total{engine, transport}
