@@ -306,7 +306,8 @@ async def test_two_writers_of_the_same_blocks_never_double_allocate(stores, clie
 async def test_prefill_job_pulls_the_planned_prefix_into_its_node(
     stores, client_factory, infra, cluster_name, tmp_path
 ):
-    """The conductor's transfer plan (pull_from_node, pull_hashes) lands in the prefill node's store."""
+    """The conductor's transfer plan (pull_from_node, pull_hashes) lands in the prefill node's
+    store."""
     stores.start("n1")
     stores.start("n2")
     argv = [

@@ -84,7 +84,8 @@ def test_local_cache_aware_never_pulls():
 
 
 def test_equal_ttfts_go_to_the_smaller_instance_id():
-    # Powers of two, so both sums are exact: a pull of 32 tokens costs 2⁻⁹ s, the holder queues 2⁻⁹ s.
+    # Powers of two, so both sums are exact: a pull of 32 tokens costs 2⁻⁹ s, the holder queues
+    # 2⁻⁹ s.
     predictors = CostPredictors(lambda n, p: (n - p) * 2**-10, lambda b, c: 0.0, 64.0)
     bandwidth = BandwidthTable(2**20)
     hashes = chain("tie", 2)

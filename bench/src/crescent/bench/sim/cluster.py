@@ -318,7 +318,8 @@ class DisaggregatedCluster:
             and prefill.queue_time_s(self.loop.now) + outcome.prefill.prefill_s
             > self.config.ttft_slo_s
         ):
-            # The baseline's prefill-side load check: the instance refuses a job it cannot finish in time.
+            # The baseline's prefill-side load check: the instance refuses a job it cannot finish
+            # in time.
             self.scheduler.on_finished(request.request_id, False)
             self._finish(request, Status.REJECTED, "prefill-load")
             return

@@ -120,7 +120,8 @@ class DesiredInstances(Message):
 
 
 class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The grammar a request's output must follow: a JSON schema (as JSON text), or any JSON object."""
+    """The grammar a request's output must follow: a JSON schema (as JSON text), or any JSON
+    object."""
 
     json_schema: SchemaText = ""
     json_object: bool = False
@@ -205,7 +206,8 @@ class PrefillResult(Message):
     compute_s: Seconds = 0.0
     transfer_s: Seconds = 0.0  # the planned prefix pull (0: none planned)
     first_logprobs: TokenLogprobs | None = None  # when the job's sampling asks for logprobs
-    prompt_logprobs: TokenLogprobsList = []  # when it asks for prompt_logprobs: prompt tokens 1..n-1
+    # when it asks for prompt_logprobs: prompt tokens 1..n-1
+    prompt_logprobs: TokenLogprobsList = []
 
 
 class Reservation(Message):
@@ -235,7 +237,8 @@ class DecodeStart(Message):
     first_token: TokenId | None
     max_tokens: TokenCount
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
-    # The conductor that reads the tokens, on tokens.<owner>.<request_id>; "" for tokens.<request_id>.
+    # The conductor that reads the tokens, on tokens.<owner>.<request_id>; "" for
+    # tokens.<request_id>.
     stream_owner: OptionalId = ""
 
 
