@@ -285,7 +285,7 @@ class Conductor:
             token_ids=token_ids,
             sampling=SamplingParams(ignore_eos=True),
             decode_instance=decode_id,
-            pull_from_node=pull[0],
+            source_node=pull[0],
             pull_hashes=pull[1],
         )
         return await self.bus.request(

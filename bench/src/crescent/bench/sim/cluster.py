@@ -338,8 +338,8 @@ class DisaggregatedCluster:
         store = self.stores[prefill.node]
         choice = request.decision.prefill
         request.pull_done_s = now
-        if choice.transfer_source is not None and self.config.cache_scope == "global":
-            source = self.stores[choice.transfer_source]
+        if choice.source_node is not None and self.config.cache_scope == "global":
+            source = self.stores[choice.source_node]
             pulled = []
             for block in choice.transfer_hashes:  # what the source still holds, from the front
                 if not source.holds(block):
