@@ -1,6 +1,6 @@
-"""Per-transport data-plane counters on /metrics: what each TransferEngine of this process
-(the store daemon's, a store client's) moved, by transport, so an operator, a benchmark or a
-test can tell which road the bytes really took.
+"""Per-transport data-plane counters on /metrics: what the store daemon's TransferEngine (the
+only one registered here) moved, by transport, so an operator, a benchmark or a test can tell
+which road the bytes really took.
 
     crescent_transfer_bytes_total{engine, transport, side}      side: client | served
     crescent_transfer_transfers_total{engine, transport}
