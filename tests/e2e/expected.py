@@ -5,7 +5,8 @@ from crescent.engine.emulated import emulated_token
 
 
 def expected_text(prompt: str, max_tokens: int) -> str:
-    """What the emulated engine must answer: its token function, applied as prefill + decode would."""
+    """What the emulated engine must answer: its token function, applied as prefill + decode
+    would."""
     prompt_ids = ByteTokenizer().encode(prompt)
     token = emulated_token(sum(prompt_ids), len(prompt_ids))
     tokens, context = [token], len(prompt_ids) + 1

@@ -20,7 +20,8 @@ class Answer:
     def error(self) -> dict:
         """The OpenAI error object of a non-2xx answer; fails the test if there is none."""
         assert self.headers.get("content-type", "").startswith("application/json"), (
-            f"{self.status} with Content-Type {self.headers.get('content-type')!r}: {self.body[:200]!r}"
+            f"{self.status} with Content-Type {self.headers.get('content-type')!r}: "
+            f"{self.body[:200]!r}"
         )
         error = json.loads(self.body)["error"]
         assert isinstance(error["message"], str) and error["message"], error

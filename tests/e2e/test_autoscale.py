@@ -122,7 +122,8 @@ async def wait_serving(api_url: str, timeout_s: float = 60) -> None:
 
 @pytest.fixture
 def autoscaling_up(tmp_path):
-    """`crescent up --autoscale` (FLAGS) as a user runs it; yields (process, API URL, its output)."""
+    """`crescent up --autoscale` (FLAGS) as a user runs it; yields (process, API URL, its
+    output)."""
     port = free_port()
     crescent = Path(sys.executable).parent / "crescent"
     output = tmp_path / "up.log"

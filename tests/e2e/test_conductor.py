@@ -52,7 +52,7 @@ async def timed_request(session, url, prompt, max_tokens):
         return 200, request_id, ttft, "".join(pieces)
 
 
-async def test_burst_over_capacity_is_rejected_before_prefill_and_accepted_requests_are_predicted_within_the_slo(
+async def test_burst_over_capacity_rejected_before_prefill_accepted_predicted_within_slo(
     cluster, otlp
 ):
     """Admission's contract: a request is accepted only when its predicted TTFT is within the

@@ -238,8 +238,8 @@ async def test_prompt_longer_than_the_context_is_rejected(dev_cluster):
 
 
 async def test_client_disconnect_releases_decode_room(dev_cluster):
-    # 30,000 tokens take the emulated decode at least 13 s; a cancelled request frees its room at once
-    # (the deadline leaves room for a loaded machine).
+    # 30,000 tokens take the emulated decode at least 13 s; a cancelled request frees its room at
+    # once (the deadline leaves room for a loaded machine).
     body = {"model": MODEL, "prompt": "long", "max_tokens": 30000, "stream": True}
     async with aiohttp.ClientSession() as session:
         async with session.post(f"{dev_cluster.api_url}/v1/completions", json=body) as response:

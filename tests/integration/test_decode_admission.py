@@ -30,7 +30,8 @@ START_TIMEOUT_S = 30
 
 @pytest.fixture
 async def decode(infra, cluster_name, tmp_path):
-    """Start a decode worker (emulated LLaMA2-7B timing) with the given flags; yields (bus, start)."""
+    """Start a decode worker (emulated LLaMA2-7B timing) with the given flags; yields (bus,
+    start)."""
     bus = await Bus.connect(infra.nats_url, "test-admission")
     processes = []
 

@@ -124,7 +124,8 @@ async def test_sigkilled_service_leaves_the_view_within_its_lease_ttl(
         killed_at = time.monotonic()
         # Stale telemetry takes it out of scheduling within 3 periods...
         await wait_until(lambda: view.count("prefill", time.monotonic()) == 1, 2.0, "staleness")
-        # ...and the lease takes it out of the registry within the TTL (+1 s for etcd's expiry tick).
+        # ...and the lease takes it out of the registry within the TTL (+1 s for etcd's expiry
+        # tick).
         await wait_until(
             lambda: ("prefill", "prefill-k") not in view.instances,
             LEASE_TTL_S + 1.5,

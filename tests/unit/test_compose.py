@@ -70,7 +70,8 @@ def test_each_service_image_installs_the_package_it_runs(name):
         assert (ROOT / package / "pyproject.toml").exists(), package
     role = module.split(".")[1]
     assert f"services/{role}" in packages
-    # Every crescent-* distribution the image needs is installed from the repository, as none is on PyPI.
+    # Every crescent-* distribution the image needs is installed from the repository, as none is
+    # on PyPI.
     assert missing_crescent_requirements(packages) == [], (
         f"{name} image lacks what its packages need"
     )

@@ -17,7 +17,7 @@ def decision(prefix_tokens: int) -> Decision:
         node="n0",
         prefix_tokens=prefix_tokens,
         local_prefix_tokens=prefix_tokens,
-        transfer_source=None,
+        source_node=None,
         transfer_hashes=(),
         transfer_s=0.0,
         queue_s=0.0,

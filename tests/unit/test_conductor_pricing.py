@@ -141,7 +141,7 @@ def test_contradictory_timings_are_not_learned_from_and_logged_once(caplog):
         node="n0",
         prefix_tokens=0,
         local_prefix_tokens=0,
-        transfer_source=None,
+        source_node=None,
         transfer_hashes=(),
         transfer_s=0.0,
         queue_s=0.0,

@@ -1,4 +1,5 @@
-"""Cost profiles: fits with non-negative costs, the emulated model exactly, refusals that say why."""
+"""Cost profiles: fits with non-negative costs, the emulated model exactly, refusals that say
+why."""
 
 import random
 

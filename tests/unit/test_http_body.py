@@ -32,5 +32,8 @@ def test_bodies_json_loads_would_accept_or_crash_on_are_400(raw, says):
 
 
 def test_valid_json_decodes_as_the_standard_library_does():
-    raw = '{"prompt": "ok \\ud83d\\ude00 é", "seed": 18446744073709551615, "t": 0.5, "x": [null, true]}'.encode()
+    raw = (
+        '{"prompt": "ok \\ud83d\\ude00 é", "seed": 18446744073709551615, '
+        '"t": 0.5, "x": [null, true]}'
+    ).encode()
     assert parse_json(raw) == json.loads(raw)

@@ -118,7 +118,8 @@ def schema_errors(document: dict) -> list[str]:
 def test_manifests_validate_against_the_kubernetes_schemas(name, document):
     if document.get("apiVersion", "").split("/")[0] in CUSTOM_RESOURCE_GROUPS:
         pytest.skip(
-            f"{document['apiVersion']} is a custom resource: kubernetes-validate has no schema for it"
+            f"{document['apiVersion']} is a custom resource: "
+            "kubernetes-validate has no schema for it"
         )
     assert schema_errors(document) == []
 

@@ -50,3 +50,30 @@ def test_predict_bench_is_registered_and_writes_its_cases(tmp_path, monkeypatch)
     cases = [case["case"] for case in json.loads(out.read_text())["cases"]]
     assert cases[:4] == ["ttft-before", "ttft-after", "tbt-before", "tbt-after"]
     assert cases[4:] == ["ttft-queue-after", "ttft-compute-after", "ttft-overhead-after"]
+
+
+def test_predict_bench_replays_the_bundled_slice_when_no_trace_is_given(tmp_path, monkeypatch):
+    from crescent.bench import predict_bench
+    from crescent.bench.trace import MOONCAKE_TRACE_SLICE
+
+    traces = []
+
+    def fake_run(trace, *args, **kwargs):
+        traces.append(trace)
+        return {"bench": "predict", "cases": []}
+
+    monkeypatch.setattr(predict_bench, "run_predict_bench", fake_run)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["predict", "--json", str(tmp_path / "p.json")])) == 0
+    assert traces == [MOONCAKE_TRACE_SLICE] and MOONCAKE_TRACE_SLICE.is_file()
+
+
+def test_predict_bench_without_its_default_trace_says_what_to_pass(tmp_path, monkeypatch, capsys):
+    from crescent.bench import trace
+
+    monkeypatch.setattr(trace, "MOONCAKE_TRACE_SLICE", tmp_path / "absent.jsonl")
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["predict", "--json", str(tmp_path / "p.json")])) == 2
+    assert "pass --trace PATH" in capsys.readouterr().err

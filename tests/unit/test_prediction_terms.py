@@ -40,7 +40,7 @@ def test_each_term_of_the_ttft_is_checked_against_what_the_worker_measured():
         node="n0",
         prefix_tokens=0,
         local_prefix_tokens=0,
-        transfer_source=None,
+        source_node=None,
         transfer_hashes=(),
         transfer_s=0.0,
         queue_s=2.0,

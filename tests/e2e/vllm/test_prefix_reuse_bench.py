@@ -1,4 +1,5 @@
-"""The prefix-reuse benchmark runs all four systems and writes every case (figures: bench/README.md)."""
+"""The prefix-reuse benchmark runs all four systems and writes every case (figures:
+bench/README.md)."""
 
 import pytest
 

@@ -200,7 +200,8 @@ async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull_o
     )
     stored = events_of(vllm_cluster, "prefill-B", prefill.request_id, "stored")
     assert {(e["node"], e["layer"]) for e in stored} >= {("A", 0), ("A", 1), ("B", 0), ("B", 1)}
-    # the bytes took tcp: the prefix pulled into B, the prefix read from B, the new blocks to A and B
+    # the bytes took tcp: the prefix pulled into B, the prefix read from B, the new blocks to A
+    # and B
     prefix_bytes = len(prefix) // BLOCK_SIZE * vllm_cluster.block_bytes
     new_bytes = committed["A"]["num_blocks"] * vllm_cluster.block_bytes
     moved = max((e for e in committed.values()), key=lambda e: e["t"])["moved"]

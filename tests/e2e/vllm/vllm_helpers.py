@@ -193,7 +193,8 @@ class VllmCluster:
         self.wait_serving(["prefill-A", "decode-A", "prefill-B", "decode-F"], timeout_s)
 
     def transfer_bytes(self, instance_id: str) -> dict[tuple[str, str], float]:
-        """(transport, side) → bytes, from the service's /metrics (crescent_transfer_bytes_total)."""
+        """(transport, side) → bytes, from the service's /metrics
+        (crescent_transfer_bytes_total)."""
         url = f"http://127.0.0.1:{self.http_ports[instance_id]}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
@@ -284,7 +285,7 @@ class Conductor:
             token_ids=token_ids,
             sampling=SamplingParams(ignore_eos=True),
             decode_instance=decode_id,
-            pull_from_node=pull[0],
+            source_node=pull[0],
             pull_hashes=pull[1],
         )
         return await self.bus.request(

@@ -309,7 +309,8 @@ async def test_two_writers_of_the_same_blocks_never_double_allocate(stores, clie
 async def test_prefill_job_pulls_the_planned_prefix_into_its_node(
     stores, client_factory, infra, cluster_name, tmp_path
 ):
-    """The conductor's transfer plan (pull_from_node, pull_hashes) lands in the prefill node's store."""
+    """The conductor's transfer plan (source_node, pull_hashes) lands in the prefill node's
+    store."""
     stores.start("n1")
     stores.start("n2")
     argv = [
@@ -343,7 +344,7 @@ async def test_prefill_job_pulls_the_planned_prefix_into_its_node(
             request_id="r1",
             model=MODEL,
             token_ids=list(range(100)),
-            pull_from_node="n1",
+            source_node="n1",
             pull_hashes=hashes,
         )
         subject = client._subjects.prefill_job("prefill-n2")

@@ -48,12 +48,12 @@ def test_threshold_edge_decides_between_local_prefix_and_pull(threshold, transfe
     choice = choose([prefill("x", "nx")], index, threshold)
     n = 6 * BLOCK + 1
     if transfers:  # pull 2 blocks (32 tokens · 100 B at 1 MB/s), compute 1 token
-        assert choice.transfer_source == "nb" and choice.transfer_hashes == tuple(H[4:6])
+        assert choice.source_node == "nb" and choice.transfer_hashes == tuple(H[4:6])
         assert choice.prefix_tokens == 96 and choice.local_prefix_tokens == 64
         assert choice.transfer_s == pytest.approx(32 * 100 / 1e6)
         assert choice.prefill_s == pytest.approx(0.001)
     else:  # compute the 33 tokens after the local 4 blocks
-        assert choice.transfer_source is None and choice.transfer_hashes == ()
+        assert choice.source_node is None and choice.transfer_hashes == ()
         assert choice.prefix_tokens == 64 and choice.transfer_s == 0.0
         assert choice.prefill_s == pytest.approx((n - 64) * 0.001)
 
@@ -62,7 +62,7 @@ def test_busy_holder_loses_to_an_idle_instance_that_pulls_the_prefix():
     index = index_with({"na": H})
     choice = choose([prefill("a", "na", queue_s=1.0), prefill("b", "nb")], index)
     # b: pull 96 tokens (9.6 ms) + no queue + 1 token (1 ms) = 10.6 ms; a: 1 s + 1 ms.
-    assert choice.instance_id == "b" and choice.transfer_source == "na"
+    assert choice.instance_id == "b" and choice.source_node == "na"
     assert choice.predicted_ttft_s == pytest.approx(0.0106)
     assert (choice.transfer_s, choice.queue_s) == (pytest.approx(0.0096), 0.0)
 
@@ -70,7 +70,7 @@ def test_busy_holder_loses_to_an_idle_instance_that_pulls_the_prefix():
 def test_holder_wins_when_its_queue_is_short():
     index = index_with({"na": H})
     choice = choose([prefill("a", "na", queue_s=0.005), prefill("b", "nb")], index)
-    assert choice.instance_id == "a" and choice.transfer_source is None
+    assert choice.instance_id == "a" and choice.source_node is None
     assert choice.predicted_ttft_s == pytest.approx(0.006)
 
 
@@ -84,7 +84,8 @@ def test_local_cache_aware_never_pulls():
 
 
 def test_equal_ttfts_go_to_the_smaller_instance_id():
-    # Powers of two, so both sums are exact: a pull of 32 tokens costs 2⁻⁹ s, the holder queues 2⁻⁹ s.
+    # Powers of two, so both sums are exact: a pull of 32 tokens costs 2⁻⁹ s, the holder queues
+    # 2⁻⁹ s.
     predictors = CostPredictors(lambda n, p: (n - p) * 2**-10, lambda b, c: 0.0, 64.0)
     bandwidth = BandwidthTable(2**20)
     hashes = chain("tie", 2)
@@ -102,19 +103,17 @@ def test_source_is_the_best_holder_with_the_fastest_link():
     index = index_with({"n1": H, "n2": H, "nx": H[:1]})
     bandwidth = BandwidthTable(1e6, {("n2", "nx"): 2e6})
     choice = choose([prefill("x", "nx")], index, bandwidth=bandwidth)
-    assert choice.transfer_source == "n2" and choice.transfer_s == pytest.approx(80 * 100 / 2e6)
-    assert choose([prefill("x", "nx")], index).transfer_source == "n1"  # equal links: by name
+    assert choice.source_node == "n2" and choice.transfer_s == pytest.approx(80 * 100 / 2e6)
+    assert choose([prefill("x", "nx")], index).source_node == "n1"  # equal links: by name
 
 
 def test_pull_slower_than_recompute_is_skipped_unless_following_algorithm_1_verbatim():
     index = index_with({"nb": H})
     slow = BandwidthTable(1e4)  # 10 ms per token pulled vs 1 ms per token computed
     cheap = choose([prefill("x", "nx")], index, bandwidth=slow)
-    assert cheap.transfer_source is None and cheap.predicted_ttft_s == pytest.approx(0.097)
+    assert cheap.source_node is None and cheap.predicted_ttft_s == pytest.approx(0.097)
     verbatim = choose([prefill("x", "nx")], index, bandwidth=slow, transfer_only_if_cheaper=False)
-    assert verbatim.transfer_source == "nb" and verbatim.predicted_ttft_s == pytest.approx(
-        0.96 + 0.001
-    )
+    assert verbatim.source_node == "nb" and verbatim.predicted_ttft_s == pytest.approx(0.96 + 0.001)
 
 
 def test_fully_cached_prompt_still_computes_its_last_token():
@@ -157,7 +156,7 @@ def test_paper_scale_example_with_the_emulated_cost_model():
     )
     n, d, layers = 16 * 512 + 100, 4096, 32
     expected_prefill = layers * (4 * (n * n - 8192**2) * d + 22 * (n - 8192) * d * d) / 100e12
-    assert choice.instance_id == "p-idle" and choice.transfer_source == "hot"
+    assert choice.instance_id == "p-idle" and choice.source_node == "hot"
     assert choice.transfer_s == pytest.approx(8 * 512 * 524288 / 12.5e9)
     assert choice.prefill_s == pytest.approx(expected_prefill)
     assert choice.predicted_ttft_s < 2.0

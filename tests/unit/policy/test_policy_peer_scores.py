@@ -74,6 +74,6 @@ def test_peer_policies_decide_through_the_common_pipeline():
     for name, expected in (("dynamo-kv", "a"), ("llmd-score", "b")):
         outcome = make_policy(name, predictors=linear_predictors()).choose(req, snapshot, 0.0)
         assert isinstance(outcome, Decision) and outcome.prefill.instance_id == expected
-        assert outcome.decode.instance_id == "d0" and outcome.prefill.transfer_source is None
+        assert outcome.decode.instance_id == "d0" and outcome.prefill.source_node is None
         # the chosen instance still reuses what its own node holds
         assert outcome.prefill.prefix_tokens == (8 * 16 if expected == "b" else 0)

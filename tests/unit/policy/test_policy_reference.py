@@ -263,7 +263,7 @@ def check_one(case, policy: Policy | None = None) -> None:
     assert isinstance(outcome, Decision)
     instance_id, source, prefix_tokens, ttft = reference_prefill(request, snapshot, holdings)
     chosen = outcome.prefill
-    assert (chosen.instance_id, chosen.transfer_source, chosen.prefix_tokens) == (
+    assert (chosen.instance_id, chosen.source_node, chosen.prefix_tokens) == (
         instance_id,
         source,
         prefix_tokens,

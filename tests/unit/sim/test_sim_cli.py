@@ -78,7 +78,8 @@ def test_sim_refuses_a_bad_configuration_with_a_message(tmp_path, capsys, argv, 
 def test_sim_names_the_bad_trace_line(tmp_path, capsys):
     path = tmp_path / "t.jsonl"
     path.write_text(
-        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n{"timestamp": 1}\n'
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+        '{"timestamp": 1}\n'
     )
     assert crescent("sim", "--trace", path) == 2
     assert f"{path}:2: missing field 'input_length'" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """`crescent bench aiperf`: aiperf's Mooncake trace replay against Crescent and plain vLLM, side
 by side in one run, on the same model, trace and load.
 
-  crescent-1p1d        `crescent up` topology: store, conductor, one prefill, one decode, vLLM engine
+  crescent-1p1d        `crescent up` topology: store, conductor, one prefill, one decode, vLLM
+                       engine
   crescent-1p1d-cond   the same with conditional disaggregation (--local-prefill-max-tokens)
   vllm                 one plain vLLM OpenAI server (prefix cache on, its default)
   vllm-2x-rr           two plain vLLM servers behind a round-robin proxy (rr_proxy.py): what a user

@@ -112,7 +112,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="TTFT and TBT prediction error before and after the online "
         "correction: trace replay on a 2P1D tiny-model vLLM cluster",
     )
-    predict.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (JSONL)")
+    predict.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="Mooncake-format trace (JSONL; default: the repository's "
+        "tests/data/mooncake_trace_slice.jsonl)",
+    )
     predict.add_argument(
         "--limit", type=int, default=80, help="requests replayed and counted (default 80)"
     )
@@ -186,11 +192,20 @@ def run(args: argparse.Namespace) -> int:
             return 2
     elif args.bench == "predict":
         from crescent.bench.predict_bench import run_predict_bench
-        from crescent.bench.trace import TraceError
+        from crescent.bench.trace import MOONCAKE_TRACE_SLICE, TraceError
 
+        if args.trace is None and not MOONCAKE_TRACE_SLICE.is_file():
+            print(
+                "crescent bench predict: error: no --trace given, and the default "
+                f"{MOONCAKE_TRACE_SLICE} is not there (crescent-bench installed outside its "
+                "repository): pass --trace PATH, a Mooncake-format JSONL trace such as the "
+                "repository's tests/data/mooncake_trace_slice.jsonl",
+                file=sys.stderr,
+            )
+            return 2
         try:
             result = run_predict_bench(
-                args.trace,
+                args.trace or MOONCAKE_TRACE_SLICE,
                 args.limit,
                 args.speed,
                 args.max_input_tokens,

@@ -2,7 +2,8 @@
 
 For prompts of 1k–8k tokens (the tiny model's context is 8k), TTFT with nothing cached and with
 90 % of the prompt cached, measured side by side in one run on:
-  crescent           1P1D local cluster (conductor, store, vLLM prefill + decode with CrescentConnector)
+  crescent           1P1D local cluster (conductor, store, vLLM prefill + decode with
+                     CrescentConnector)
   crescent-store     the same with vLLM's own prefix cache off in the workers, so every cached
                      token is loaded from the store through the connector
   vllm               one plain vLLM OpenAI server, its prefix cache off

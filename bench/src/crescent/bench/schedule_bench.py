@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     if target is not None:
         verdict = "meets" if target["p99_us"] < TARGET_P99_US else "MISSES"
         print(
-            f"{TARGET_CASE}: p99 {target['p99_us']:.1f} µs {verdict} the {TARGET_P99_US:.0f} µs target"
+            f"{TARGET_CASE}: p99 {target['p99_us']:.1f} µs {verdict} "
+            f"the {TARGET_P99_US:.0f} µs target"
         )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

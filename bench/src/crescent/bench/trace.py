@@ -13,6 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TRACE_BLOCK_TOKENS = 512
+# The first 1,000 requests of the Mooncake arXiv trace as the repository keeps them
+# (tests/data/README.md): a bench's default trace, found only where crescent-bench runs from its
+# source tree (an editable install).
+MOONCAKE_TRACE_SLICE = (
+    Path(__file__).resolve().parents[4] / "tests" / "data" / "mooncake_trace_slice.jsonl"
+)
 
 
 class TraceError(ValueError):

@@ -74,7 +74,8 @@ class ProgressBar:
         ok = sum(1 for r in records if r.status == OK)
         filled = int(30 * done / self.total) if self.total else 30
         line = (
-            f"replay [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} done, {num_sent} sent, "
+            f"replay [{'#' * filled}{'.' * (30 - filled)}] {done}/{self.total} done, "
+            f"{num_sent} sent, "
             f"{ok} ok, {done - ok} failed"
         )
         if self.is_tty:
@@ -142,7 +143,10 @@ def format_report(report: dict) -> str:
     lines = [
         f"requests {report['requests']}: {report['completed']} ok, {report['failed']} failed "
         f"{report['failures_by_status'] or ''}".rstrip(),
-        f"effective request capacity {report['effective_capacity']:.3f}, goodput {report['goodput_rps']:.2f} req/s",
+        (
+            f"effective request capacity {report['effective_capacity']:.3f}, "
+            f"goodput {report['goodput_rps']:.2f} req/s"
+        ),
         "TTFT s  " + _quantiles(report, "ttft_s", 3),
         "TBT s   " + _quantiles(report, "tbt_s", 4),
         (

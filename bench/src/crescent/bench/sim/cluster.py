@@ -318,7 +318,8 @@ class DisaggregatedCluster:
             and prefill.queue_time_s(self.loop.now) + outcome.prefill.prefill_s
             > self.config.ttft_slo_s
         ):
-            # The baseline's prefill-side load check: the instance refuses a job it cannot finish in time.
+            # The baseline's prefill-side load check: the instance refuses a job it cannot finish
+            # in time.
             self.scheduler.on_finished(request.request_id, False)
             self._finish(request, Status.REJECTED, "prefill-load")
             return
@@ -337,8 +338,8 @@ class DisaggregatedCluster:
         store = self.stores[prefill.node]
         choice = request.decision.prefill
         request.pull_done_s = now
-        if choice.transfer_source is not None and self.config.cache_scope == "global":
-            source = self.stores[choice.transfer_source]
+        if choice.source_node is not None and self.config.cache_scope == "global":
+            source = self.stores[choice.source_node]
             pulled = []
             for block in choice.transfer_hashes:  # what the source still holds, from the front
                 if not source.holds(block):

@@ -15,7 +15,8 @@ class Network:
         self.num_bytes = 0.0
 
     def transfer(self, source: str, target: str, num_bytes: float, now: float) -> float:
-        """When `num_bytes` from `source` have landed on `target`, if started no earlier than now."""
+        """When `num_bytes` from `source` have landed on `target`, if started no earlier than
+        now."""
         if num_bytes <= 0 or source == target:
             return now
         start = max(now, self._send_free.get(source, 0.0), self._recv_free.get(target, 0.0))

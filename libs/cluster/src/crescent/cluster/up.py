@@ -187,8 +187,9 @@ Ctrl-C stops the cluster.
     )
     if autoscaler is not None:
         print(
-            f"Autoscaling: prefill {args.min_prefill}..{args.max_prefill}, decode {args.min_decode}.."
-            f"{args.max_decode}, a decision every {args.ratio_window_s:g}s",
+            f"Autoscaling: prefill {args.min_prefill}..{args.max_prefill}, "
+            f"decode {args.min_decode}..{args.max_decode}, "
+            f"a decision every {args.ratio_window_s:g}s",
             flush=True,
         )
     try:

@@ -10,8 +10,8 @@ masks where a block's holders differ from its parent's, noting which nodes drop 
 The conductor matches every request (1,024 blocks at 512 nodes is the scale it is built for),
 so the walk stays in C but where runs end: equal holder sets are one shared int object
 (interned), so "block i's holders differ from block i-1's" is an identity test; the hashes are
-looked up in chunks (doubling) and the walk stops at the chunk where the last run ended; and the nodes of
-a mask are read a byte of bits at a time from a table kept per byte of slots.
+looked up in chunks (doubling) and the walk stops at the chunk where the last run ended; and
+the nodes of a mask are read a byte of bits at a time from a table kept per byte of slots.
 """
 
 from __future__ import annotations

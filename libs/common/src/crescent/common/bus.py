@@ -239,7 +239,8 @@ class Bus:
     async def subscribe(
         self, subject: str, message_type: Any, handler: Callable[[Any], None]
     ) -> None:
-        """Deliver decoded pub/sub messages to a synchronous `handler`; bad ones are logged and dropped."""
+        """Deliver decoded pub/sub messages to a synchronous `handler`; bad ones are logged and
+        dropped."""
 
         async def on_message(msg: Msg) -> None:
             try:

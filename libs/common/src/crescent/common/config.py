@@ -59,7 +59,10 @@ def build_parser(
     hints = typing.get_type_hints(cls)
     for field in dataclasses.fields(cls):
         kind = hints[field.name]
-        help_text = f"{field.metadata.get('help', '')} [env {env_name(field.name)}; default {field.default!r}]"
+        help_text = (
+            f"{field.metadata.get('help', '')} "
+            f"[env {env_name(field.name)}; default {field.default!r}]"
+        )
         if kind is bool:
             parser.add_argument(
                 flag_name(field.name),
@@ -135,7 +138,8 @@ class CommonSettings:
     host: str = setting("127.0.0.1", "address this instance's HTTP endpoint binds to")
     advertise_host: str = setting(
         "",
-        "address peers use to reach this instance (empty: host, or the hostname when host is 0.0.0.0)",
+        "address peers use to reach this instance "
+        "(empty: host, or the hostname when host is 0.0.0.0)",
     )
     http_port: int = setting(0, "port of /health and /metrics (0 picks a free port)")
     max_body_bytes: int = setting(

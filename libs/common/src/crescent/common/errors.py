@@ -1,4 +1,5 @@
-"""One root error for all of crescent.common, split into what a caller may retry and what it may not."""
+"""One root error for all of crescent.common, split into what a caller may retry and what it may
+not."""
 
 from __future__ import annotations
 

@@ -120,7 +120,8 @@ class DesiredInstances(Message):
 
 
 class StructuredOutput(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """The grammar a request's output must follow: a JSON schema (as JSON text), or any JSON object."""
+    """The grammar a request's output must follow: a JSON schema (as JSON text), or any JSON
+    object."""
 
     json_schema: SchemaText = ""
     json_object: bool = False
@@ -179,7 +180,7 @@ class PrefillJob(Message):
     # Tokens per KV block the conductor hashed the prompt with; a prefill storing another size
     # refuses the job (0: not checked).
     block_size: TokenCount = 0
-    pull_from_node: OptionalId = ""  # first pull pull_hashes from this node's store into ours
+    source_node: OptionalId = ""  # first pull pull_hashes from this node's store into ours
     pull_hashes: BlockHashes = []
     timeout_s: Seconds = 0.0  # how long the conductor waits for the result; 0: no deadline
     # The sending conductor and its number for this assignment, which the instance's telemetry
@@ -205,7 +206,8 @@ class PrefillResult(Message):
     compute_s: Seconds = 0.0
     transfer_s: Seconds = 0.0  # the planned prefix pull (0: none planned)
     first_logprobs: TokenLogprobs | None = None  # when the job's sampling asks for logprobs
-    prompt_logprobs: TokenLogprobsList = []  # when it asks for prompt_logprobs: prompt tokens 1..n-1
+    # when it asks for prompt_logprobs: prompt tokens 1..n-1
+    prompt_logprobs: TokenLogprobsList = []
 
 
 class Reservation(Message):
@@ -235,7 +237,8 @@ class DecodeStart(Message):
     first_token: TokenId | None
     max_tokens: TokenCount
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
-    # The conductor that reads the tokens, on tokens.<owner>.<request_id>; "" for tokens.<request_id>.
+    # The conductor that reads the tokens, on tokens.<owner>.<request_id>; "" for
+    # tokens.<request_id>.
     stream_owner: OptionalId = ""
 
 

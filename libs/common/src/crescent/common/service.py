@@ -304,7 +304,8 @@ def service_main(
     build: Callable[[CommonSettings], Service],
     argv: list[str] | None = None,
 ) -> None:
-    """`python -m crescent.<role>`: parse flags and environment, run, exit with the service's code."""
+    """`python -m crescent.<role>`: parse flags and environment, run, exit with the service's
+    code."""
     from crescent.common.config import load_settings
 
     try:

@@ -42,7 +42,10 @@ def emulated_profile(cost: CostModel, model: str) -> CostProfile:
         base_s=scale * dims.weight_bytes / cost.memory_bytes_per_s,
         per_context_token_s=scale * dims.kv_bytes_per_token / cost.memory_bytes_per_s,
     )
-    hardware = f"emulated-{cost.flops_per_s / 1e12:g}TFLOPs-{cost.memory_bytes_per_s / 1e9:g}GBps-x{scale:g}"
+    hardware = (
+        f"emulated-{cost.flops_per_s / 1e12:g}TFLOPs"
+        f"-{cost.memory_bytes_per_s / 1e9:g}GBps-x{scale:g}"
+    )
     return CostProfile(
         model=model,
         prefill=PrefillCost(per_token_s=per_token_s, per_token_pair_s=per_pair_s),

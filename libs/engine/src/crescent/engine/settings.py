@@ -52,7 +52,8 @@ class EngineSettings(EmulatedDevice, CommonSettings):
     prefill_batch_tokens: int = setting(
         0,
         "vllm prefill: let queued jobs share the engine while the tokens it still has to compute "
-        "are under this many (0: one job at a time, which the conductor's queue-time prediction assumes)",
+        "are under this many "
+        "(0: one job at a time, which the conductor's queue-time prediction assumes)",
     )
     vllm_prefix_caching: bool = setting(
         True, "vllm: keep vLLM's own prefix cache in front of the store"
@@ -134,7 +135,8 @@ class EngineSettings(EmulatedDevice, CommonSettings):
                 raise ConfigError("vllm_kv_cache_gib and kv_timeout_s must be > 0")
             if self.kv_fault not in ("", *KV_FAULTS):
                 raise ConfigError(
-                    f"kv_fault must be empty or one of {', '.join(KV_FAULTS)}, got {self.kv_fault!r}"
+                    f"kv_fault must be empty or one of {', '.join(KV_FAULTS)}, "
+                    f"got {self.kv_fault!r}"
                 )
 
     @property

@@ -137,7 +137,8 @@ You can call functions. Their signatures, one JSON object a line, are between <t
 {{ tool | tojson }}
 {% endfor %}
 </tools>
-To call functions, answer with one block a call: <tool_call>{"name": NAME, "arguments": ARGUMENTS}</tool_call>
+To call functions, answer with one block a call: \
+<tool_call>{"name": NAME, "arguments": ARGUMENTS}</tool_call>
 {% endif %}
 {%- endif %}
 {%- for message in messages[1 if has_system else 0:] %}
@@ -148,7 +149,8 @@ To call functions, answer with one block a call: <tool_call>{"name": NAME, "argu
 {% if message['content'] %}{{ message['content'] }}
 {% endif %}
 {% for call in message.get('tool_calls') or [] %}
-<tool_call>{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}</tool_call>
+<tool_call>{{ {'name': call['function']['name'], \
+'arguments': call['function']['arguments']} | tojson }}</tool_call>
 {% endfor %}
 {% endif %}
 {%- endfor %}

@@ -1,4 +1,4 @@
-"""The store client for the engines, the prefill worker (its planned pulls) and benchmarks: put
+"""The store client for the engines (the emulated prefill's KV too) and benchmarks: put
 and get KV blocks anywhere in the cluster, find the longest cached prefix per node, order
 replication.
 

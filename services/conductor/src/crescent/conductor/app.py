@@ -248,7 +248,8 @@ class Conductor:
                     await self._replicate(model, order)
 
     async def _replicate(self, model: str, order: ReplicationOrder) -> None:
-        """Have the target node's store pull the order's blocks; counted by outcome and blocks copied."""
+        """Have the target node's store pull the order's blocks; counted by outcome and blocks
+        copied."""
         reason = order.reason.value
         request = ReplicateBlocks(
             model=model, hashes=list(order.hashes), source_node=order.source_node, reason=reason

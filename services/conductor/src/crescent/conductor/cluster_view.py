@@ -305,7 +305,8 @@ class ClusterView:
         is_stale: bool,
         costs: CostPredictors | None,
     ) -> InstanceSnapshot:
-        """The snapshot without its queue time, which changes with the clock (ClusterView._queue_s)."""
+        """The snapshot without its queue time, which changes with the clock
+        (ClusterView._queue_s)."""
         load = state.load
         capacity = load.kv_capacity_tokens if load else state.info.kv_capacity_tokens
         return InstanceSnapshot(

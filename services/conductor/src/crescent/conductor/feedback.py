@@ -172,7 +172,10 @@ def _contradiction(result: PrefillResult, placed: Placed, measured_ttft_s: float
             f"{measured_ttft_s:.4f} s the conductor waited"
         )
     if result.transfer_s > result.queue_s + CLOCK_SLACK_S:
-        return f"transfer {result.transfer_s:.4f} s exceeds queue {result.queue_s:.4f} s, which includes it"
+        return (
+            f"transfer {result.transfer_s:.4f} s exceeds queue {result.queue_s:.4f} s, "
+            "which includes it"
+        )
     return ""
 
 

@@ -268,7 +268,7 @@ class RequestFlow:
                 decode_instance=decode.instance_id,
                 decode_node=self._view.node_of("decode", decode.instance_id),
                 block_size=request.block_size,
-                pull_from_node=prefill.transfer_source or "",
+                source_node=prefill.source_node or "",
                 pull_hashes=list(prefill.transfer_hashes),
                 timeout_s=self._timeouts.prefill_s,
                 conductor=self._owner,

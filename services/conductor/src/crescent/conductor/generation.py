@@ -136,7 +136,8 @@ class Generation:
             )
         if need > max_model_len:
             raise bad_request(
-                f"this model's maximum context length is {max_model_len} tokens; the request asks for {need} "
+                f"this model's maximum context length is {max_model_len} tokens; "
+                f"the request asks for {need} "
                 f"({len(token_ids)} in the prompt, {max_tokens} to generate)",
                 param="prompt" if gen.api == "completions" else "messages",
                 code="context_length_exceeded",

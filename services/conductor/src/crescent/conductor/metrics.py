@@ -88,8 +88,9 @@ PREDICTION_ERROR = Histogram(
     "crescent_prediction_abs_error_ratio",
     "|predicted − measured| / measured, per request: ttft (placement to first "
     "token against T_transfer + T_queue + T_prefill) and tbt (the mean gap between "
-    "the tokens after the first, as streamed, against the TBT predicted at "
-    "placement); prediction: published (the instance's published cost model alone) "
+    "the tokens after the first chunk, timed by decode's own step times with pauses "
+    "left out, against the TBT predicted at placement); prediction: published (the "
+    "instance's published cost model alone) "
     "or corrected (as placed: that model corrected online); ttft_queue, ttft_compute, "
     "ttft_overhead: one term of the corrected TTFT (wait before the compute, the compute, "
     "messaging), its |predicted − measured| over the measured TTFT",

@@ -201,7 +201,8 @@ def forced_grammar(
 def parse_tools(
     body: Mapping,
 ) -> tuple[list[dict[str, Any]], ToolChoice | None, StructuredOutput | None]:
-    """The tools (as the template renders them), the tool choice, and its grammar if it forces one."""
+    """The tools (as the template renders them), the tool choice, and its grammar if it forces
+    one."""
     tools = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(get(body, "tools", (list,), []))]
     choice = _choice(body, tools)
     return tools, choice, forced_grammar(tools, choice)

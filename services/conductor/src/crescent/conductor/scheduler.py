@@ -197,7 +197,8 @@ class Scheduler:
     def _assign(self, request: ScheduleRequest, decision: Decision) -> None:
         request_id = request.request_id
         if not decision.prefill_on_decode:
-            # Queue time is compute: the messaging overhead in the corrected T_prefill is not queued.
+            # Queue time is compute: the messaging overhead in the corrected T_prefill is not
+            # queued.
             prefill_id = decision.prefill.instance_id
             queue_s = max(
                 0.0, decision.prefill.prefill_s - self.pricing.correction.of(prefill_id).overhead_s

@@ -44,8 +44,9 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     )
     local_prefill_max_tokens: int = setting(
         0,
-        "conditional disaggregation: the decode instance computes a prompt itself when at most this many "
-        "of its tokens are not cached on the decode node (0: every prompt goes to a prefill instance)",
+        "conditional disaggregation: the decode instance computes a prompt itself when at most "
+        "this many of its tokens are not cached on the decode node "
+        "(0: every prompt goes to a prefill instance)",
     )
     prefill_model: str = setting(
         "",

@@ -348,15 +348,15 @@ class PrefillWorker:
         """The conductor's transfer plan: copy the prefix blocks this node lacks from the node
         that has them into this node's store, where the engine then finds them. A failed pull
         only means those blocks are computed instead."""
-        if not (job.pull_from_node and job.pull_hashes):
+        if not (job.source_node and job.pull_hashes):
             return
         with tracer().start_as_current_span("prefill.load_kv") as span:
-            span.set_attribute("crescent.pull_from", job.pull_from_node)
+            span.set_attribute("crescent.pull_from", job.source_node)
             span.set_attribute("crescent.num_blocks", len(job.pull_hashes))
             request = ReplicateBlocks(
                 model=job.model,
                 hashes=job.pull_hashes,
-                source_node=job.pull_from_node,
+                source_node=job.source_node,
                 reason=REPLICATE_ON_DEMAND,
             )
             try:

@@ -96,7 +96,8 @@ class MetadataWriter:
         self._wake.set()
 
     def put_all(self, entries: Callable[[], list[tuple[str, bytes, BlockMeta]]]) -> Callable:
-        """A lease-renewal callback that queues every block again (their keys died with the lease)."""
+        """A lease-renewal callback that queues every block again (their keys died with the
+        lease)."""
 
         async def renew() -> None:
             for model, block_hash, meta in entries():

@@ -16,7 +16,8 @@ A block that is missing or fails is reported to vLLM (invalid block ids) and
 recomputed; a failed save only means the block is not stored. Every wait has a deadline.
 
 Store block layout: layer-major, `block_size / vllm_block_size` vLLM blocks per layer slice
-(ConnectorRuntime.vllm_blocks_per_block), each vLLM block as vLLM's per-layer view holds it ([heads, tokens, 2·head_dim] on CPU).
+(ConnectorRuntime.vllm_blocks_per_block), each vLLM block as vLLM's per-layer view holds it
+([heads, tokens, 2·head_dim] on CPU).
 """
 
 from __future__ import annotations

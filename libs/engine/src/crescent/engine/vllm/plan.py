@@ -31,8 +31,8 @@ class ConnectorConfig:
     event_log: str = ""
     use_mapping: bool = True
     transports: str = ""  # the data plane's transports (EngineSettings.kv_transports)
-    # testing only: "evict_after_lookup" drops block 1 between lookup and load; "delay_other_commits"
-    # holds commits to every target but the first 3 s (saver.py)
+    # testing only: "evict_after_lookup" drops block 1 between lookup and load;
+    # "delay_other_commits" holds commits to every target but the first 3 s (saver.py)
     fault: str = ""
 
     @classmethod

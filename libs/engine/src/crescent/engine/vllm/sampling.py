@@ -81,7 +81,8 @@ def output_logprobs(
 def prompt_logprobs(
     prompt: Sequence[int], logprobs: Sequence[Mapping[int, Any] | None] | None, num_top: int | None
 ) -> list[TokenLogprobs]:
-    """TokenLogprobs of prompt tokens 1..n-1 (the first has nothing before it to be predicted from)."""
+    """TokenLogprobs of prompt tokens 1..n-1 (the first has nothing before it to be predicted
+    from)."""
     if num_top is None or not logprobs:
         return []
     return [

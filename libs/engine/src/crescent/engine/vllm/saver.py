@@ -187,7 +187,8 @@ class Saver:
                 done.result(max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
                 log.warning(
-                    "the decode node's KV commit missed its deadline; decode recomputes what it lacks",
+                    "the decode node's KV commit missed its deadline; "
+                    "decode recomputes what it lacks",
                     extra={"request_id": request_id},
                 )
                 return

@@ -204,7 +204,8 @@ class WorkerSide:
     def span(
         self, name: str, trace: dict[str, str], start_ns: int | None = None, **attributes: Any
     ):
-        """A span of the request whose trace context the plan carries, started now or at `start_ns`."""
+        """A span of the request whose trace context the plan carries, started now or at
+        `start_ns`."""
         span = self.runtime.tracer.start_span(
             name, context=extract_headers(trace), start_time=start_ns
         )

@@ -3,9 +3,9 @@
 Serving: a TcpServer on the engine's (host, port). Client: per peer a pool of
 connections; a batch's slices for that peer go in one queue that up to
 `num_connections` lanes (threads, one connection each) work at once, so slices stripe
-across connections; each group a lane takes travels as one request (tcp_client.py). A connection that breaks mid-group hands its unfinished slices back to
-the queue and reconnects; a peer that refuses connections fails its entries with
-PeerUnreachable.
+across connections; each group a lane takes travels as one request (tcp_client.py). A
+connection that breaks mid-group hands its unfinished slices back to the queue and reconnects;
+a peer that refuses connections fails its entries with PeerUnreachable.
 """
 
 from __future__ import annotations

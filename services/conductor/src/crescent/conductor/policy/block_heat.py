@@ -72,7 +72,8 @@ class BlockHeat:
         return hits.depth if hits else None
 
     def hottest(self, k: int, now: float) -> list[HotBlock]:
-        """The `k` held blocks with the most decayed hits; on ties, shallower (parent) blocks first."""
+        """The `k` held blocks with the most decayed hits; on ties, shallower (parent) blocks
+        first."""
         half_life = self.hit_half_life_s
         is_held = self.index.is_held
         # _Hits.decayed written out: a pass ranks every hit block, and one comprehension over

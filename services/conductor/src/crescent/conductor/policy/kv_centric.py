@@ -328,7 +328,7 @@ def _choice(request: ScheduleRequest, instance: InstanceSnapshot, plan: _NodePla
         node=instance.node,
         prefix_tokens=plan.prefix_blocks * size,
         local_prefix_tokens=plan.local_blocks * size,
-        transfer_source=plan.source,
+        source_node=plan.source,
         transfer_hashes=hashes,
         transfer_s=plan.transfer_s,
         queue_s=instance.queue_time_s,

@@ -283,7 +283,8 @@ class RoundRobinPolicy(Policy):
 
 
 class DynamoKvPolicy(Policy):
-    """Dynamo's KV router cost (peer_scores): overlap-weighted prefill blocks, then decode blocks."""
+    """Dynamo's KV router cost (peer_scores): overlap-weighted prefill blocks, then decode
+    blocks."""
 
     name = "dynamo-kv"
 

@@ -12,8 +12,9 @@ share of requests that met the TTFT and TBT SLOs) and proposes one step:
 
 Production traffic is skewed, so driving f_im straight to 1 oscillates. A proposal is carried
 out only after it has persisted for `persist_windows` windows in a row (a side that misses its
-SLO grows after `urgent_persist_windows`: capacity is added faster than it is removed), no sooner than
-`cooldown_windows` after the last change, and not while the last change has yet to take effect
+SLO grows after `urgent_persist_windows`: capacity is added faster than it is removed), no
+sooner than `cooldown_windows` after the last change, and not while the last change has yet to
+take effect
 (the cluster does not run the desired counts yet, for at most `settle_windows`). Each change is
 one instance, within the bounds.
 
@@ -171,7 +172,10 @@ def propose(signal: RatioSignal, desired: InstanceCounts, config: RatioConfig) -
         )
     if factor > config.imbalance_band or factor < 1 / config.imbalance_band:
         lighter = _other(heavier)
-        reason = f"f_im {factor:.2f} outside [{1 / config.imbalance_band:.2f}, {config.imbalance_band:.2f}]"
+        reason = (
+            f"f_im {factor:.2f} outside "
+            f"[{1 / config.imbalance_band:.2f}, {config.imbalance_band:.2f}]"
+        )
         if signal.load(lighter) < config.idle_load and desired.of(lighter) > bounds.low(lighter):
             return Proposal(Action.remove(lighter), f"{reason}: {lighter} idle")
         return _grow(heavier, desired, config, reason, is_urgent=False)
