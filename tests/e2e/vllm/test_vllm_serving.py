@@ -247,6 +247,25 @@ async def test_block_lost_while_loading_is_recomputed_correctly(vllm_cluster, co
     )  # block 1 was evicted
 
 
+async def test_a_block_lost_while_loading_is_not_counted_as_cached(
+    vllm_cluster, conductor, reference
+):
+    """decode-F's store loses block 1 of the prefix between the lookup and the load, so vLLM
+    computes from block 1 on: the decode reports one block's tokens as cached (what the usage's
+    cached tokens and the hit rate count), not the whole prefix it looked up."""
+    prefix = prompt_tokens(768, seed=360)
+    prompt = prefix + prompt_tokens(50, seed=361)
+    [want] = reference_tokens(reference, [prompt], MAX_TOKENS)
+    await conductor.prefill("prefill-A", prefix + [1])  # the prefix's blocks into store-A
+
+    got, request_id = await conductor.generate_on_decode(prompt, MAX_TOKENS, decode_id="decode-F")
+
+    assert got == want
+    [load] = events_of(vllm_cluster, "decode-F", request_id, "load")
+    assert load["num_blocks"] == len(prefix) // BLOCK_SIZE and load["num_loaded"] == 1
+    assert conductor.num_cached_tokens[request_id] == BLOCK_SIZE
+
+
 async def test_kv_reaches_the_decode_store_layer_by_layer(vllm_cluster, conductor):
     prompt = prompt_tokens(2000, seed=400)
     _, prefill = await conductor.generate(prompt, 2)

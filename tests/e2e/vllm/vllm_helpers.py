@@ -266,6 +266,8 @@ class Conductor:
         self.subjects = Subjects(CLUSTER)
         self._count = 0
         self._run = secrets.token_hex(3)  # request ids stay unique across the tests of one cluster
+        # request id → the first token chunk's num_cached_tokens (a prompt the decode computed)
+        self.num_cached_tokens: dict[str, int | None] = {}
         self.prefilled_at = 0.0  # wall clock when the latest generate's prefill answered
 
     async def prefill(
@@ -356,6 +358,8 @@ class Conductor:
             while True:
                 chunk = await stream.next(60)
                 assert chunk.error is None, chunk.error
+                if chunk.seq == 0:
+                    self.num_cached_tokens[request_id] = chunk.num_cached_tokens
                 tokens += chunk.token_ids
                 if chunk.is_final:
                     return tokens

@@ -261,6 +261,9 @@ class TokenChunk(Message):
     is_final: bool = False
     finish_reason: Name | None = None
     error: str | None = None
+    # On the first chunk of a prompt the decode instance computed itself (conditional
+    # disaggregation): its tokens that were loaded from the store, not computed.
+    num_cached_tokens: TokenCount | None = None
 
 
 class ClusterConfig(Message):

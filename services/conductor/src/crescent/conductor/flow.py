@@ -438,7 +438,10 @@ class RequestFlow:
                     self._scheduler.on_decoded(decode.request_id, measured_tbt_s)
             if token_ids or chunk.is_final:
                 yield TokenEvent(
-                    token_ids, chunk.finish_reason if chunk.is_final else None, logprobs
+                    token_ids,
+                    chunk.finish_reason if chunk.is_final else None,
+                    logprobs,
+                    num_cached_tokens=chunk.num_cached_tokens,
                 )
             if chunk.is_final:
                 return

@@ -56,6 +56,8 @@ class TokenChunker:
         self._token_ids: list[int] = []
         self._logprobs: list[TokenLogprobs] = []
         self._last_step_at: float | None = None
+        # prompt tokens loaded, not computed, of a prompt computed here: the first chunk says it
+        self.num_cached_tokens: int | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._timed_flush: asyncio.Task | None = None
         self._lock = asyncio.Lock()
@@ -107,6 +109,7 @@ class TokenChunker:
                 is_final=is_final,
                 finish_reason=finish_reason,
                 error=error,
+                num_cached_tokens=self.num_cached_tokens if self.num_chunks == 0 else None,
             )
             self._token_ids, self._logprobs = [], []
             self.num_chunks += 1

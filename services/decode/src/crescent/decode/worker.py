@@ -297,6 +297,8 @@ class DecodeWorker:
                     last_step_at = now
                     if step.num_cached_tokens is not None:
                         span.set_attribute("crescent.num_cached_tokens", step.num_cached_tokens)
+                        if prefill_here:
+                            chunker.num_cached_tokens = step.num_cached_tokens
                     num_tokens += len(step.token_ids)
                     await chunker.add(step.token_ids, step.logprobs, step.finish_reason)
                 span.set_attribute("crescent.num_generated_tokens", num_tokens)

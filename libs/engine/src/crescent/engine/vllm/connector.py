@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 __all__ = ["PARAM_LOAD", "PARAM_SAVE_TO", "PARAM_TRACE", "CrescentConnector", "CrescentMetadata"]
@@ -122,6 +123,9 @@ class CrescentConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self._scheduler.build_meta(scheduler_output)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        self._scheduler.on_load_errors(connector_output.invalid_block_ids)
 
     def request_finished(
         self, request: Request, block_ids: list[int]

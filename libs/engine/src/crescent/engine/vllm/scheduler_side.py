@@ -48,6 +48,16 @@ class _Tracked:
     is_last_planned: bool = False  # the SaveSpec of the step that ends the prompt went out
 
 
+@dataclass
+class _Load:
+    """A request's load from the store, kept until the request ends: the store's blocks fill
+    the request's vLLM blocks from index `first_block` on, `block_ids` in order."""
+
+    request: Request
+    first_block: int
+    block_ids: list[int]
+
+
 def _trace(request: Request) -> dict[str, str]:
     return dict((request.kv_transfer_params or {}).get(PARAM_TRACE) or {})
 
@@ -61,6 +71,7 @@ class SchedulerSide:
         self._lookups: dict[str, _Lookup] = {}
         self._tracked: dict[str, _Tracked] = {}
         self._pending_loads: list[LoadSpec] = []
+        self._loads: dict[str, _Load] = {}
 
     def _hashes(self, request: Request) -> list[bytes]:
         return block_hashes(
@@ -107,10 +118,11 @@ class SchedulerSide:
         request_id = request.request_id
         lookup = self._lookups.pop(request_id, None)
         if num_external > 0 and lookup is not None:
-            self._pending_loads.append(
-                self._load_spec(
-                    request, block_ids, lookup.num_computed, lookup.num_computed + num_external
-                )
+            start, end = lookup.num_computed, lookup.num_computed + num_external
+            self._pending_loads.append(self._load_spec(request, block_ids, start, end))
+            vbs = self.runtime.vllm_block_size
+            self._loads[request_id] = _Load(
+                request, start // vbs, block_ids[start // vbs : end // vbs]
             )
         tracked = self._tracked.get(request_id)
         if tracked is not None:
@@ -196,8 +208,32 @@ class SchedulerSide:
         tracked.num_planned = last
         tracked.is_last_planned = is_last
 
+    def on_load_errors(self, invalid_block_ids: set[int]) -> None:
+        """Blocks the worker side could not load: vLLM computes them again, from the first
+        failed block of each request on, but the prefill stats it fixed when it scheduled the
+        request still count them as cached. Those stats are what the request's output reports
+        as `num_cached_tokens` (the prompt tokens the worker reports as loaded, the cluster's
+        hit rate, the usage's cached tokens), so they are set to what was really reused; the
+        output is emitted only after the recomputation, so no stale count has gone out."""
+        if not invalid_block_ids:
+            return
+        vbs = self.runtime.vllm_block_size
+        for load in self._loads.values():
+            failed = next(
+                (i for i, block_id in enumerate(load.block_ids) if block_id in invalid_block_ids),
+                None,
+            )
+            stats = getattr(load.request, "prefill_stats", None)
+            if failed is None or stats is None:
+                continue
+            reused = (load.first_block + failed) * vbs
+            local = min(stats.num_local_cached_tokens, reused)
+            external = min(stats.num_external_cached_tokens, reused - local)
+            stats.set(stats.num_prompt_tokens, local, external)
+
     def forget(self, request_id: str) -> None:
         """Drop a finished request: its loads end, and its saves are snapshotted, inside the
         step that ran them."""
         self._lookups.pop(request_id, None)
         self._tracked.pop(request_id, None)
+        self._loads.pop(request_id, None)
