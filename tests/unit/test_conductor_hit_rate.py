@@ -18,7 +18,7 @@ def decision(prefix_tokens: int) -> Decision:
         prefix_tokens=prefix_tokens,
         local_prefix_tokens=prefix_tokens,
         source_node=None,
-        transfer_hashes=(),
+        pull_hashes=(),
         transfer_s=0.0,
         queue_s=0.0,
         prefill_s=0.1,

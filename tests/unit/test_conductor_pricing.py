@@ -142,7 +142,7 @@ def test_contradictory_timings_are_not_learned_from_and_logged_once(caplog):
         prefix_tokens=0,
         local_prefix_tokens=0,
         source_node=None,
-        transfer_hashes=(),
+        pull_hashes=(),
         transfer_s=0.0,
         queue_s=0.0,
         prefill_s=1.0,

@@ -41,7 +41,7 @@ def test_each_term_of_the_ttft_is_checked_against_what_the_worker_measured():
         prefix_tokens=0,
         local_prefix_tokens=0,
         source_node=None,
-        transfer_hashes=(),
+        pull_hashes=(),
         transfer_s=0.0,
         queue_s=2.0,
         prefill_s=1.1,  # 0.1 s of overhead + 1.0 s of compute

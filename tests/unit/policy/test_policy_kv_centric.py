@@ -48,12 +48,12 @@ def test_threshold_edge_decides_between_local_prefix_and_pull(threshold, transfe
     choice = choose([prefill("x", "nx")], index, threshold)
     n = 6 * BLOCK + 1
     if transfers:  # pull 2 blocks (32 tokens · 100 B at 1 MB/s), compute 1 token
-        assert choice.source_node == "nb" and choice.transfer_hashes == tuple(H[4:6])
+        assert choice.source_node == "nb" and choice.pull_hashes == tuple(H[4:6])
         assert choice.prefix_tokens == 96 and choice.local_prefix_tokens == 64
         assert choice.transfer_s == pytest.approx(32 * 100 / 1e6)
         assert choice.prefill_s == pytest.approx(0.001)
     else:  # compute the 33 tokens after the local 4 blocks
-        assert choice.source_node is None and choice.transfer_hashes == ()
+        assert choice.source_node is None and choice.pull_hashes == ()
         assert choice.prefix_tokens == 64 and choice.transfer_s == 0.0
         assert choice.prefill_s == pytest.approx((n - 64) * 0.001)
 
@@ -79,7 +79,7 @@ def test_local_cache_aware_never_pulls():
     choice = choose(
         [prefill("a", "na", queue_s=1.0), prefill("b", "nb")], index, allow_transfer=False
     )
-    assert choice.instance_id == "b" and choice.prefix_tokens == 0 and choice.transfer_hashes == ()
+    assert choice.instance_id == "b" and choice.prefix_tokens == 0 and choice.pull_hashes == ()
     assert choice.predicted_ttft_s == pytest.approx(0.097)
 
 

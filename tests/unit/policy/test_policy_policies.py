@@ -59,7 +59,7 @@ def test_kv_centric_decision_carries_the_pull_as_a_replication_order():
     assert (order.source_node, order.target_node, order.hashes) == ("na", "nb", tuple(H))
     assert order.reason is ReplicationReason.ON_DEMAND
     local = make("local-cache-aware").choose(REQ, snapshot, 0.0)
-    assert local.prefill.transfer_hashes == () and local.replication == ()
+    assert local.prefill.pull_hashes == () and local.replication == ()
 
 
 def test_least_loaded_picks_the_shortest_queue_and_still_reuses_its_local_prefix():

@@ -341,7 +341,7 @@ class DisaggregatedCluster:
         if choice.source_node is not None and self.config.cache_scope == "global":
             source = self.stores[choice.source_node]
             pulled = []
-            for block in choice.transfer_hashes:  # what the source still holds, from the front
+            for block in choice.pull_hashes:  # what the source still holds, from the front
                 if not source.holds(block):
                     break
                 pulled.append(block)

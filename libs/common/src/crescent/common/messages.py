@@ -180,7 +180,7 @@ class PrefillJob(Message):
     # Tokens per KV block the conductor hashed the prompt with; a prefill storing another size
     # refuses the job (0: not checked).
     block_size: TokenCount = 0
-    source_node: OptionalId = ""  # first pull pull_hashes from this node's store into ours
+    source_node: OptionalId = ""  # first copy pull_hashes from this node's store into ours
     pull_hashes: BlockHashes = []
     timeout_s: Seconds = 0.0  # how long the conductor waits for the result; 0: no deadline
     # The sending conductor and its number for this assignment, which the instance's telemetry

@@ -269,7 +269,7 @@ class RequestFlow:
                 decode_node=self._view.node_of("decode", decode.instance_id),
                 block_size=request.block_size,
                 source_node=prefill.source_node or "",
-                pull_hashes=list(prefill.transfer_hashes),
+                pull_hashes=list(prefill.pull_hashes),
                 timeout_s=self._timeouts.prefill_s,
                 conductor=self._owner,
                 assignment=self._scheduler.assignment_number(

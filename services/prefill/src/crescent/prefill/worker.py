@@ -351,7 +351,7 @@ class PrefillWorker:
         if not (job.source_node and job.pull_hashes):
             return
         with tracer().start_as_current_span("prefill.load_kv") as span:
-            span.set_attribute("crescent.pull_from", job.source_node)
+            span.set_attribute("crescent.source_node", job.source_node)
             span.set_attribute("crescent.num_blocks", len(job.pull_hashes))
             request = ReplicateBlocks(
                 model=job.model,

@@ -86,7 +86,7 @@ class PrefillChoice:
     prefix_tokens: int  # reused prefix: local blocks plus any transferred ones
     local_prefix_tokens: int  # what the instance's own node already holds
     source_node: str | None  # node to pull the extra blocks from; None: no transfer
-    transfer_hashes: tuple[bytes, ...]  # blocks to pull, in prefix order
+    pull_hashes: tuple[bytes, ...]  # blocks to pull, in prefix order
     transfer_s: float
     queue_s: float
     prefill_s: float

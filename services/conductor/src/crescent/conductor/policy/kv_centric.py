@@ -329,7 +329,7 @@ def _choice(request: ScheduleRequest, instance: InstanceSnapshot, plan: _NodePla
         prefix_tokens=plan.prefix_blocks * size,
         local_prefix_tokens=plan.local_blocks * size,
         source_node=plan.source,
-        transfer_hashes=hashes,
+        pull_hashes=hashes,
         transfer_s=plan.transfer_s,
         queue_s=instance.queue_time_s,
         prefill_s=plan.prefill_s,

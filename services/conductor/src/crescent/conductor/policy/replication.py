@@ -24,10 +24,10 @@ from crescent.conductor.policy.snapshot import InstanceSnapshot
 
 def on_demand_order(choice: PrefillChoice) -> ReplicationOrder | None:
     """The replica a transfer in `choice` leaves behind; None when the choice pulls nothing."""
-    if choice.source_node is None or not choice.transfer_hashes:
+    if choice.source_node is None or not choice.pull_hashes:
         return None
     return ReplicationOrder(
-        choice.source_node, choice.node, choice.transfer_hashes, ReplicationReason.ON_DEMAND
+        choice.source_node, choice.node, choice.pull_hashes, ReplicationReason.ON_DEMAND
     )
 
 
