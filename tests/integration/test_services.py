@@ -99,7 +99,9 @@ async def test_registers_publishes_telemetry_and_deregisters_on_sigterm(
             and info.role == role
             and info.http_url.startswith("http://")
         )
-        await wait_until(lambda: any(l.instance_id == f"{role}-a" for l in loads), 5, "telemetry")
+        await wait_until(
+            lambda: any(load.instance_id == f"{role}-a" for load in loads), 5, "telemetry"
+        )
         assert view.count(role, time.monotonic()) == 1
 
         process.signal(signal.SIGTERM)

@@ -10,10 +10,10 @@ from crescent.engine.emulated import EmulatedDecodeEngine, EmulatedPrefillEngine
 def test_prefill_flops_follow_equation_1():
     dims = ModelDims(num_layers=80, hidden_size=8192, a=4, b=22)
     cost = CostModel(dims=dims)
-    n, d, l = 1000, 8192, 80
-    assert cost.prefill_flops(n) == l * (4 * n * n * d + 22 * n * d * d)
+    n, d, layers = 1000, 8192, 80
+    assert cost.prefill_flops(n) == layers * (4 * n * n * d + 22 * n * d * d)
     saved = cost.prefill_flops(n) - cost.prefill_flops(n, num_cached=400)
-    assert saved == pytest.approx(l * (4 * 400**2 * d + 22 * 400 * d * d))
+    assert saved == pytest.approx(layers * (4 * 400**2 * d + 22 * 400 * d * d))
 
 
 def test_time_scale_zero_is_instant_and_decode_is_memory_bound_at_small_batch():

@@ -97,10 +97,9 @@ def test_projection_drops_finished_decodes_and_adds_finished_prefills():
         InflightRequest("d1", 700, decode_start_s=0.5, is_decoding=False),  # joined and left
     ]
     loads = projected_loads([d0, d1], inflight, at_s=12.0, decode_time_s=10.0)
-    assert [(l.num_running, l.num_context_tokens) for l in loads] == [(2, 2000), (1, 700)]
-    assert [
-        (l.num_running, l.num_context_tokens) for l in projected_loads([d0, d1], [], 12.0, 10.0)
-    ] == [(3, 3000), (0, 0)]
+    assert [(load.num_running, load.num_context_tokens) for load in loads] == [(2, 2000), (1, 700)]
+    later = projected_loads([d0, d1], [], 12.0, 10.0)
+    assert [(load.num_running, load.num_context_tokens) for load in later] == [(3, 3000), (0, 0)]
 
 
 def test_predictive_accepts_what_will_have_drained_and_rejects_what_will_have_filled():

@@ -40,9 +40,9 @@ class CostModel:
     time_scale: float = 1.0
 
     def prefill_flops(self, num_tokens: int, num_cached: int = 0) -> float:
-        d, l = self.dims.hidden_size, self.dims.num_layers
+        d, layers = self.dims.hidden_size, self.dims.num_layers
         n, p = num_tokens, min(num_cached, num_tokens)
-        return l * (self.dims.a * (n * n - p * p) * d + self.dims.b * (n - p) * d * d)
+        return layers * (self.dims.a * (n * n - p * p) * d + self.dims.b * (n - p) * d * d)
 
     def prefill_s(self, num_tokens: int, num_cached: int = 0) -> float:
         return self.time_scale * self.prefill_flops(num_tokens, num_cached) / self.flops_per_s
@@ -50,7 +50,7 @@ class CostModel:
     def decode_step_s(self, batch_size: int, total_context: int) -> float:
         if batch_size == 0:
             return 0.0
-        d, l = self.dims.hidden_size, self.dims.num_layers
-        flops = l * (self.dims.b * batch_size * d * d + self.dims.a * total_context * d)
+        d, layers = self.dims.hidden_size, self.dims.num_layers
+        flops = layers * (self.dims.b * batch_size * d * d + self.dims.a * total_context * d)
         memory = self.dims.weight_bytes + total_context * self.dims.kv_bytes_per_token
         return self.time_scale * max(flops / self.flops_per_s, memory / self.memory_bytes_per_s)
