@@ -95,11 +95,13 @@ class LeasedKeys:
             await self._renew()
 
     async def run(self) -> None:
-        """Keep the lease alive until cancelled; survives etcd outages."""
-        while not self._is_revoked:
+        """Keep the lease alive until cancelled; survives etcd outages. After a revoke it idles:
+        returning would tell the service's task supervisor that a task died, and a stopping
+        service would exit with a failure."""
+        while True:
             await asyncio.sleep(self._ttl_s / 3)
             if self._is_revoked:
-                return
+                continue
             try:
                 reply = await self._lease.refresh()
                 if reply.TTL <= 0 and not self._is_revoked:
