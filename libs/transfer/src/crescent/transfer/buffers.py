@@ -97,7 +97,6 @@ def _address(buffer: memoryview) -> int:
     """Where `buffer`'s memory starts. ctypes reads a writable buffer's pointer ten times
     faster than numpy's array interface, which a batch of many small blocks pays per block;
     read-only and empty buffers take the numpy road."""
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
-    except (TypeError, ValueError):
+    if buffer.readonly or not buffer.nbytes:
         return np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0]
+    return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
