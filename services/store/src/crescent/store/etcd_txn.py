@@ -18,11 +18,14 @@ from collections.abc import Iterable
 
 from aetcd.rpc import rpc_pb2
 
-_BYTES_1, _BYTES_2, _VARINT_3 = b"\x0a", b"\x12", b"\x18"  # field tags: (number << 3) | wire type
+_KEY, _VALUE, _LEASE = b"\x0a", b"\x12", b"\x18"  # field tags: (number << 3) | wire type
 _PUT, _DELETE, _SUCCESS = b"\x12", b"\x1a", b"\x12"
+_SMALL = [bytes([number]) for number in range(0x80)]  # one-byte varints: most keys and values
 
 
 def _varint(number: int) -> bytes:
+    if number < 0x80:
+        return _SMALL[number]
     out = bytearray()
     while number > 0x7F:
         out.append(number & 0x7F | 0x80)
@@ -31,24 +34,20 @@ def _varint(number: int) -> bytes:
     return bytes(out)
 
 
-def _field(tag: bytes, payload: bytes) -> bytes:
-    return tag + _varint(len(payload)) + payload
-
-
-def _op(key: bytes, value: bytes | None, lease: int) -> bytes:
-    """One RequestOp: a put of `value` under `lease` (0: none), or a delete when None."""
-    if value is None:
-        return _field(_DELETE, _field(_BYTES_1, key))
-    put = _field(_BYTES_1, key) + _field(_BYTES_2, value)
-    if lease:
-        put += _VARINT_3 + _varint(lease)
-    return _field(_PUT, put)
-
-
 def txn_request(items: Iterable[tuple[bytes, bytes | None]], lease: int) -> rpc_pb2.TxnRequest:
     """A TxnRequest without comparisons whose success branch puts (value) or deletes (None)
-    each key, in order; puts carry `lease` (etcd lease ids are positive)."""
+    each key, in order; puts carry `lease` (0: none; etcd lease ids are positive)."""
     if lease < 0:
         raise ValueError(f"etcd lease ids are positive, got {lease}")
-    body = b"".join(_field(_SUCCESS, _op(key, value, lease)) for key, value in items)
-    return rpc_pb2.TxnRequest.FromString(body)
+    lease_field = _LEASE + _varint(lease) if lease else b""
+    body = []
+    for key, value in items:
+        if value is None:
+            request = _KEY + _varint(len(key)) + key
+            op = _DELETE + _varint(len(request)) + request
+        else:
+            request = _KEY + _varint(len(key)) + key + _VALUE + _varint(len(value)) + value
+            request += lease_field
+            op = _PUT + _varint(len(request)) + request
+        body.append(_SUCCESS + _varint(len(op)) + op)
+    return rpc_pb2.TxnRequest.FromString(b"".join(body))
