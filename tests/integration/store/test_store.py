@@ -17,6 +17,7 @@ from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.naming import Subjects
 from crescent.common.store_messages import (
+    AbortBlocks,
     AllocBlocks,
     BlockSlots,
     CommitBlocks,
@@ -47,6 +48,22 @@ async def test_put_get_round_trip_is_byte_exact(stores, client_factory, use_mapp
         await client.lookup(MODEL, "n1", hashes[:4] + [b"\x00" * 16] + hashes[5:]) == ["dram"] * 4
     )
     assert (await client.lookup_prefix(MODEL, hashes)) == {"n1": 8}
+
+
+async def test_a_batch_allocated_in_free_slots_lies_back_to_back(stores, client_factory):
+    """Slots in ascending order, so a batch's blocks move as one range (one memory run on the
+    store's tcp server), also after the blocks before them were evicted in another order."""
+    stores.start("n1", dram_blocks=8)
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    hashes, data = blocks(6)
+    assert await client.put_blocks(MODEL, "n1", hashes, data) == 6
+    scrambled = [hashes[i] for i in (3, 0, 5, 1, 4, 2)]
+    assert sorted((await client.evict(MODEL, "n1", scrambled)).evicted) == sorted(hashes)
+    again, _ = blocks(6, seed=100)
+    slots = await client.ctl("n1", AllocBlocks(model=MODEL, hashes=again), BlockSlots)
+    assert slots.offsets == [slots.offsets[0] + i * BLOCK for i in range(6)]
+    await client.ctl("n1", AbortBlocks(model=MODEL, hashes=again), Done)
 
 
 async def test_lookups_and_repeated_writes_keep_a_hot_prefix_in_dram(stores, client_factory):

@@ -15,26 +15,29 @@ HASH = b"\x01" * 16
 
 
 class RecordingEtcd:
-    """Applies transactions to a dict, in the order they complete; `gate` holds them back."""
+    """Applies transactions (aetcd's KV stub: TxnRequest messages) to a dict, in the order they
+    complete; `gate` holds them back."""
 
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
         self.ops_seen: list[tuple[str, bytes]] = []
         self.gate = asyncio.Event()
         self.gate.set()
-        self.transactions = SimpleNamespace(
-            put=lambda key, value, lease=None: ("put", key, value),
-            delete=lambda key: ("delete", key, None),
-        )
+        self.metadata = None
+        self.kvstub = SimpleNamespace(Txn=self._txn)
 
-    async def transaction(self, compare, success, failure):
+    async def connect(self) -> None:
+        pass
+
+    async def _txn(self, request, timeout, metadata):
         await self.gate.wait()
-        for kind, key, value in success:
-            self.ops_seen.append((kind, key))
-            if kind == "put":
-                self.data[key] = value
+        for op in request.success:
+            if op.HasField("request_put"):
+                self.ops_seen.append(("put", op.request_put.key))
+                self.data[op.request_put.key] = op.request_put.value
             else:
-                self.data.pop(key, None)
+                self.ops_seen.append(("delete", op.request_delete_range.key))
+                self.data.pop(op.request_delete_range.key, None)
 
 
 @pytest.fixture

@@ -34,6 +34,34 @@ def test_commit_of_unallocated_or_twice_fails():
         pool.commit(key(1))
 
 
+def test_allocate_free_hands_out_back_to_back_slots_in_ascending_order():
+    """So that a batch's blocks lie back to back in the segment and move as one range."""
+    pool = BlockPool(8)
+    assert pool.allocate_free([key(i) for i in range(4)], 0, 10) == [0, 1, 2, 3]
+    pool.commit_all([key(i) for i in range(4)])
+    for i in (2, 0, 3, 1):  # freed in any order
+        pool.evict(key(i))
+    assert pool.allocate_free([key(i) for i in range(10, 16)], 0, 10) == [0, 1, 2, 3, 4, 5]
+
+
+def test_allocate_free_leaves_a_batch_it_cannot_place_to_the_caller():
+    pool = BlockPool(2)
+    assert pool.allocate_free([key(i) for i in range(3)], 0, 10) is None
+    assert pool.blocks == {} and pool.num_free(Tier.DRAM) == 2
+
+
+def test_commit_all_commits_every_block_or_none():
+    pool = BlockPool(4)
+    pool.allocate_free([key(1), key(2)], 0, 10)
+    with pytest.raises(PoolError, match="not allocated"):
+        pool.commit_all([key(1), key(3)])
+    assert pool.get(key(1)) is None
+    assert [b.key for b in pool.commit_all([key(1), key(2)])] == [key(1), key(2)]
+    assert pool.get(key(2)).state is State.READY
+    with pytest.raises(PoolError):
+        pool.commit_all([key(2)])
+
+
 def test_lru_evicts_least_recently_used_unpinned_block():
     pool = BlockPool(3)
     for i in range(3):
@@ -96,7 +124,9 @@ def test_promotion_brings_an_ssd_block_back_and_demotes_another():
 
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["put", "pin", "unpin", "touch", "evict", "alloc", "expire"]),
+        st.sampled_from(
+            ["put", "pin", "unpin", "touch", "evict", "alloc", "alloc_free", "commit", "expire"]
+        ),
         st.integers(min_value=0, max_value=11),
     ),
     max_size=80,
@@ -117,6 +147,11 @@ def test_invariants_hold_under_any_sequence(sequence, num_dram, num_ssd):
                 put(pool, i, now)
             elif op == "alloc":
                 pool.allocate(key(i), now, ttl_s=3)
+            elif op == "alloc_free":  # i and the two keys after it, where not held yet
+                fresh = [key(j) for j in range(i, i + 3) if key(j) not in pool.blocks]
+                pool.allocate_free(fresh, now, ttl_s=3)
+            elif op == "commit":
+                pool.commit_all([key(i)])
             elif op == "pin":
                 pool.pin(key(i), now, ttl_s=5)
             elif op == "unpin":

@@ -236,29 +236,39 @@ class StoreDaemon:
 
     async def alloc(self, request: AllocBlocks) -> BlockSlots:
         keys = _keys(request.model, request.hashes)
-        allocated, offsets, existing = [], [], []
+        now = time.monotonic()
         async with self._lock:
-            try:
-                for key in keys:
-                    if key in self.pool.blocks:
-                        self.pool.touch(key)  # written again by someone: a use, for LRU
-                        existing.append(key[1])
-                        continue
-                    plan = self.pool.allocate(key, time.monotonic(), request.ttl_s)
-                    await self._carry_out(plan)
-                    allocated.append(key[1])
-                    offsets.append(plan.slot * self.block_bytes)
-            except PoolFullError:
-                for block_hash in allocated:
-                    self.pool.abort((request.model, block_hash))
-                raise
+            blocks = self.pool.blocks
+            existing = [key for key in keys if key in blocks]
+            for key in existing:
+                self.pool.touch(key)  # written again by someone: a use, for LRU
+            new = [key for key in keys if key not in blocks] if existing else keys
+            slots = self.pool.allocate_free(new, now, request.ttl_s)
+            if slots is None:  # evictions to plan (and carry out) block by block
+                slots = await self._allocate_evicting(new, now, request.ttl_s)
+        block_bytes = self.block_bytes
         return BlockSlots(
             segment=self.segment_name,
-            block_bytes=self.block_bytes,
-            allocated=allocated,
-            offsets=offsets,
-            existing=existing,
+            block_bytes=block_bytes,
+            allocated=[key[1] for key in new],
+            offsets=[slot * block_bytes for slot in slots],
+            existing=[key[1] for key in existing],
         )
+
+    async def _allocate_evicting(self, keys: list[BlockKey], now: float, ttl_s: float) -> list[int]:
+        """Slots for `keys` one by one, doing what each plan asks (under the lock); all or
+        none (PoolFullError)."""
+        slots: list[int] = []
+        try:
+            for key in keys:
+                plan = self.pool.allocate(key, now, ttl_s)
+                await self._carry_out(plan)
+                slots.append(plan.slot)
+        except PoolFullError:
+            for key in keys[: len(slots)]:
+                self.pool.abort(key)
+            raise
+        return slots
 
     async def commit(self, request: CommitBlocks) -> Done:
         """Answered once lookups and pins here see the blocks; their etcd keys follow through
@@ -266,15 +276,10 @@ class StoreDaemon:
         keys = _keys(request.model, request.hashes)
         await self.metadata.make_room()
         async with self._lock:
-            for key in keys:
-                block = self.pool.blocks.get(key)
-                if block is None or self.pool.get(key) is not None:
-                    raise PoolError(
-                        f"commit of block {key[1].hex()} of {key[0]}, which was not allocated"
-                    )
-            for key in keys:
-                block = self.pool.commit(key)
-                self.metadata.put(*key, self._meta(block.tier, block.slot))
+            blocks = self.pool.commit_all(keys)
+            put, meta = self.metadata.put, self._meta
+            for block in blocks:
+                put(*block.key, meta(block.tier, block.slot))
         if request.wait_metadata:
             await self.metadata.sync()
         return Done(num_blocks=len(keys))

@@ -112,6 +112,38 @@ class BlockPool:
         self.blocks[key] = Block(key, Tier.DRAM, plan.slot, State.WRITING, expires_at=now + ttl_s)
         return plan
 
+    def allocate_free(self, keys: list[BlockKey], now: float, ttl_s: float) -> list[int] | None:
+        """DRAM slots for new blocks `keys` (none of which exists), in one step when free
+        slots cover them all, so no eviction is planned; None (nothing changed) otherwise, and
+        the caller allocates them one by one. The slots come in ascending order: free slots
+        that lie back to back stay back to back, so the bytes of the blocks move in fewer
+        pieces."""
+        free = self._free[Tier.DRAM]
+        if len(keys) > len(free):
+            return None
+        slots = free[len(free) - len(keys) :]
+        del free[len(free) - len(keys) :]
+        slots.sort()
+        expires_at = now + ttl_s
+        blocks = self.blocks
+        for key, slot in zip(keys, slots):
+            blocks[key] = Block(key, Tier.DRAM, slot, State.WRITING, expires_at=expires_at)
+        return slots
+
+    def commit_all(self, keys: list[BlockKey]) -> list[Block]:
+        """Commit every one of `keys`, or none (PoolError) if one was not allocated."""
+        blocks = [self.blocks.get(key) for key in keys]
+        for key, block in zip(keys, blocks):
+            if block is None or block.state is not State.WRITING:
+                raise PoolError(
+                    f"commit of block {key[1].hex()} of {key[0]}, which was not allocated"
+                )
+        lru = self._lru[Tier.DRAM]
+        for block in blocks:
+            block.state = State.READY
+            lru[block.key] = None
+        return blocks
+
     def commit(self, key: BlockKey) -> Block:
         block = self.blocks.get(key)
         if block is None or block.state is not State.WRITING:
