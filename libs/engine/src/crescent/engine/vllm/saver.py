@@ -63,7 +63,7 @@ class _SaveJob:
         wanted = {
             h
             for slots in self.slots.values()
-            if slots.exception() is None
+            if not slots.cancelled() and slots.exception() is None
             for h in slots.result().allocated
         }
         return [i for i, h in enumerate(self.spec.hashes) if h in wanted]
