@@ -118,6 +118,32 @@ async def test_shared_prefix_is_loaded_from_the_store_not_recomputed(
     assert load["num_loaded"] >= len(prefix) // BLOCK_SIZE
 
 
+async def test_blocks_every_target_store_holds_are_not_snapshotted_again(
+    vllm_cluster, conductor, reference
+):
+    """The second prompt's step plans every full block for store A, which already holds the
+    shared prefix: the forward pass gathers only the new blocks, and the output is unchanged."""
+    prefix = prompt_tokens(1024, seed=150)
+    first, second = prefix + prompt_tokens(90, seed=151), prefix + prompt_tokens(700, seed=152)
+    expected = reference_tokens(reference, [first, second], MAX_TOKENS)
+
+    got_first, _ = await conductor.generate(first, MAX_TOKENS)
+    got_second, prefill = await conductor.generate(second, MAX_TOKENS)
+
+    assert [got_first, got_second] == expected
+    computed = events_of(vllm_cluster, "prefill-A", prefill.request_id, "computed")
+    new_blocks = len(second) // BLOCK_SIZE - len(prefix) // BLOCK_SIZE
+    # a layer finished before store A answered the allocation snapshots every block
+    assert min(e["num_snapshotted"] for e in computed) == new_blocks
+    committed = await wait_for_events(
+        vllm_cluster, "prefill-A", prefill.request_id, "committed", {"A"}
+    )
+    assert (committed["A"]["num_blocks"], committed["A"]["num_existing"]) == (
+        new_blocks,
+        len(prefix) // BLOCK_SIZE,
+    )
+
+
 async def test_conditional_disaggregation_decode_computes_the_prompt_as_plain_vllm_would(
     vllm_cluster, conductor, reference
 ):

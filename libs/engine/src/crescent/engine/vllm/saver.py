@@ -1,7 +1,10 @@
 """The save path of CrescentConnector's worker side, kept off the forward pass.
 
 Inside the forward pass `save_layer` only snapshots layer i of the step's new full blocks (one
-gather into a private tensor, so vLLM may free or reuse its blocks at once); everything else
+gather into a private tensor, so vLLM may free or reuse its blocks at once), and of those only
+the blocks some target store still lacks once every target has answered its allocation: a
+prefix that vLLM's own cache or a load supplied is planned again, since this request's decode
+node may lack it, but where every store holds it a gather of it is wasted. Everything else
 runs beside the model on the bridge loop: waiting for the allocation, copying the layer into
 each target store (in place on a copier thread when the store is on this host, over the data
 plane otherwise), then, after the step, committing or aborting each target's blocks.
@@ -50,9 +53,20 @@ class _SaveJob:
         self.is_failed = False
         self.is_committing = False  # its commits (or aborts) are on their way
 
-    @property
-    def row_of(self) -> dict[bytes, int]:
-        return {h: i for i, h in enumerate(self.spec.hashes)}
+    def rows_to_copy(self) -> list[int]:
+        """Which of the job's blocks a layer must be snapshotted for: those some target
+        allocated, once every target's allocation has answered; all of them until then. A
+        prefix vLLM had cached is planned again (this request's decode node may lack it), but
+        a store that already holds a block wants none of its bytes."""
+        if not all(slots.done() for slots in self.slots.values()):
+            return list(range(len(self.spec.hashes)))
+        wanted = {
+            h
+            for slots in self.slots.values()
+            if not slots.cancelled() and slots.exception() is None
+            for h in slots.result().allocated
+        }
+        return [i for i, h in enumerate(self.spec.hashes) if h in wanted]
 
 
 class Saver:
@@ -102,28 +116,47 @@ class Saver:
             if job.is_failed or job.spec.request_id in failed_requests:
                 job.is_failed = True
                 continue
-            ids = torch.tensor(job.spec.vllm_block_ids, device=kv_layer.device)
-            data = (
-                kv_layer[ids]
-                .cpu()
-                .contiguous()
-                .view(torch.uint8)
-                .view(len(job.spec.hashes), self.layer_bytes)
+            rows = job.rows_to_copy()
+            per_block = self.runtime.vllm_blocks_per_block
+            ids = torch.tensor(
+                [
+                    job.spec.vllm_block_ids[r * per_block + k]
+                    for r in rows
+                    for k in range(per_block)
+                ],
+                dtype=torch.long,
+                device=kv_layer.device,
             )
+            data = (
+                kv_layer[ids].cpu().contiguous().view(torch.uint8).view(len(rows), self.layer_bytes)
+            )
+            row_of = {job.spec.hashes[r]: i for i, r in enumerate(rows)}
             self.runtime.events.write(
-                "computed", request=job.spec.request_id, step=self._step, layer=layer, t=computed_at
+                "computed",
+                request=job.spec.request_id,
+                step=self._step,
+                layer=layer,
+                num_snapshotted=len(rows),
+                t=computed_at,
             )
             for target in job.spec.targets:
                 job.writes[target].append(
-                    self.runtime.bridge.submit(self._store_layer(job, target, layer, data))
+                    self.runtime.bridge.submit(self._store_layer(job, target, layer, data, row_of))
                 )
             job.num_layers += 1
             if job.num_layers == self.num_layers:
                 self._start_commits(job)  # while the model finishes the step
 
     async def _store_layer(
-        self, job: _SaveJob, target: str, layer: int, data: torch.Tensor
+        self,
+        job: _SaveJob,
+        target: str,
+        layer: int,
+        data: torch.Tensor,
+        row_of: dict[bytes, int],
     ) -> None:
+        """Layer `layer` of the blocks `target` allocated → its store; `data[row_of[h]]` holds
+        block h's bytes."""
         slots = await asyncio.wrap_future(job.slots[target])
         if slots.block_bytes != self.block_bytes:
             raise KvStoreError(
@@ -132,7 +165,6 @@ class Saver:
             )
         if not slots.allocated:
             return
-        row_of = job.row_of
         offsets = [offset + layer * self.layer_bytes for offset in slots.offsets]
         rows = [row_of[h] for h in slots.allocated]
         view = self.runtime.ops.mapped(slots.segment)
