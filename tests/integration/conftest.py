@@ -1,4 +1,5 @@
-"""Fixtures shared by the integration tests of the data plane and the store."""
+"""Fixtures shared by the integration tests: a NATS server with its monitoring endpoint, and a tcp
+proxy that cuts links mid-batch for the data plane and the store."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+
+from crescent.cluster.infra import nats_spec
+from crescent.cluster.processes import ManagedProcess, free_port
 
 
 class CuttingProxy:
@@ -82,3 +86,14 @@ def cutting_proxy() -> Iterator[Callable[[str, int, int], CuttingProxy]]:
     yield start
     for proxy in proxies:
         proxy.close()
+
+
+@pytest.fixture
+def monitored_nats(tmp_path):
+    """A NATS server whose monitoring endpoint answers: (client url, /connz url)."""
+    port, monitor_port = free_port(), free_port()
+    process = ManagedProcess(nats_spec(port, monitor_port=monitor_port), tmp_path / "logs")
+    process.start()
+    process.wait_ready(30)
+    yield f"nats://127.0.0.1:{port}", f"http://127.0.0.1:{monitor_port}/connz"
+    process.stop()

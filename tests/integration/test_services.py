@@ -14,8 +14,7 @@ import urllib.request
 import nats
 import pytest
 
-from crescent.cluster.infra import nats_spec
-from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
+from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.bus import Bus
 from crescent.common.codec import decode
 from crescent.common.etcd import PrefixMirror, connect_etcd
@@ -199,23 +198,13 @@ def test_bad_setting_exits_with_a_message():
     assert result.returncode == 2 and "kv_capacity_tokens" in result.stderr
 
 
-def num_nats_connections(monitor_port: int) -> int:
-    with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/connz", timeout=2) as response:
+def num_nats_connections(connz_url: str) -> int:
+    with urllib.request.urlopen(connz_url, timeout=2) as response:
         return json.load(response)["num_connections"]
 
 
-@pytest.fixture
-def monitored_nats(tmp_path):
-    port, monitor_port = free_port(), free_port()
-    nats = ManagedProcess(nats_spec(port, monitor_port=monitor_port), tmp_path / "logs")
-    nats.start()
-    nats.wait_ready(30)
-    yield f"nats://127.0.0.1:{port}", monitor_port
-    nats.stop()
-
-
 def test_a_sigterm_while_starting_ends_the_start(monitored_nats, cluster_name):
-    nats_url, monitor_port = monitored_nats
+    nats_url, connz_url = monitored_nats
     worker = subprocess.Popen(
         [
             sys.executable,
@@ -238,7 +227,7 @@ def test_a_sigterm_while_starting_ends_the_start(monitored_nats, cluster_name):
     )
     try:
         deadline = time.monotonic() + 30
-        while num_nats_connections(monitor_port) == 0:  # NATS first, then etcd
+        while num_nats_connections(connz_url) == 0:  # NATS first, then etcd
             assert worker.poll() is None and time.monotonic() < deadline, "did not connect NATS"
             time.sleep(0.05)
         worker.send_signal(signal.SIGTERM)

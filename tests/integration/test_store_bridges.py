@@ -12,20 +12,7 @@ import urllib.request
 
 import pytest
 
-from crescent.cluster.infra import nats_spec
-from crescent.cluster.processes import ManagedProcess, free_port
 from crescent.engine.kv_store import BlockOps, BridgeConfig, KvStoreError, SharedBridges
-
-
-@pytest.fixture
-def monitored_nats(tmp_path):
-    """A NATS server whose monitoring endpoint answers: (client url, /connz url)."""
-    port, monitor_port = free_port(), free_port()
-    process = ManagedProcess(nats_spec(port, monitor_port=monitor_port), tmp_path / "logs")
-    process.start()
-    process.wait_ready(30)
-    yield f"nats://127.0.0.1:{port}", f"http://127.0.0.1:{monitor_port}/connz"
-    process.stop()
 
 
 def connection_names(connz_url: str) -> list[str]:
