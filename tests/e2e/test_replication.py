@@ -119,20 +119,37 @@ async def test_hot_system_prompt_gets_a_replica_from_the_hot_spot_pass_on_a_node
             )
             for source in ("node-prefill-0", "node-decode-0")
         )
-        > 0
-    )
+
+    def hot_spot_orders_done() -> float:
+        return metric(
+            cluster.api_url, "crescent_replication_orders_total", reason="hot-spot", outcome="ok"
+        )
+
+    # A store counts a replication once its source has unpinned the blocks, after the commit
+    # that etcd shows, and the conductor counts the order once the store replied: wait for the
+    # counters themselves, not for the block's key.
+    deadline = time.monotonic() + 10
+    while hot_spot_blocks_on_spare() == 0 or hot_spot_orders_done() == 0:
+        assert time.monotonic() < deadline, (
+            f"no hot-spot replica on {SPARE_NODE} (orders done: {hot_spot_orders_done()}): "
+            f"holders {sorted(await holders(cluster, first_block))}, on-demand pulls planned "
+            + str(
+                metric(
+                    cluster.api_url,
+                    "crescent_replication_orders_total",
+                    reason="on-demand",
+                    outcome="ok",
+                )
+            )
+        )
+        await asyncio.sleep(0.2)
+    assert SPARE_NODE in await holders(cluster, first_block)
     assert (
         metric(spare_store, "crescent_store_replications_total", reason="on-demand", outcome="ok")
         == 0
     )
     assert (
         metric(spare_store, "crescent_store_replications_total", reason="hot-spot", outcome="ok")
-        > 0
-    )
-    assert (
-        metric(
-            cluster.api_url, "crescent_replication_orders_total", reason="hot-spot", outcome="ok"
-        )
         > 0
     )
     assert metric(cluster.api_url, "crescent_replication_order_blocks_total", reason="hot-spot") > 0
