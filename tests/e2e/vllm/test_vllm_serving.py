@@ -73,7 +73,7 @@ def test_each_engine_core_holds_one_data_plane_bridge_and_a_lookup_connection(vl
     per engine, whichever way vLLM lays out its processes: when its worker runs in a process of
     its own, the scheduler side adds a NATS connection for lookups alone (`…-kv-lookup`: no etcd
     client, no staging segment); when both roles share a process, they share the one bridge."""
-    data_plane = ["A-decode-kv", "A-decode-kv", "A-prefill-kv", "B-prefill-kv"]
+    data_plane = ["A-decode-kv", "A-decode-kv", "A-decode-kv", "A-prefill-kv", "B-prefill-kv"]
     deadline = time.monotonic() + 30
     while True:  # bridges connect as the engines start: read until the names settle
         names = vllm_cluster.nats_connection_names()
@@ -290,6 +290,43 @@ async def test_a_block_lost_while_loading_is_not_counted_as_cached(
     [load] = events_of(vllm_cluster, "decode-F", request_id, "load")
     assert load["num_blocks"] == len(prefix) // BLOCK_SIZE and load["num_loaded"] == 1
     assert conductor.num_cached_tokens[request_id] == BLOCK_SIZE
+
+
+async def test_a_decode_steps_its_running_requests_while_a_new_one_loads(
+    vllm_cluster, conductor, reference
+):
+    """decode-S starts every load 2 s late (kv_fault slow_load). A request already decoding
+    there goes on getting tokens while a new request's prefix is read from the store, because
+    the decode loads asynchronously: the new request waits, no step does. (With
+    --no-kv-load-async the load runs inside a step, and the running request gets a token or
+    two in those 2 s.)"""
+    arrivals: list[float] = []  # wall-clock arrival of each token of the running request
+    running = asyncio.create_task(
+        conductor.generate_on_decode(
+            prompt_tokens(50, seed=600), 1000, decode_id="decode-S", arrivals=arrivals
+        )
+    )
+    deadline = time.monotonic() + 60
+    while len(arrivals) < 20:
+        assert time.monotonic() < deadline and not running.done(), "the running request stalled"
+        await asyncio.sleep(0.01)
+    prompt = prompt_tokens(700, seed=601)
+    [want] = reference_tokens(reference, [prompt], 2)
+
+    got, prefill = await conductor.generate(prompt, 2, decode_id="decode-S")
+    loaded_at = time.time()
+
+    assert got == want
+    [load] = events_of(vllm_cluster, "decode-S", prefill.request_id, "load")
+    assert (load["is_async"], load["num_loaded"], load["error"]) == (
+        True,
+        len(prompt) // BLOCK_SIZE,
+        None,
+    )
+    during_load = [t for t in arrivals if conductor.prefilled_at < t < loaded_at]
+    assert len(during_load) >= 20, f"{len(during_load)} tokens of the running request"
+    tokens, _ = await running
+    assert len(tokens) == 1000
 
 
 async def test_kv_reaches_the_decode_store_layer_by_layer(vllm_cluster, conductor):

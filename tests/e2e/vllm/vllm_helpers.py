@@ -190,7 +190,20 @@ class VllmCluster:
                 ),
             )
         )
-        self.wait_serving(["prefill-A", "decode-A", "prefill-B", "decode-F"], timeout_s)
+        self._launch(
+            self._service(
+                "decode",
+                "decode-S",
+                *engine_flags(  # every load starts 2 s late
+                    self.model_dir,
+                    "A",
+                    self.event_log("decode-S"),
+                    "--kv-fault",
+                    "slow_load",
+                ),
+            )
+        )
+        self.wait_serving(["prefill-A", "decode-A", "prefill-B", "decode-F", "decode-S"], timeout_s)
 
     def transfer_bytes(self, instance_id: str) -> dict[tuple[str, str], float]:
         """(transport, side) → bytes, from the service's /metrics
@@ -311,12 +324,17 @@ class Conductor:
         ), result
 
     async def generate_on_decode(
-        self, token_ids: list[int], max_tokens: int, decode_id: str = "decode-A"
+        self,
+        token_ids: list[int],
+        max_tokens: int,
+        decode_id: str = "decode-A",
+        arrivals: list[float] | None = None,
     ) -> tuple[list[int], str]:
         """Conditional disaggregation: no prefill job, the decode instance computes the prompt.
-        Returns the tokens and the request id."""
+        Returns the tokens and the request id; `arrivals` gets each token's wall-clock arrival."""
         request_id = await self._reserve(token_ids, max_tokens, decode_id)
-        return await self._decode(request_id, token_ids, None, max_tokens, decode_id), request_id
+        tokens = await self._decode(request_id, token_ids, None, max_tokens, decode_id, arrivals)
+        return tokens, request_id
 
     async def _reserve(self, token_ids: list[int], max_tokens: int, decode_id: str) -> str:
         self._count += 1
@@ -339,6 +357,7 @@ class Conductor:
         first_token: int | None,
         max_tokens: int,
         decode_id: str,
+        arrivals: list[float] | None = None,
     ) -> list[int]:
         stream = await self.bus.stream(self.subjects.tokens(request_id), TokenChunk)
         try:
@@ -361,6 +380,8 @@ class Conductor:
                 if chunk.seq == 0:
                     self.num_cached_tokens[request_id] = chunk.num_cached_tokens
                 tokens += chunk.token_ids
+                if arrivals is not None:
+                    arrivals += [time.time()] * len(chunk.token_ids)
                 if chunk.is_final:
                     return tokens
         finally:

@@ -11,7 +11,7 @@ from crescent.storeclient.transport_choice import transport_choice
 from crescent.transfer import TransportKind, parse_transports
 
 ENGINES = ("emulated", "vllm")
-KV_FAULTS = ("delay_other_commits", "evict_after_lookup")
+KV_FAULTS = ("delay_other_commits", "evict_after_lookup", "slow_load")
 
 
 @dataclass
@@ -85,6 +85,12 @@ class EngineSettings(EmulatedDevice, CommonSettings):
     drain_timeout_s: float = setting(
         30.0, "on SIGTERM, how long running requests may finish before they are aborted"
     )
+    kv_load_async: bool = setting(
+        True,
+        "vllm decode: read a request's prompt KV from the store while the engine goes on "
+        "stepping its running requests, and schedule the request once its KV is in (off: the "
+        "load runs inside a step, which every running request waits for)",
+    )
     kv_use_mapping: bool = setting(
         True,
         "map stores on this host and copy KV in place; off: every "
@@ -107,7 +113,8 @@ class EngineSettings(EmulatedDevice, CommonSettings):
         "",
         "vllm, testing only: inject a store fault (delay_other_commits: commits to "
         "every store but the decode node's start 3 s late; evict_after_lookup: the store "
-        "loses block 1 of a prefix between the connector's lookup and its load)",
+        "loses block 1 of a prefix between the connector's lookup and its load; slow_load: "
+        "every load starts 2 s late)",
     )
 
     def validate(self) -> None:

@@ -10,9 +10,12 @@ Worker side (same process, inside the forward pass): loads pin their blocks once
 them layer by layer on the bridge loop, so `wait_for_layer_load(i)` waits only for layer i;
 `save_kv_layer(i)` only snapshots layer i of every newly completed block and hands it to the
 bridge, which writes it into each target store (the decode node's and this node's) while the
-model computes on; commits follow the step. `wait_for_save` waits for nothing but, in the step
-that ends a prompt, the decode node's commits, which decode needs to find the blocks (saver.py).
-A block that is missing or fails is reported to vLLM (invalid block ids) and
+model computes on; commits follow the step. `wait_for_save` waits for nothing but, in the
+step that ends a prompt, the decode node's commits, which decode needs to find the blocks
+(saver.py). A decode worker loads asynchronously (ConnectorConfig.load_async): vLLM holds the
+new request back while its KV is read and steps the running requests meanwhile;
+`get_finished` hands the request back once its blocks are in. A block that is missing or
+fails is reported to vLLM (invalid block ids) and
 recomputed; a failed save only means the block is not stored. Every wait has a deadline.
 
 Store block layout: layer-major, `block_size / vllm_block_size` vLLM blocks per layer slice
@@ -155,6 +158,10 @@ class CrescentConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         self._worker.finish_saves()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """(nothing sends asynchronously, the requests whose asynchronous loads ended)."""
+        return None, self._worker.finished_loads()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_invalid_block_ids()

@@ -87,6 +87,7 @@ def connector_extra_config(settings: EngineSettings, role: str, endpoints: Store
         "fault": settings.kv_fault,
         "use_mapping": settings.kv_use_mapping,
         "transports": settings.kv_transports,
+        "load_async": settings.kv_load_async and role == "decode",
     }
 
 

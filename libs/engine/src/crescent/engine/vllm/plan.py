@@ -31,8 +31,12 @@ class ConnectorConfig:
     event_log: str = ""
     use_mapping: bool = True
     transports: str = ""  # the data plane's transports (EngineSettings.kv_transports)
+    # loads run beside the engine's steps, the request waiting in WAITING_FOR_REMOTE_KVS
+    # (decode: its running requests are not held by a new request's load)
+    load_async: bool = False
     # testing only: "evict_after_lookup" drops block 1 between lookup and load;
-    # "delay_other_commits" holds commits to every target but the first 3 s (saver.py)
+    # "delay_other_commits" holds commits to every target but the first 3 s (saver.py);
+    # "slow_load" starts every load 2 s late (worker_side.py)
     fault: str = ""
 
     @classmethod
@@ -50,6 +54,7 @@ class LoadSpec:
     hashes: list[bytes]  # the store blocks to read, in prompt order
     fills: list[tuple[int, int, int]]  # (index into hashes, sub-block within it, vLLM block id)
     trace: dict[str, str] = field(default_factory=dict)  # the request's trace context, for spans
+    is_async: bool = False  # filled once read, beside the steps (ConnectorConfig.load_async)
 
 
 @dataclass

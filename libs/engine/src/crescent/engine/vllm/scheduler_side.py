@@ -83,14 +83,14 @@ class SchedulerSide:
     def num_new_matched_tokens(
         self, request: Request, num_computed: int
     ) -> tuple[int | None, bool]:
-        """Prompt tokens past `num_computed` that this node's store holds, loaded synchronously
-        (the second value, vLLM's "load asynchronously", is always False)."""
+        """Prompt tokens past `num_computed` that this node's store holds, and whether vLLM
+        is to load them asynchronously (ConnectorConfig.load_async, when there are any)."""
         params = request.kv_transfer_params or {}
         if not params.get(PARAM_LOAD, True):
             return 0, False
         cached = self._lookups.get(request.request_id)
         if cached is not None and cached.num_computed == num_computed:
-            return cached.num_tokens, False
+            return cached.num_tokens, self._is_async(cached.num_tokens)
         prompt = list(request.prompt_token_ids or [])
         vbs, bs = self.runtime.vllm_block_size, self.runtime.config.block_size
         limit = (len(prompt) - 1) // vbs * vbs  # the last prompt token is always computed
@@ -112,7 +112,10 @@ class SchedulerSide:
                     extra={"request_id": request.request_id, "error": str(exc)},
                 )
         self._lookups[request.request_id] = lookup
-        return lookup.num_tokens, False
+        return lookup.num_tokens, self._is_async(lookup.num_tokens)
+
+    def _is_async(self, num_tokens: int) -> bool:
+        return self.runtime.config.load_async and num_tokens > 0
 
     def after_alloc(self, request: Request, block_ids: list[int], num_external: int) -> None:
         request_id = request.request_id
@@ -146,7 +149,9 @@ class SchedulerSide:
             ((v // per_block) - first_block, v % per_block, block_ids[v])
             for v in range(start // vbs, end // vbs)
         ]
-        return LoadSpec(request.request_id, hashes, fills, _trace(request))
+        return LoadSpec(
+            request.request_id, hashes, fills, _trace(request), self.runtime.config.load_async
+        )
 
     def build_meta(self, output: SchedulerOutput) -> CrescentMetadata:
         meta = CrescentMetadata(loads=self._pending_loads)

@@ -1,10 +1,15 @@
 """The worker side of CrescentConnector, inside the forward pass: loads from this node's store
 pinned once and read layer by layer ahead of the model; each finished layer of new full blocks
 handed to the Saver (saver.py), which stores and commits it beside the model. A block that
-fails to load becomes an invalid block, which vLLM recomputes."""
+fails to load becomes an invalid block, which vLLM recomputes.
+
+An asynchronous load (LoadSpec.is_async) is read the same way but waited for by no step: its
+request waits in vLLM's WAITING_FOR_REMOTE_KVS while the running requests go on stepping, and
+once it is read its blocks are filled between two steps (`finished_loads`)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import threading
@@ -24,6 +29,7 @@ log = logging.getLogger(__name__)
 
 
 _LAYER_NUMBER = re.compile(r"\.(\d+)\.")
+SLOW_LOAD_DELAY_S = 2.0  # kv_fault slow_load (tests)
 
 
 def _layer_order(names: list[str]) -> list[str]:
@@ -35,15 +41,17 @@ def _layer_order(names: list[str]) -> list[str]:
 
 
 class _LoadJob:
-    """One request's load this step: pinned once, read layer by layer on the bridge."""
+    """One request's load: pinned once, read layer by layer on the bridge."""
 
-    def __init__(self, spec: LoadSpec, num_layers: int, layer_bytes: int) -> None:
+    def __init__(self, spec: LoadSpec, num_layers: int, layer_bytes: int, timeout_s: float) -> None:
         self.spec = spec
+        self.deadline = time.monotonic() + timeout_s  # an asynchronous load's, as a whole
         self.buffers = [
             torch.empty((len(spec.hashes), layer_bytes), dtype=torch.uint8)
             for _ in range(num_layers)
         ]
         self.layer_done = [threading.Event() for _ in range(num_layers)]
+        self.done = threading.Event()
         self.num_pinned = 0
         self.error: BaseException | None = None
 
@@ -52,10 +60,12 @@ class WorkerSide:
     def __init__(self, runtime: ConnectorRuntime) -> None:
         self.runtime = runtime
         self.kv: dict[str, torch.Tensor] = {}
+        self.kv_by_layer: list[torch.Tensor] = []
         self.layer_index: dict[str, int] = {}
         self.layer_bytes = 0
         self._step = 0
-        self._loads: list[_LoadJob] = []
+        self._loads: list[_LoadJob] = []  # this step's synchronous loads
+        self._async_loads: dict[str, _LoadJob] = {}  # request id → its load, until filled
         self.saver = Saver(runtime)
         self._save_s = 0.0  # this step's time in save_layer and finish_saves
         self._invalid: set[int] = set()
@@ -66,6 +76,7 @@ class WorkerSide:
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         names = _layer_order(list(kv_caches))
         self.kv = {name: kv_caches[name] for name in names}
+        self.kv_by_layer = [kv_caches[name] for name in names]
         self.layer_index = {name: i for i, name in enumerate(names)}
         per_block = {kv[0].numel() * kv.element_size() for kv in self.kv.values()}
         if len(per_block) != 1:
@@ -97,9 +108,12 @@ class WorkerSide:
             return
         self.saver.begin_step(self._step, meta.saves)
         for spec in meta.loads:
-            job = _LoadJob(spec, len(self.kv), self.layer_bytes)
+            job = _LoadJob(spec, len(self.kv), self.layer_bytes, self.runtime.config.timeout_s)
             self.runtime.bridge.submit(self._read_layers(job))
-            self._loads.append(job)
+            if spec.is_async:
+                self._async_loads[spec.request_id] = job
+            else:
+                self._loads.append(job)
 
     def start_loads(self) -> None:
         """Loads already started in begin_step (as soon as the plan was bound)."""
@@ -112,6 +126,8 @@ class WorkerSide:
             f"{self.runtime.config.role}.load_kv", job.spec.trace, num_blocks=len(hashes)
         )
         try:
+            if self.runtime.config.fault == "slow_load":
+                await asyncio.sleep(SLOW_LOAD_DELAY_S)
             pinned = await self.runtime.ops.pin(node, hashes)
             self._check_block_bytes(pinned.block_bytes)
             job.num_pinned = len(pinned.hashes)
@@ -125,6 +141,7 @@ class WorkerSide:
         finally:
             for event in job.layer_done:
                 event.set()
+            job.done.set()
             span.set_attribute("crescent.num_loaded", job.num_pinned)
             if job.error is not None:
                 span.set_attribute("crescent.error", repr(job.error))
@@ -146,35 +163,59 @@ class WorkerSide:
         layer = self.layer_index.get(layer_name)
         if layer is None:
             return
-        kv = self.kv[layer_name]
         for job in self._loads:
-            spec = job.spec
             if not job.layer_done[layer].wait(self.runtime.config.timeout_s) and job.error is None:
                 job.error = KvStoreError(
-                    f"layer {layer} of {spec.request_id} not read within the deadline"
+                    f"layer {layer} of {job.spec.request_id} not read within the deadline"
                 )
-            usable = 0 if job.error is not None else job.num_pinned
-            good = [
-                (i * self.runtime.vllm_blocks_per_block + sub, dst)
-                for i, sub, dst in spec.fills
-                if i < usable
-            ]
-            if good:
-                self._fill(kv, job.buffers[layer], good)
-            bad = [dst for i, _, dst in spec.fills if i >= usable]
-            if bad:
-                self._invalid.update(bad)
-                self._failed_requests.add(spec.request_id)
-            if layer == 0:
-                self.runtime.events.write(
-                    "load",
-                    request=spec.request_id,
-                    step=self._step,
-                    num_blocks=len(spec.hashes),
-                    num_loaded=min(usable, len(spec.hashes)),
-                    num_vllm_blocks=len(good),
-                    error=repr(job.error) if job.error else None,
-                )
+            self._fill_layer(job, layer)
+
+    def finished_loads(self) -> set[str]:
+        """Requests whose asynchronous load ended (read, failed, or past its deadline), their
+        blocks filled now: vLLM calls this after a step's forward pass, on the thread that runs
+        the model, so no forward pass reads a block while it is written. vLLM schedules them
+        from the next step on; blocks that could not be read are reported as invalid in this
+        same call's step, which vLLM requires."""
+        finished = set()
+        now = time.monotonic()
+        for request_id, job in list(self._async_loads.items()):
+            if not job.done.is_set():
+                if now < job.deadline:
+                    continue
+                job.error = KvStoreError(f"the load of {request_id} missed its deadline")
+            del self._async_loads[request_id]
+            for layer in range(len(self.kv)):
+                self._fill_layer(job, layer)
+            finished.add(request_id)
+        return finished
+
+    def _fill_layer(self, job: _LoadJob, layer: int) -> None:
+        """Fill the job's vLLM blocks of `layer` from what was read; blocks not read become
+        invalid blocks, which vLLM computes again."""
+        spec = job.spec
+        usable = 0 if job.error is not None else job.num_pinned
+        good = [
+            (i * self.runtime.vllm_blocks_per_block + sub, dst)
+            for i, sub, dst in spec.fills
+            if i < usable
+        ]
+        if good:
+            self._fill(self.kv_by_layer[layer], job.buffers[layer], good)
+        bad = [dst for i, _, dst in spec.fills if i >= usable]
+        if bad:
+            self._invalid.update(bad)
+            self._failed_requests.add(spec.request_id)
+        if layer == 0:
+            self.runtime.events.write(
+                "load",
+                request=spec.request_id,
+                step=self._step,
+                is_async=spec.is_async,
+                num_blocks=len(spec.hashes),
+                num_loaded=min(usable, len(spec.hashes)),
+                num_vllm_blocks=len(good),
+                error=repr(job.error) if job.error else None,
+            )
 
     def take_invalid_block_ids(self) -> set[int]:
         invalid, self._invalid = self._invalid, set()
