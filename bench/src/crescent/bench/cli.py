@@ -58,6 +58,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="prompt lengths in tokens, comma-separated (default 1024,2048,4096,8000)",
     )
+    decode_load = benches.add_parser(
+        "decode-load",
+        help="the gap a new request's KV load leaves in running streams: "
+        "decode loading inside a step vs beside the steps",
+    )
+    decode_load.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="checkpoint directory (default: the tiny test model)",
+    )
+    decode_load.add_argument(
+        "--length", type=int, default=8000, help="the arriving prompt's tokens (default 8000)"
+    )
+    decode_load.add_argument(
+        "--turns", type=int, default=5, help="turns per system; medians reported (default 5)"
+    )
+    decode_load.add_argument(
+        "--running", type=int, default=2, help="streams decoding when it arrives (default 2)"
+    )
     schedule = benches.add_parser(
         "schedule", help="scheduling decision time per request (kv-centric vs least-loaded)"
     )
@@ -167,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
         from crescent.bench.prefix_reuse import LENGTHS, run_prefix_reuse_bench
 
         result = run_prefix_reuse_bench(args.model, args.repeat, args.lengths or LENGTHS)
+    elif args.bench == "decode-load":
+        from crescent.bench.decode_load import run_decode_load_bench
+
+        result = run_decode_load_bench(args.model, args.length, args.turns, args.running)
     elif args.bench == "replay-lag":
         from crescent.bench.replay.lag_bench import run_replay_lag_bench
 
