@@ -5,9 +5,9 @@ from crescent.bench.decode_load import longest_gap_over, summarise
 
 
 def test_only_gaps_that_overlap_the_window_count():
-    streams = [[0.0, 0.1, 0.5, 0.6], [0.0, 0.9, 1.0]]
-    assert longest_gap_over(streams, 0.2, 0.3) == 0.4  # 0.1 → 0.5 spans the window
-    assert longest_gap_over(streams, 0.55, 0.58) == 0.9  # 0.0 → 0.9 of the second stream
+    streams = [[0.0, 0.1, 0.5, 0.6], [0.0, 0.15, 0.25, 0.9]]
+    assert longest_gap_over(streams, 0.2, 0.22) == 0.4  # 0.1 → 0.5 spans the window
+    assert longest_gap_over(streams, 0.7, 0.8) == 0.65  # 0.25 → 0.9 of the second stream
     assert longest_gap_over(streams, 2.0, 3.0) == 0.0  # no gap reaches the window
 
 
