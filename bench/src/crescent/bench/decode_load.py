@@ -39,7 +39,7 @@ from crescent.cluster.processes import free_port
 SYSTEMS = {"async": [], "sync": ["--no-kv-load-async"]}  # name → the decode's extra flags
 RUNNING_PROMPT_TOKENS = 64
 RUNNING_MAX_TOKENS = 1500  # outlasts the arrival; cancelled when the turn ends
-RUNNING_TOKENS_FIRST = 5  # events each running stream has before the arrival is sent
+RUNNING_TOKENS_FIRST = 5  # tokens each running stream has before the arrival is sent
 TURN_TIMEOUT_S = 120.0
 
 
@@ -51,7 +51,8 @@ async def stream(
     max_tokens: int,
     arrivals: list[float],
 ) -> None:
-    """Stream a completion, appending each event's arrival (perf_counter) to `arrivals`."""
+    """Stream a completion, appending to `arrivals` each event's arrival (perf_counter) once
+    per token it carries (counted by its logprobs: a token's text may be empty)."""
     body = {
         "model": model,
         "prompt": token_ids,
@@ -59,17 +60,21 @@ async def stream(
         "stream": True,
         "temperature": 0,
         "ignore_eos": True,
+        "logprobs": 0,
     }
     async with session.post(f"{url}/v1/completions", json=body) as response:
         if response.status != 200:
             raise RuntimeError(f"{url}: HTTP {response.status}: {await response.text()}")
         async for line in response.content:
-            if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0]["text"]:
-                arrivals.append(time.perf_counter())
+            if line.startswith(b"data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                tokens = (choice.get("logprobs") or {}).get("tokens") or []
+                arrivals += [time.perf_counter()] * len(tokens)
 
 
 def gaps(times: list[float]) -> list[tuple[float, float]]:
-    return list(itertools.pairwise(times))
+    """Consecutive pairs of distinct arrivals: tokens of one event are one arrival."""
+    return list(itertools.pairwise(sorted(set(times))))
 
 
 def longest_gap_over(times: list[list[float]], start: float, end: float) -> float:
@@ -114,7 +119,7 @@ async def turn(
             stream(session, url, model, prompt(length, seed), 2, arrival), TURN_TIMEOUT_S
         )
         if len(arrival) < 2:
-            raise RuntimeError(f"{url}: the arrival's two tokens came in {len(arrival)} events")
+            raise RuntimeError(f"{url}: the arrival streamed {len(arrival)} of its 2 tokens")
         first, second = arrival[0], arrival[1]
         if any(task.done() for task in tasks):
             raise RuntimeError(f"{url}: a running stream ended before the arrival's second token")

@@ -394,13 +394,27 @@ class StoreDaemon:
                 raise ReplicationFailed(request.source_node, result.failed()[0][1])
             await self.commit(CommitBlocks(model=request.model, hashes=slots.allocated))
         finally:
-            await bus.request(
-                source, UnpinBlocks(model=request.model, hashes=pinned.hashes), Done, timeout_s
-            )
+            await self._unpin_at(source, request, pinned.hashes)
         return ReplicateReply(
             num_copied=len(slots.allocated),
             num_present=len(request.hashes) - len(missing) + len(slots.existing),
         )
+
+    async def _unpin_at(self, source: str, request: ReplicateBlocks, hashes: list[bytes]) -> None:
+        """Release the source's pins. A failure is logged, not raised: the copy stands (or its
+        own error is what the caller hears), and the pins lapse by their TTL anyway."""
+        try:
+            await self._runtime.bus.request(
+                source,
+                UnpinBlocks(model=request.model, hashes=hashes),
+                Done,
+                self.settings.transfer_timeout_s,
+            )
+        except Exception as exc:
+            log.warning(
+                "unpin at the replication source failed; its pins lapse by their TTL",
+                extra={"source_node": request.source_node, "error": repr(exc)},
+            )
 
     async def _know_segment(self, node: str, segment: str) -> None:
         """A store that just started may not have reached this one's segment watch yet; read
