@@ -78,6 +78,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     decode_load.add_argument(
         "--running", type=int, default=2, help="streams decoding when it arrives (default 2)"
     )
+    decode_load.add_argument(
+        "--kv-transports",
+        default="",
+        help="the workers' data-plane transports, e.g. tcp (default: every one that runs here)",
+    )
     schedule = benches.add_parser(
         "schedule", help="scheduling decision time per request (kv-centric vs least-loaded)"
     )
@@ -166,7 +171,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="keep the cluster's logs and measured profiles here (default: a temporary directory)",
     )
-    for sub in (control, transfer, store, prefix, schedule, chaos, aiperf, lag, predict):
+    for sub in (
+        control,
+        transfer,
+        store,
+        prefix,
+        decode_load,
+        schedule,
+        chaos,
+        aiperf,
+        lag,
+        predict,
+    ):
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
 
@@ -190,7 +206,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.bench == "decode-load":
         from crescent.bench.decode_load import run_decode_load_bench
 
-        result = run_decode_load_bench(args.model, args.length, args.turns, args.running)
+        result = run_decode_load_bench(
+            args.model, args.length, args.turns, args.running, args.kv_transports
+        )
     elif args.bench == "replay-lag":
         from crescent.bench.replay.lag_bench import run_replay_lag_bench
 

@@ -14,8 +14,9 @@ second token. Measured per system:
   arrival_ttft_ms    the arrival's first token (its prefill), median over turns
   arrival_second_ms  from the arrival's first token to its second (what the arrival waits for
                      its load), median over turns
-Time between two streamed events stands for time between tokens: the conductor may put several
-tokens in one event, alike for both systems.
+`kv_transports` (e.g. tcp) fixes the workers' data-plane transports, as a store on another
+host would. Time between two streamed events stands for time between tokens: the conductor may
+put several tokens in one event, alike for both systems.
 """
 
 from __future__ import annotations
@@ -169,7 +170,11 @@ def summarise(turns: list[dict[str, object]]) -> dict[str, float]:
 
 
 def run_decode_load_bench(
-    model_dir: Path | None = None, length: int = 8000, turns: int = 5, running: int = 2
+    model_dir: Path | None = None,
+    length: int = 8000,
+    turns: int = 5,
+    running: int = 2,
+    kv_transports: str = "",
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="crescent-decode-load-") as tmp, ExitStack() as up:
         workdir = Path(tmp)
@@ -187,6 +192,7 @@ def run_decode_load_bench(
                     model_dir=model_dir,
                     env=ENV,
                     decode_args=decode_args,
+                    engine_args=["--kv-transports", kv_transports] if kv_transports else [],
                 )
             )
             cluster.start(timeout_s=300)
@@ -209,6 +215,7 @@ def run_decode_load_bench(
             "length": length,
             "turns": turns,
             "running": running,
+            "kv_transports": kv_transports or "every one that runs here",
             "order": "interleaved: each turn on every system, rotating",
             "cpu_threads": os.cpu_count(),
         },
