@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from crescent.cluster.infra import etcd_spec, nats_spec
-from crescent.cluster.processes import ManagedProcess, free_port
+from crescent.cluster.processes import ManagedProcess
+from crescent.common.ports import free_port
 
 
 @dataclass

@@ -13,7 +13,7 @@ import aiohttp
 import psutil
 import pytest
 
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"

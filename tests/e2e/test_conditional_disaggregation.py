@@ -14,7 +14,7 @@ from expected import expected_text
 from prometheus_client.parser import text_string_to_metric_families
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"

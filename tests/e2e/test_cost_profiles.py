@@ -16,11 +16,11 @@ import pytest
 
 from crescent.bench.replay.prediction_errors import prediction_error_report, scrape_once
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
 from crescent.common.codec import decode
 from crescent.common.cost_profile import CostProfile, DecodePlane, PrefillCost
 from crescent.common.etcd import connect_etcd
 from crescent.common.naming import Keys
+from crescent.common.ports import free_port
 from crescent.engine.costs import emulated_profile
 from crescent.engine.settings import EngineSettings
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 pytestmark = pytest.mark.e2e
 

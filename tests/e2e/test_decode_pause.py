@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"

@@ -12,7 +12,7 @@ import pytest
 from expected import expected_text
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"

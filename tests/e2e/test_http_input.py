@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 from crescent.conductor.openapi import OPENAPI
 
 pytestmark = pytest.mark.e2e

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 pytestmark = pytest.mark.e2e
 SLICE = Path(__file__).resolve().parents[1] / "data" / "mooncake_trace_slice.jsonl"

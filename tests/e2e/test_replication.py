@@ -13,12 +13,12 @@ from expected import expected_text
 from prometheus_client.parser import text_string_to_metric_families
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
 from crescent.common.codec import decode
 from crescent.common.etcd import connect_etcd
 from crescent.common.hashing import block_hashes
 from crescent.common.messages import InstanceInfo
 from crescent.common.naming import Keys
+from crescent.common.ports import free_port
 from crescent.common.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.e2e

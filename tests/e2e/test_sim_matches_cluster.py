@@ -25,7 +25,7 @@ from crescent.bench.sim.config import SimConfig
 from crescent.bench.sim.run import SimRun
 from crescent.bench.trace import load_trace
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 from crescent.engine.cost_model import ModelDims
 
 pytestmark = pytest.mark.e2e

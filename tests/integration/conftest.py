@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from crescent.cluster.infra import nats_spec
-from crescent.cluster.processes import ManagedProcess, free_port
+from crescent.cluster.processes import ManagedProcess
+from crescent.common.ports import free_port
 
 
 class CuttingProxy:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
+from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.bus import Bus
 from crescent.common.cluster_config import publish_config
 from crescent.common.codec import decode
@@ -16,6 +16,7 @@ from crescent.common.errors import NoRespondersError, RemoteError, RequestTimeou
 from crescent.common.etcd import connect_etcd
 from crescent.common.messages import ClusterConfig, PrefillJob, PrefillResult
 from crescent.common.naming import Keys, Subjects
+from crescent.common.ports import free_port
 
 START_TIMEOUT_S = 30
 

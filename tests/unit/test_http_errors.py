@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from crescent.common.http_server import JsonErrorRunner
-from crescent.common.service import free_port
+from crescent.common.ports import free_port
 from crescent.conductor.http_errors import REQUEST_ID as REQUEST_ID_KEY
 from crescent.conductor.http_errors import openai_errors
 from crescent.conductor.openai_api import ApiError

@@ -13,7 +13,7 @@ import pytest
 from vllm_helpers import ENV, prompt_tokens, reference_tokens
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")
 

@@ -17,7 +17,6 @@ import pytest
 from vllm_helpers import ENV, metric_value, prompt_tokens, reference_tokens
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
 from crescent.common.bus import Bus
 from crescent.common.codec import decode
 from crescent.common.etcd import connect_etcd
@@ -25,6 +24,7 @@ from crescent.common.hashing import block_hashes
 from crescent.common.hf_tokenizer import HfTokenizer
 from crescent.common.messages import InstanceInfo
 from crescent.common.naming import Keys, Subjects
+from crescent.common.ports import free_port
 from crescent.common.store_messages import EvictBlocks, EvictReply
 from crescent.conductor.policy.policies import POLICIES, KvCentricPolicy
 

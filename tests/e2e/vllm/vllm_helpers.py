@@ -22,7 +22,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from crescent.cluster.infra import etcd_spec, nats_spec
-from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
+from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.bus import Bus
 from crescent.common.checkpoint import inspect_checkpoint
 from crescent.common.messages import (
@@ -36,6 +36,7 @@ from crescent.common.messages import (
     TokenChunk,
 )
 from crescent.common.naming import Subjects
+from crescent.common.ports import free_port
 
 MODEL = "tiny"
 BLOCK_SIZE = 64

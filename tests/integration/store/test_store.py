@@ -10,12 +10,13 @@ import msgspec
 import pytest
 from store_helpers import BLOCK, MODEL, blocks, read_back, wait_for_segment, wait_until
 
-from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
+from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.bus import Bus
 from crescent.common.errors import FatalError, NoRespondersError, RemoteError
 from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.naming import Subjects
+from crescent.common.ports import free_port
 from crescent.common.store_messages import (
     AbortBlocks,
     AllocBlocks,

@@ -8,9 +8,9 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 from store_helpers import MODEL, blocks, read_back, wait_for_segment, wait_until
 
-from crescent.cluster.processes import free_port
 from crescent.common.etcd import connect_etcd
 from crescent.common.naming import Keys
+from crescent.common.ports import free_port
 
 PUBLISH_DEADLINE_S = 5.0
 

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from crescent.bench.plain_vllm import vllm_server_argv
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
+from crescent.cluster.processes import ManagedProcess, ProcessSpec
+from crescent.common.ports import free_port
 
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
 HUB_NAME = "local/tiny-llama"

@@ -28,7 +28,7 @@ import aiohttp
 
 from crescent.bench.chaos_load import Outcome, Status, SteadyLoad
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 log = logging.getLogger(__name__)
 

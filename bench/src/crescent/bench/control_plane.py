@@ -22,7 +22,8 @@ from pathlib import Path
 
 from crescent.bench.load import run_load
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port, is_port_open
+from crescent.cluster.processes import is_port_open
+from crescent.common.ports import free_port
 
 MODEL = "crescent-emulated"
 WARMUP_REQUESTS = 20

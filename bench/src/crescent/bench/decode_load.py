@@ -35,7 +35,7 @@ import aiohttp
 
 from crescent.bench.prefix_reuse import ENV, SETTLE_S, prompt
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 SYSTEMS = {"async": [], "sync": ["--no-kv-load-async"]}  # name → the decode's extra flags
 RUNNING_PROMPT_TOKENS = 64

@@ -35,7 +35,7 @@ from crescent.bench.replay.prompts import PromptShape
 from crescent.bench.replay.records import OK
 from crescent.bench.trace import load_trace
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 BLOCK_SIZE = 64
 ENV = {

@@ -29,7 +29,8 @@ import aiohttp
 
 from crescent.bench.plain_vllm import vllm_server_argv
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import ManagedProcess, ProcessSpec, free_port
+from crescent.cluster.processes import ManagedProcess, ProcessSpec
+from crescent.common.ports import free_port
 
 LENGTHS = (1024, 2048, 4096, 8000)
 CACHED_SHARES = (0, 90)

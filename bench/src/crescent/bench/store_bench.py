@@ -42,12 +42,13 @@ import aetcd
 import numpy as np
 
 from crescent.cluster.infra import etcd_spec, nats_spec
-from crescent.cluster.processes import ManagedProcess, ProcessError, ProcessSpec, free_port
+from crescent.cluster.processes import ManagedProcess, ProcessError, ProcessSpec
 from crescent.common.bus import Bus
 from crescent.common.errors import FatalError
 from crescent.common.etcd import connect_etcd
 from crescent.common.hashing import HASH_BYTES
 from crescent.common.naming import Keys
+from crescent.common.ports import free_port
 from crescent.storeclient.client import ClientConfig, StoreClient
 from crescent.transfer import ShmEndpoint, TransferConfig, TransportKind
 from crescent.transfer.segment import shm_file_identity

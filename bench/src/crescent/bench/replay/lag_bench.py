@@ -15,7 +15,7 @@ from crescent.bench.replay.client import ReplayOptions, replay
 from crescent.bench.replay.prompts import PromptShape
 from crescent.bench.slo import mean, percentile
 from crescent.bench.trace import load_trace
-from crescent.cluster.processes import free_port
+from crescent.common.ports import free_port
 
 RATE_PER_S = 50.0
 

@@ -6,8 +6,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from crescent.cluster.processes import ProcessSpec, free_port
+from crescent.cluster.processes import ProcessSpec
 from crescent.common.errors import FatalError
+from crescent.common.ports import free_port
 
 
 def _venv_bin(name: str) -> str:

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crescent.cluster.infra import etcd_spec, nats_spec
-from crescent.cluster.processes import ManagedProcess, ProcessError, ProcessSpec, free_port
+from crescent.cluster.processes import ManagedProcess, ProcessError, ProcessSpec
 from crescent.cluster.restarts import Backoff, RestartSchedule
+from crescent.common.ports import free_port
 from crescent.transfer import sweep_orphans
 
 log = logging.getLogger(__name__)

@@ -45,6 +45,7 @@ from crescent.common.load_metrics import record_load
 from crescent.common.logs import setup_logging
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.common.naming import Keys, Subjects, check_token
+from crescent.common.ports import free_port
 from crescent.common.stop_deadline import StopDeadline
 from crescent.common.supervisor import TaskSupervisor
 
@@ -77,12 +78,6 @@ class Service(Protocol):
         ...
 
     def health(self) -> dict: ...
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 class Runtime:
