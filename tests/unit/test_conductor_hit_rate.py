@@ -51,3 +51,14 @@ def test_hit_rate_is_what_the_prefills_loaded_not_what_was_planned():
     second = dataclasses.replace(request, request_id="r2")
     scheduler.on_prefilled(second, planned, result("r2", 1024), measured_s=0.1)
     assert scheduler.cache_hit_rate == 1024 / 2200
+
+
+def test_a_prompt_computed_on_decode_counts_in_the_hit_rate():
+    """Conditional disaggregation: the decode instance computed the prompt and said on its
+    first token chunk how much it loaded from its node's store."""
+    scheduler = Scheduler(
+        ConductorSettings(block_size=512), ClusterView(clock=lambda: 0.0), lambda: 0.0
+    )
+    scheduler.on_computed_on_decode(num_prompt_tokens=1100, num_cached_tokens=1024)
+    scheduler.on_computed_on_decode(num_prompt_tokens=100, num_cached_tokens=0)
+    assert scheduler.cache_hit_rate == 1024 / 1200

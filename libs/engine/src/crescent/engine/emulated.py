@@ -225,7 +225,9 @@ class EmulatedDecodeEngine:
 
     def _advance(self, seq: _Sequence) -> None:
         """One token; a prompt computed here gives the token its prefill would (last_token then
-        holds the prompt's sum, as EmulatedPrefillEngine.compute takes it)."""
+        holds the prompt's sum, as EmulatedPrefillEngine.compute takes it): its step says that
+        none of the prompt was cached (this engine keeps no KV)."""
+        num_cached_tokens = 0 if seq.prefill_tokens else None
         seq.prefill_tokens = 0
         token = emulated_token(seq.last_token, seq.context_len)
         seq.last_token = token
@@ -239,5 +241,10 @@ class EmulatedDecodeEngine:
         if finish is not None:
             self._running.pop(seq.request_id, None)
         seq.out.put_nowait(
-            DecodeStep([token], finish, logprobs=emulated_logprobs(token, seq.num_logprobs))
+            DecodeStep(
+                [token],
+                finish,
+                logprobs=emulated_logprobs(token, seq.num_logprobs),
+                num_cached_tokens=num_cached_tokens,
+            )
         )

@@ -234,6 +234,15 @@ class Scheduler:
             metrics.REPLICATION_ORDERS.labels(order.reason.value, "planned").inc()
             metrics.REPLICATED_BLOCKS.labels(order.reason.value).inc(len(order.hashes))
 
+    def on_computed_on_decode(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        """Conditional disaggregation: the decode instance computed the prompt, loading
+        `num_cached_tokens` of it from its node's store (its first token chunk says so). The
+        hit rate counts it as it counts a prefill's."""
+        self.num_prompt_tokens += num_prompt_tokens
+        self.num_hit_tokens += num_cached_tokens
+        metrics.PROMPT_TOKENS_PREFILLED.inc(num_prompt_tokens)
+        metrics.PREFIX_TOKENS.labels("loaded").inc(num_cached_tokens)
+
     def on_decoded(self, request_id: str, measured_tbt_s: float) -> None:
         """A request's stream ended on the decode instance it was placed on: check the TBT
         predicted at placement against its mean time between tokens, and learn from it."""
@@ -300,5 +309,6 @@ class Scheduler:
 
     @property
     def cache_hit_rate(self) -> float:
-        """Share of the prompt tokens of finished prefills that were loaded, not computed."""
+        """Share of the prompt tokens of finished prefills (and prompts computed on decode)
+        that were loaded, not computed."""
         return self.num_hit_tokens / self.num_prompt_tokens if self.num_prompt_tokens else 0.0
