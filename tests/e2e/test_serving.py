@@ -251,7 +251,7 @@ async def test_client_disconnect_releases_decode_room(dev_cluster):
                 health = await response.json()
             if health["num_running"] == 0 and health["kv_used_tokens"] == 0:
                 break
-            assert time.monotonic() < deadline, health
+            assert time.monotonic() < deadline, f"decode still holds the request: {health!r}"
             await asyncio.sleep(0.1)
 
 

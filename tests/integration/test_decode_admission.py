@@ -19,6 +19,7 @@ from crescent.common.messages import (
     Ack,
     ClusterConfig,
     DecodeCancel,
+    DecodeStart,
     InstanceLoad,
     Reservation,
     ReservationReply,
@@ -204,3 +205,31 @@ async def test_telemetry_acknowledges_the_reservations_it_counts(infra, cluster_
         bus, cluster_name, lambda load: load.received.get("conductor-t") == 42, 5
     )
     assert load.kv_used_tokens >= 516 and load.num_queued >= 1
+
+
+async def test_a_cancel_right_behind_its_start_releases_the_room(infra, cluster_name, decode):
+    """A client that leaves as its first token arrives: the conductor's cancel follows the
+    decode start at once, and may be handled before the generation's task first runs. The room
+    must come back all the same (a task cancelled before it starts runs none of its body)."""
+    bus, start = decode
+    await start("--kv-capacity-tokens", "1000000", "--emulated-time-scale", "0.05")
+    subjects = Subjects(cluster_name)
+    cancel_subject = subjects.decode_cancel("decode-a")
+    await bus.request(cancel_subject, DecodeCancel(request_id="warm-up"), Ack, 5)
+    for i in range(20):
+        request_id = f"left-{i}"
+        assert (await reserve(bus, cluster_name, request_id, 4)).accepted
+        started = bus.request(
+            subjects.decode_start("decode-a"),
+            DecodeStart(
+                request_id=request_id, token_ids=[1, 2, 3, 4], first_token=5, max_tokens=16
+            ),
+            Ack,
+            5,
+        )
+        cancelled = bus.publish(cancel_subject, DecodeCancel(request_id=request_id))
+        await asyncio.gather(started, cancelled, return_exceptions=True)
+    load = await telemetry_until(
+        bus, cluster_name, lambda load: load.kv_used_tokens == 0 and load.num_running == 0, 5
+    )
+    assert load.num_queued == 0

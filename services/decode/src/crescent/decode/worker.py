@@ -261,8 +261,15 @@ class DecodeWorker:
                 raise StartRejected(f"no reservation for {start.request_id} and no KV room")
         task = asyncio.create_task(self._generate(start), name=f"decode {start.request_id}")
         self._generations[start.request_id] = task
-        task.add_done_callback(lambda _: self._generations.pop(start.request_id, None))
+        task.add_done_callback(lambda _: self._ended(start.request_id))
         return Ack(request_id=start.request_id)
+
+    def _ended(self, request_id: str) -> None:
+        """A generation's task is done, however it ended: a cancel handled before the task
+        first ran (a client gone as its first token came) ends it without running any of
+        `_generate`, so the room is released here, not there."""
+        self._generations.pop(request_id, None)
+        self.ledger.release(request_id)
 
     async def _generate(self, start: DecodeStart) -> None:
         subject = self._runtime.subjects.tokens(start.request_id, start.stream_owner)
@@ -312,7 +319,6 @@ class DecodeWorker:
             await chunker.fail(repr(exc), FINISH_ABORT)
         finally:
             await chunker.close()
-            self.ledger.release(start.request_id)
 
     async def cancel(self, cancel: DecodeCancel) -> Ack:
         """Start and cancel arrive on different subjects and may be handled out of order, so a
