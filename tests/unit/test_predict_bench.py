@@ -1,6 +1,7 @@
 """`crescent bench predict` wiring, and the prediction-error figures read from a histogram."""
 
 import argparse
+import importlib
 import json
 
 import pytest
@@ -77,3 +78,28 @@ def test_predict_bench_without_its_default_trace_says_what_to_pass(tmp_path, mon
     cli.add_arguments(parser)
     assert cli.run(parser.parse_args(["predict", "--json", str(tmp_path / "p.json")])) == 2
     assert "pass --trace PATH" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "bench, module, function",
+    [
+        ("aiperf", "crescent.bench.aiperf_replay", "run_aiperf_bench"),
+        ("replay-lag", "crescent.bench.replay.lag_bench", "run_replay_lag_bench"),
+    ],
+)
+def test_trace_benches_replay_the_bundled_slice_when_no_trace_is_given(
+    bench, module, function, tmp_path, monkeypatch
+):
+    from crescent.bench.trace import MOONCAKE_TRACE_SLICE
+
+    traces = []
+
+    def fake_run(trace, *args, **kwargs):
+        traces.append(trace)
+        return {"bench": bench, "cases": []}
+
+    monkeypatch.setattr(importlib.import_module(module), function, fake_run)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args([bench, "--json", str(tmp_path / "out.json")])) == 0
+    assert traces == [MOONCAKE_TRACE_SLICE]

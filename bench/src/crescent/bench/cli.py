@@ -103,7 +103,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     aiperf = benches.add_parser(
         "aiperf", help="aiperf's Mooncake trace replay: Crescent 1P1D vs plain vLLM (tiny model)"
     )
-    aiperf.add_argument("--trace", type=Path, required=True, help="Mooncake-format trace (JSONL)")
+    aiperf.add_argument(
+        "--trace",
+        type=Path,
+        default=None,
+        help="Mooncake-format trace (JSONL; default: the repository's "
+        "tests/data/mooncake_trace_slice.jsonl)",
+    )
     aiperf.add_argument("--limit", type=int, default=200, help="requests replayed (default 200)")
     aiperf.add_argument(
         "--max-input-tokens", type=int, default=2048, help="prompts cut to this (default 2048)"
@@ -126,7 +132,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "replay-lag", help="crescent replay's own scheduling lag at 50 requests/s"
     )
     lag.add_argument(
-        "--trace", type=Path, required=True, help="Mooncake-format trace (sped up to 50 req/s)"
+        "--trace",
+        type=Path,
+        default=None,
+        help="Mooncake-format trace, sped up to 50 req/s (default: the repository's "
+        "tests/data/mooncake_trace_slice.jsonl)",
     )
     lag.add_argument("--limit", type=int, default=1000, help="requests to replay (default 1000)")
     lag.add_argument(
@@ -186,7 +196,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
 
+def _trace(args: argparse.Namespace) -> Path | None:
+    """--trace, or the repository's slice where it was not given; None (after saying why) when
+    neither is there."""
+    from crescent.bench.trace import MOONCAKE_TRACE_SLICE
+
+    if args.trace is not None or MOONCAKE_TRACE_SLICE.is_file():
+        return args.trace or MOONCAKE_TRACE_SLICE
+    print(
+        f"crescent bench {args.bench}: error: no --trace given, and the default "
+        f"{MOONCAKE_TRACE_SLICE} is not there (crescent-bench installed outside its "
+        "repository): pass --trace PATH, a Mooncake-format JSONL trace such as the "
+        "repository's tests/data/mooncake_trace_slice.jsonl",
+        file=sys.stderr,
+    )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.bench in ("aiperf", "replay-lag", "predict"):
+        args.trace = _trace(args)
+        if args.trace is None:
+            return 2
     if args.bench == "control-plane":
         from crescent.bench.control_plane import run_control_plane_bench
 
@@ -234,20 +265,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
     elif args.bench == "predict":
         from crescent.bench.predict_bench import run_predict_bench
-        from crescent.bench.trace import MOONCAKE_TRACE_SLICE, TraceError
+        from crescent.bench.trace import TraceError
 
-        if args.trace is None and not MOONCAKE_TRACE_SLICE.is_file():
-            print(
-                "crescent bench predict: error: no --trace given, and the default "
-                f"{MOONCAKE_TRACE_SLICE} is not there (crescent-bench installed outside its "
-                "repository): pass --trace PATH, a Mooncake-format JSONL trace such as the "
-                "repository's tests/data/mooncake_trace_slice.jsonl",
-                file=sys.stderr,
-            )
-            return 2
         try:
             result = run_predict_bench(
-                args.trace or MOONCAKE_TRACE_SLICE,
+                args.trace,
                 args.limit,
                 args.speed,
                 args.max_input_tokens,
