@@ -151,3 +151,27 @@ def test_pool_keeps_at_most_max_idle_and_closes_the_rest() -> None:
     assert pool.checkout(deadline) is first
     pool.checkin(first, is_healthy=False)
     assert first.is_closed
+
+
+def test_a_connection_aborted_by_a_stop_between_groups_is_not_pooled() -> None:
+    """A stop aborts the connections lanes hold; one whose group had just finished leaves
+    the lane at its next check, and must be closed, not kept: the next batch would take it
+    from the pool and find it broken (once per pooled connection, up to giving up)."""
+    log: list[int] = []
+
+    class StoppedAfterItsGroup(FakeConnection):
+        def run_group(self, job: PeerJob, group: list[Slice]) -> None:
+            super().run_group(job, group)
+            job.stop()  # the batch is cancelled as this group's reply comes in
+
+    made: list[FakeConnection] = []
+
+    def connect(deadline: Deadline) -> FakeConnection:
+        made.append(StoppedAfterItsGroup(log, []))
+        return made[-1]
+
+    pool = ConnectionPool("peer:1", connect, max_idle=2)
+    job = make_job(8)
+    job.run_lane(pool)
+    assert made and all(conn.is_closed for conn in made)
+    assert pool.checkout(Deadline.after(1)) is not made[0]

@@ -211,7 +211,9 @@ class PeerJob:
         finally:
             if conn is not None:
                 self._track(conn, is_in_use=False)
-                pool.checkin(conn, is_healthy=True)
+                # A stop aborts the connections lanes hold, this one too if it came between
+                # two groups: pooled, it would break the next batch that took it.
+                pool.checkin(conn, is_healthy=not self.abort.is_set())
 
     def stop(self) -> None:
         """Make every lane stop soon: no new groups, and the connections in use are
