@@ -48,14 +48,17 @@ IMBALANCE = Gauge(
 )
 CACHE_HIT_RATE = Gauge(
     "crescent_cache_hit_rate",
-    "Share of the prompt tokens of finished prefills that were loaded from a cache",
+    "Share of the prompt tokens computed so far (by prefill instances, or by decode instances "
+    "under conditional disaggregation) that were loaded from a cache",
 )
 PROMPT_TOKENS_PREFILLED = Counter(
-    "crescent_prefilled_prompt_tokens", "Prompt tokens of finished prefills"
+    "crescent_prefilled_prompt_tokens",
+    "Prompt tokens of finished prefills and of prompts computed on decode instances",
 )
 PREFIX_TOKENS = Counter(
     "crescent_prefix_tokens",
-    "Prompt tokens of finished prefills reused from a cache: as planned, and as loaded",
+    "Prompt tokens reused from a cache: as planned (prefills), and as loaded (prefills and "
+    "prompts computed on decode instances)",
     ["kind"],
 )
 REPLICATION_ORDERS = Counter(
