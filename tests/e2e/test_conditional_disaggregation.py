@@ -6,12 +6,11 @@ would."""
 import asyncio
 import json
 import time
-import urllib.request
 
 import aiohttp
 import pytest
 from expected import expected_text
-from prometheus_client.parser import text_string_to_metric_families
+from scrape import metric
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.ports import free_port
@@ -41,16 +40,8 @@ def cluster(tmp_path_factory, otlp):
     cluster.stop()
 
 
-def conductor_metric(cluster, name: str) -> float:
-    with urllib.request.urlopen(f"{cluster.api_url}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return sum(
-        s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name
-    )
-
-
 def local_prefills(cluster) -> float:
-    return conductor_metric(cluster, "crescent_prefill_on_decode_total")
+    return metric(cluster.api_url, "crescent_prefill_on_decode_total")
 
 
 async def complete(cluster, prompt: str, max_tokens: int, stream: bool = False) -> tuple[str, str]:
@@ -88,13 +79,13 @@ async def spans_of(otlp, request_id: str, names: set[str]) -> dict[str, dict]:
 async def test_a_short_prompt_is_computed_on_decode_with_the_same_answer(cluster, otlp, stream):
     prompt = f"short {stream}"
     before = local_prefills(cluster)
-    prompt_tokens_before = conductor_metric(cluster, "crescent_prefilled_prompt_tokens_total")
+    prompt_tokens_before = metric(cluster.api_url, "crescent_prefilled_prompt_tokens_total")
     request_id, text = await complete(cluster, prompt, 12, stream)
     assert text == expected_text(prompt, 12)
     assert local_prefills(cluster) == before + 1
     # The cache hit rate counts the prompt the decode computed (none of it cached).
-    assert conductor_metric(
-        cluster, "crescent_prefilled_prompt_tokens_total"
+    assert metric(
+        cluster.api_url, "crescent_prefilled_prompt_tokens_total"
     ) == prompt_tokens_before + len(prompt.encode())
     spans = await spans_of(otlp, request_id, {"conductor.schedule", "decode.generate"})
     assert spans["conductor.schedule"]["attributes"]["crescent.prefill_on_decode"].bool_value

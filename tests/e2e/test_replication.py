@@ -5,12 +5,11 @@ prefill node, where no request ever ran (paper §4.2). The orders are counted on
 
 import asyncio
 import time
-import urllib.request
 
 import aiohttp
 import pytest
 from expected import expected_text
-from prometheus_client.parser import text_string_to_metric_families
+from scrape import metric
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.codec import decode
@@ -67,17 +66,6 @@ async def store_url(cluster, node: str) -> str:
         return decode(entry.value, InstanceInfo).http_url
     finally:
         await etcd.close()
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and sample.labels == labels
-    )
 
 
 async def test_hot_system_prompt_gets_a_replica_from_the_hot_spot_pass_on_a_node_that_never_ran_it(

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from crescent.bench.plain_vllm import vllm_server_argv
+from crescent.bench.plain_vllm import bench_model, vllm_server_argv
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.ports import free_port
@@ -214,10 +214,7 @@ def run_aiperf_bench(
     with tempfile.TemporaryDirectory(prefix="crescent-aiperf-") as tmp:
         workdir = workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
-        if model_dir is None:
-            from crescent.engine.tiny_model import build_tiny_model
-
-            model_dir = build_tiny_model(workdir / "tiny-llama")
+        model_dir = bench_model(model_dir, workdir)
         hf_home = workdir / "hf"
         hub_cache(model_dir, hf_home)
         cut = workdir / "trace.jsonl"

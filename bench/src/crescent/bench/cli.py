@@ -44,12 +44,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prefix-reuse", help="TTFT with 0 %% and 90 %% of the prompt cached: Crescent vs plain vLLM"
     )
     prefix.add_argument(
-        "--model",
-        type=Path,
-        default=None,
-        help="checkpoint directory (default: the tiny test model)",
-    )
-    prefix.add_argument(
         "--repeat", type=int, default=3, help="prompts per case; the median is reported (default 3)"
     )
     prefix.add_argument(
@@ -62,12 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "decode-load",
         help="the gap a new request's KV load leaves in running streams: "
         "decode loading inside a step vs beside the steps",
-    )
-    decode_load.add_argument(
-        "--model",
-        type=Path,
-        default=None,
-        help="checkpoint directory (default: the tiny test model)",
     )
     decode_load.add_argument(
         "--length", type=int, default=8000, help="the arriving prompt's tokens (default 8000)"
@@ -181,6 +169,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="keep the cluster's logs and measured profiles here (default: a temporary directory)",
     )
+    for sub in (prefix, decode_load):
+        sub.add_argument(
+            "--model",
+            type=Path,
+            default=None,
+            help="checkpoint directory (default: the tiny test model)",
+        )
     for sub in (
         control,
         transfer,

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import aiohttp
 
+from crescent.bench.plain_vllm import bench_model
 from crescent.bench.prefix_reuse import ENV, SETTLE_S, prompt
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.ports import free_port
@@ -178,10 +179,7 @@ def run_decode_load_bench(
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="crescent-decode-load-") as tmp, ExitStack() as up:
         workdir = Path(tmp)
-        if model_dir is None:
-            from crescent.engine.tiny_model import build_tiny_model
-
-            model_dir = build_tiny_model(workdir / "tiny-llama")
+        model_dir = bench_model(model_dir, workdir)
         urls = {}
         for name, decode_args in SYSTEMS.items():
             cluster = LocalCluster(

@@ -29,6 +29,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from crescent.bench.plain_vllm import bench_model
 from crescent.bench.replay.client import ReplayOptions, replay
 from crescent.bench.replay.prediction_errors import prediction_error_report, scrape_once
 from crescent.bench.replay.prompts import PromptShape
@@ -68,10 +69,7 @@ def run_predict_bench(
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="crescent-predict-") as tmp:
         workdir = workdir or Path(tmp)
-        if model_dir is None:
-            from crescent.engine.tiny_model import build_tiny_model
-
-            model_dir = build_tiny_model(workdir / "tiny-llama")
+        model_dir = bench_model(model_dir, workdir)
         loaded = load_trace(trace, warmup + limit)
         if len(loaded) <= warmup:
             raise ValueError(

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import aiohttp
 
-from crescent.bench.plain_vllm import vllm_server_argv
+from crescent.bench.plain_vllm import bench_model, vllm_server_argv
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.ports import free_port
@@ -144,10 +144,7 @@ def run_prefix_reuse_bench(
 ) -> dict:
     with tempfile.TemporaryDirectory(prefix="crescent-prefix-") as tmp, ExitStack() as running:
         workdir = Path(tmp)
-        if model_dir is None:
-            from crescent.engine.tiny_model import build_tiny_model
-
-            model_dir = build_tiny_model(workdir / "tiny-llama")
+        model_dir = bench_model(model_dir, workdir)
         urls = {}
         for name, engine_args in (
             ("crescent", []),

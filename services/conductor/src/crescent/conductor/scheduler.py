@@ -225,11 +225,8 @@ class Scheduler:
         # The job has left the prefill's queue, whether or not a report counted it yet.
         self.view.unassign(request.request_id, "prefill", decision.prefill.instance_id)
         self.feedback.on_prefilled(request.request_id, result, measured_s, reserve_wait_s)
-        self.num_prompt_tokens += request.num_prompt_tokens
-        self.num_hit_tokens += num_cached_tokens
-        metrics.PROMPT_TOKENS_PREFILLED.inc(request.num_prompt_tokens)
+        self._count_prompt(request.num_prompt_tokens, num_cached_tokens)
         metrics.PREFIX_TOKENS.labels("planned").inc(decision.prefill.prefix_tokens)
-        metrics.PREFIX_TOKENS.labels("loaded").inc(num_cached_tokens)
         for order in decision.replication:
             metrics.REPLICATION_ORDERS.labels(order.reason.value, "planned").inc()
             metrics.REPLICATED_BLOCKS.labels(order.reason.value).inc(len(order.hashes))
@@ -238,6 +235,10 @@ class Scheduler:
         """Conditional disaggregation: the decode instance computed the prompt, loading
         `num_cached_tokens` of it from its node's store (its first token chunk says so). The
         hit rate counts it as it counts a prefill's."""
+        self._count_prompt(num_prompt_tokens, num_cached_tokens)
+
+    def _count_prompt(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        """A prompt was computed, `num_cached_tokens` of it loaded: the cache hit rate's terms."""
         self.num_prompt_tokens += num_prompt_tokens
         self.num_hit_tokens += num_cached_tokens
         metrics.PROMPT_TOKENS_PREFILLED.inc(num_prompt_tokens)

@@ -400,12 +400,14 @@ class StoreDaemon:
             num_present=len(request.hashes) - len(missing) + len(slots.existing),
         )
 
-    async def _unpin_at(self, source: str, request: ReplicateBlocks, hashes: list[bytes]) -> None:
+    async def _unpin_at(
+        self, source_subject: str, request: ReplicateBlocks, hashes: list[bytes]
+    ) -> None:
         """Release the source's pins. A failure is logged, not raised: the copy stands (or its
         own error is what the caller hears), and the pins lapse by their TTL anyway."""
         try:
             await self._runtime.bus.request(
-                source,
+                source_subject,
                 UnpinBlocks(model=request.model, hashes=hashes),
                 Done,
                 self.settings.transfer_timeout_s,

@@ -59,8 +59,7 @@ class _LoadJob:
 class WorkerSide:
     def __init__(self, runtime: ConnectorRuntime) -> None:
         self.runtime = runtime
-        self.kv: dict[str, torch.Tensor] = {}
-        self.kv_by_layer: list[torch.Tensor] = []
+        self.kv_layers: list[torch.Tensor] = []  # vLLM's KV cache of each layer, in order
         self.layer_index: dict[str, int] = {}
         self.layer_bytes = 0
         self._step = 0
@@ -75,10 +74,9 @@ class WorkerSide:
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         names = _layer_order(list(kv_caches))
-        self.kv = {name: kv_caches[name] for name in names}
-        self.kv_by_layer = [kv_caches[name] for name in names]
+        self.kv_layers = [kv_caches[name] for name in names]
         self.layer_index = {name: i for i, name in enumerate(names)}
-        per_block = {kv[0].numel() * kv.element_size() for kv in self.kv.values()}
+        per_block = {kv[0].numel() * kv.element_size() for kv in self.kv_layers}
         if len(per_block) != 1:
             raise ValueError(f"layers have different KV block sizes {sorted(per_block)}")
         self.layer_bytes = self.runtime.vllm_blocks_per_block * per_block.pop()
@@ -90,7 +88,7 @@ class WorkerSide:
 
     @property
     def block_bytes(self) -> int:
-        return self.layer_bytes * len(self.kv)
+        return self.layer_bytes * len(self.kv_layers)
 
     @staticmethod
     def _fill(kv: torch.Tensor, buffer: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
@@ -107,8 +105,9 @@ class WorkerSide:
             self.saver.begin_step(self._step, [])
             return
         self.saver.begin_step(self._step, meta.saves)
+        num_layers, timeout_s = len(self.kv_layers), self.runtime.config.timeout_s
         for spec in meta.loads:
-            job = _LoadJob(spec, len(self.kv), self.layer_bytes, self.runtime.config.timeout_s)
+            job = _LoadJob(spec, num_layers, self.layer_bytes, timeout_s)
             self.runtime.bridge.submit(self._read_layers(job))
             if spec.is_async:
                 self._async_loads[spec.request_id] = job
@@ -184,7 +183,7 @@ class WorkerSide:
                     continue
                 job.error = KvStoreError(f"the load of {request_id} missed its deadline")
             del self._async_loads[request_id]
-            for layer in range(len(self.kv)):
+            for layer in range(len(self.kv_layers)):
                 self._fill_layer(job, layer)
             finished.add(request_id)
         return finished
@@ -200,7 +199,7 @@ class WorkerSide:
             if i < usable
         ]
         if good:
-            self._fill(self.kv_by_layer[layer], job.buffers[layer], good)
+            self._fill(self.kv_layers[layer], job.buffers[layer], good)
         bad = [dst for i, _, dst in spec.fills if i >= usable]
         if bad:
             self._invalid.update(bad)
