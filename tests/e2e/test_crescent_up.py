@@ -143,3 +143,48 @@ def test_sigkill_of_crescent_up_leaves_no_process_and_no_shared_memory(tmp_path)
         for child in children:
             if child.is_running():
                 child.kill()
+
+
+def test_sigterm_while_starting_stops_at_once(tmp_path):
+    """A SIGTERM that arrives while the cluster is still starting ends the start there: the
+    cluster never comes up, and nothing is left running."""
+    port = free_port()
+    crescent = Path(sys.executable).parent / "crescent"
+    up = subprocess.Popen(
+        [
+            str(crescent),
+            "up",
+            "--engine",
+            "emulated",
+            "--port",
+            str(port),
+            "--workdir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    children = []
+    try:
+        deadline = time.monotonic() + 30
+        while not any(
+            "crescent.conductor" in " ".join(c.cmdline())
+            for c in psutil.Process(up.pid).children(recursive=True)
+        ):
+            assert up.poll() is None and time.monotonic() < deadline, up.stdout.read()
+            time.sleep(0.02)
+        children = psutil.Process(up.pid).children(recursive=True)
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0
+        said = up.stdout.read()
+        assert "serving at" not in said
+        assert "SIGTERM while starting; stopped" in said
+        _, alive = psutil.wait_procs(children, timeout=5)
+        assert alive == [], f"left running: {[p.cmdline() for p in alive]}"
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for child in children:
+            if child.is_running():
+                child.kill()

@@ -13,6 +13,30 @@ from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.errors import FatalError
 
 
+class StartInterrupted(Exception):
+    """SIGTERM or SIGINT arrived while the cluster was starting."""
+
+
+class StopSignals:
+    """SIGTERM and SIGINT. While the cluster starts (a model can take minutes to load) the first
+    one raises StartInterrupted in the main thread, which ends the start's waits at once and
+    makes LocalCluster.start stop what it launched; once it serves, they set `stop`."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.is_starting = True
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        is_first = not self.stop.is_set()
+        self.stop.set()
+        if self.is_starting and is_first:
+            raise StartInterrupted(signal.Signals(signum).name)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--port", type=int, default=8000, help="port of the OpenAI API (default 8000)"
@@ -155,12 +179,16 @@ def run(args: argparse.Namespace) -> int:
         if args.engine == "vllm"
         else {},
     )
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signals = StopSignals()
+    signals.install()
     cluster = LocalCluster(spec)
     try:
         cluster.start(timeout_s=300 if args.engine == "vllm" else 60)
+        signals.is_starting = False
+    except StartInterrupted as exc:
+        cluster.stop()  # start stopped what it launched, unless the signal came as it returned
+        print(f"crescent up: {exc} while starting; stopped", flush=True)
+        return 0
     except FatalError as exc:
         print(f"crescent up: error: {exc}")
         return 1
@@ -193,7 +221,7 @@ Ctrl-C stops the cluster.
             flush=True,
         )
     try:
-        while not stop.wait(0.5):
+        while not signals.stop.wait(0.5):
             cluster.supervise()
             if autoscaler is not None:
                 autoscaler.poll()
