@@ -1,7 +1,7 @@
-"""Conditional disaggregation on an emulated 1P1D cluster: with --local-prefill-max-tokens, a
-prompt that short is computed by the decode instance (no prefill job, the decision on the
-trace), a longer one still goes to the prefill instance, and both answer what prefill + decode
-would."""
+"""Conditional disaggregation on an emulated 1P1D cluster: with --local-prefill N, a prompt
+that short is computed by the decode instance (no prefill job, the decision on the trace), a
+longer one still goes to the prefill instance, and both answer what prefill + decode would;
+with --local-prefill auto, the decode instance's published cost model draws the line."""
 
 import asyncio
 import json
@@ -32,7 +32,7 @@ def cluster(tmp_path_factory, otlp):
         api_port=free_port(),
         env=env,
         engine_args=["--emulated-time-scale", "0.05"],
-        conductor_args=["--local-prefill-max-tokens", str(THRESHOLD)],
+        conductor_args=["--local-prefill", str(THRESHOLD)],
     )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=60)
@@ -109,3 +109,25 @@ async def test_a_one_token_answer_comes_from_decode(cluster):
     prompt = "one"
     _, text = await complete(cluster, prompt, 1)
     assert text == expected_text(prompt, 1)
+
+
+async def test_auto_has_decode_compute_what_its_cost_model_prices_within_the_tbt_slo(tmp_path):
+    """The emulated engine at full time scale prices 8 tokens at well under a millisecond and
+    4,000 at about 0.2 s: past the 0.1 s TBT SLO, so that prompt goes to the prefill instance."""
+    spec = ClusterSpec(
+        workdir=tmp_path,
+        api_port=free_port(),
+        conductor_args=["--local-prefill", "auto", "--tbt-slo-s", "0.1"],
+    )
+    auto = LocalCluster(spec)
+    auto.start(timeout_s=60)
+    try:
+        short, long = "short it", "x" * 4000
+        _, text = await complete(auto, short, 4)
+        assert text == expected_text(short, 4)
+        assert local_prefills(auto) == 1
+        _, text = await complete(auto, long, 4)
+        assert text == expected_text(long, 4)
+        assert local_prefills(auto) == 1
+    finally:
+        auto.stop()

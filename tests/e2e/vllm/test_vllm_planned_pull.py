@@ -14,7 +14,8 @@ import urllib.request
 
 import aiohttp
 import pytest
-from vllm_helpers import ENV, metric_value, prompt_tokens, reference_tokens
+from scrape import metric_value
+from vllm_helpers import ENV, prompt_tokens, reference_tokens
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.bus import Bus

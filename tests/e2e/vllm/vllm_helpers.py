@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+from scrape import metric
 
 from crescent.cluster.infra import etcd_spec, nats_spec
 from crescent.cluster.processes import ManagedProcess, ProcessSpec
@@ -236,9 +237,7 @@ class VllmCluster:
 
     def metric(self, instance_id: str, name: str, **labels: str) -> float:
         """One sample of the instance's /metrics (0 when it has none yet)."""
-        url = f"http://127.0.0.1:{self.http_ports[instance_id]}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return metric_value(response.read().decode(), name, **labels)
+        return metric(f"http://127.0.0.1:{self.http_ports[instance_id]}", name, **labels)
 
     def wait_serving(self, instance_ids: list[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -387,17 +386,6 @@ class Conductor:
                     return tokens
         finally:
             await stream.close()
-
-
-def metric_value(text: str, name: str, **labels: str) -> float:
-    """The value of sample `name{labels}` in a Prometheus text page; 0 when absent."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    return 0.0
 
 
 def prompt_tokens(length: int, seed: int) -> list[int]:

@@ -1,5 +1,6 @@
 """Conditional disaggregation: the policy has the decode instance compute a prompt when what
-its node lacks of it is short, and never otherwise."""
+its node lacks of it is short (by a token threshold, or priced by the decode instance's own
+cost model), and never otherwise."""
 
 from __future__ import annotations
 
@@ -9,19 +10,35 @@ import random
 import pytest
 from policy_helpers import chain, cluster, decode, index_with, linear_predictors, prefill, request
 
-from crescent.conductor.policy import Decision, make_policy
+from crescent.common.errors import ConfigError
+from crescent.conductor.policy import Decision, LocalPrefill, make_policy
+from crescent.conductor.settings import ConductorSettings
 
 P = linear_predictors()
 PROMPT = chain("p", 8)  # 8 full blocks + 1 token: 129 tokens
 
 
+def tokens(threshold: int) -> LocalPrefill:
+    return LocalPrefill("tokens", max_uncached_tokens=threshold)
+
+
 def _choose(
-    threshold: int, decode_node_blocks: int, policy: str = "kv-centric", req=None
+    threshold: int | LocalPrefill,
+    decode_node_blocks: int,
+    policy: str = "kv-centric",
+    req=None,
+    prefill_queue_s: float = 0.0,
+    decode_fields: dict | None = None,
 ) -> Decision:
+    rule = tokens(threshold) if isinstance(threshold, int) else threshold
     index = index_with({"node-d": PROMPT[:decode_node_blocks]}) if decode_node_blocks else None
-    outcome = make_policy(
-        policy, predictors=P, local_prefill_max_tokens=threshold, rng=random.Random(0)
-    ).choose(req or request(PROMPT), cluster([prefill("p")], [decode("d")], index), 0.0)
+    outcome = make_policy(policy, predictors=P, local_prefill=rule, rng=random.Random(0)).choose(
+        req or request(PROMPT),
+        cluster(
+            [prefill("p", queue_s=prefill_queue_s)], [decode("d", **(decode_fields or {}))], index
+        ),
+        0.0,
+    )
     assert isinstance(outcome, Decision)
     return outcome
 
@@ -53,7 +70,7 @@ def test_the_decode_nodes_cached_prefix_is_not_counted_as_work():
 
 def test_a_prefix_on_another_node_does_not_make_a_prompt_short():
     index = index_with({"node-p": PROMPT})
-    outcome = make_policy("kv-centric", predictors=P, local_prefill_max_tokens=64).choose(
+    outcome = make_policy("kv-centric", predictors=P, local_prefill=tokens(64)).choose(
         request(PROMPT), cluster([prefill("p")], [decode("d")], index), 0.0
     )
     assert isinstance(outcome, Decision) and not outcome.prefill_on_decode
@@ -66,3 +83,41 @@ def test_a_request_that_needs_a_prefill_instance_never_goes_to_decode():
 
 def test_a_local_prefill_orders_no_replication():
     assert _choose(threshold=10_000, decode_node_blocks=0).replication == ()
+
+
+def auto(max_step_s: float) -> LocalPrefill:
+    return LocalPrefill("auto", max_step_s=max_step_s)
+
+
+def test_auto_computes_on_decode_what_its_cost_model_prices_within_the_tbt_slo():
+    # P prices 1 ms a token: 129 uncached tokens are 129 ms on the decode instance
+    assert _choose(auto(max_step_s=0.2), decode_node_blocks=0).prefill_on_decode
+    assert not _choose(auto(max_step_s=0.1), decode_node_blocks=0).prefill_on_decode
+    # 6 of 8 blocks on the decode node: 33 tokens, 33 ms
+    assert _choose(auto(max_step_s=0.1), decode_node_blocks=6).prefill_on_decode
+
+
+def test_auto_sends_to_the_prefill_instance_what_it_computes_sooner():
+    slow_decode = {"costs": linear_predictors(prefill_per_token_s=0.01)}  # 1.29 s here
+    assert not _choose(auto(10.0), 0, decode_fields=slow_decode).prefill_on_decode
+    # the prefill instance's queue makes the remote TTFT longer than the local compute
+    assert _choose(auto(10.0), 0, prefill_queue_s=2.0, decode_fields=slow_decode).prefill_on_decode
+
+
+@pytest.mark.parametrize(
+    ("text", "rule"),
+    [
+        ("off", LocalPrefill()),
+        ("0", LocalPrefill()),
+        ("512", tokens(512)),
+        ("AUTO", auto(0.25)),
+    ],
+)
+def test_the_setting_reads_off_a_threshold_or_auto(text, rule):
+    assert ConductorSettings(local_prefill=text, tbt_slo_s=0.25).local_prefill_rule() == rule
+
+
+@pytest.mark.parametrize("text", ["on", "-5", "1.5", ""])
+def test_a_bad_setting_is_refused_with_what_it_takes(text):
+    with pytest.raises(ConfigError, match="off, auto or a number of tokens"):
+        ConductorSettings(local_prefill=text).validate()

@@ -3,7 +3,10 @@ by side in one run, on the same model, trace and load.
 
   crescent-1p1d        `crescent up` topology: store, conductor, one prefill, one decode, vLLM
                        engine
-  crescent-1p1d-cond   the same with conditional disaggregation (--local-prefill-max-tokens)
+  crescent-1p1d-cond   the same with conditional disaggregation by a token threshold
+                       (--local-prefill 512)
+  crescent-1p1d-auto   the same with conditional disaggregation priced by the decode
+                       instance's cost model (--local-prefill auto)
   vllm                 one plain vLLM OpenAI server (prefix cache on, its default)
   vllm-2x-rr           two plain vLLM servers behind a round-robin proxy (rr_proxy.py): what a user
                        of two engines would otherwise run
@@ -125,7 +128,7 @@ def summarize(export: dict) -> dict:
 LOCAL_PREFILL_MAX_TOKENS = (
     512  # crescent-1p1d-cond: prompts with this few uncached tokens stay on decode
 )
-CASES = ("crescent-1p1d", "crescent-1p1d-cond", "vllm", "vllm-2x-rr")
+CASES = ("crescent-1p1d", "crescent-1p1d-cond", "crescent-1p1d-auto", "vllm", "vllm-2x-rr")
 
 
 def _crescent(
@@ -231,7 +234,13 @@ def run_aiperf_bench(
                 model_dir,
                 workdir / "crescent-cond",
                 replay("crescent-1p1d-cond"),
-                ("--local-prefill-max-tokens", str(LOCAL_PREFILL_MAX_TOKENS)),
+                ("--local-prefill", str(LOCAL_PREFILL_MAX_TOKENS)),
+            ),
+            "crescent-1p1d-auto": lambda: _crescent(
+                model_dir,
+                workdir / "crescent-auto",
+                replay("crescent-1p1d-auto"),
+                ("--local-prefill", "auto"),
             ),
             "vllm": lambda: _plain_vllm(model_dir, workdir, replay("vllm")),
             "vllm-2x-rr": lambda: _plain_vllm(

@@ -99,7 +99,7 @@ class Scheduler:
             decode_time=self.decode_time,
             kvcache_balancing_threshold=settings.kvcache_balancing_threshold,
             rng=random.Random(settings.seed),
-            local_prefill_max_tokens=settings.local_prefill_max_tokens,
+            local_prefill=settings.local_prefill_rule(),
         )
         self.inflight: dict[str, InflightRequest] = {}
         self.model_of_block: dict[bytes, str] = {}

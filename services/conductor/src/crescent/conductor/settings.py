@@ -9,6 +9,7 @@ from crescent.common.config import CommonSettings, setting
 from crescent.common.errors import ConfigError
 from crescent.conductor.policy import POLICIES
 from crescent.conductor.policy.admission import ADMISSIONS
+from crescent.conductor.policy.local_prefill import LocalPrefill
 from crescent.conductor.ratio import Bounds, RatioConfig, RatioConfigError
 from crescent.engine.device_settings import EmulatedDevice
 
@@ -42,11 +43,13 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     kvcache_balancing_threshold: float = setting(
         1.5, "pull a better prefix only if best/local exceeds this"
     )
-    local_prefill_max_tokens: int = setting(
-        0,
-        "conditional disaggregation: the decode instance computes a prompt itself when at most "
-        "this many of its tokens are not cached on the decode node "
-        "(0: every prompt goes to a prefill instance)",
+    local_prefill: str = setting(
+        "off",
+        "conditional disaggregation: when the decode instance computes a prompt itself. off "
+        "(every prompt goes to a prefill instance), a number N (when at most N of its tokens "
+        "are not cached on the decode node), or auto (when the decode instance's published "
+        "cost model prices that part no higher than the prefill's predicted TTFT and within "
+        "the TBT SLO)",
     )
     prefill_model: str = setting(
         "",
@@ -122,6 +125,9 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
             cooldown_windows=self.ratio_cooldown_windows,
         )
 
+    def local_prefill_rule(self) -> LocalPrefill:
+        return LocalPrefill.parse(self.local_prefill, self.tbt_slo_s)
+
     @property
     def model_name(self) -> str:
         if self.served_model_name or not self.tokenizer:
@@ -139,6 +145,10 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
             raise ConfigError(
                 f"admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}"
             )
+        try:
+            self.local_prefill_rule()
+        except ValueError as exc:
+            raise ConfigError(f"local_prefill: {exc}") from exc
         if self.block_size < 1 or self.kv_bytes_per_block < 1:
             raise ConfigError("block_size and kv_bytes_per_block must be >= 1")
         if self.ratio_window_s < 0:

@@ -201,6 +201,10 @@ class InstanceColumns(Sequence[InstanceSnapshot]):
     def costs_of(self, i: int) -> CostPredictors | None:
         return self._rows[self._place(i)].costs
 
+    def costs_for(self, instance_id: str) -> CostPredictors | None:
+        """The cost model of the row of `instance_id` (ValueError if absent)."""
+        return self._rows[self._ids.index(instance_id)].costs
+
     def id_of(self, i: int) -> str:
         return self._ids[self._place(i)]
 

@@ -42,16 +42,14 @@ from crescent.conductor.policy.decode_load import (
 )
 from crescent.conductor.policy.decode_time import DecodeTimeEstimator
 from crescent.conductor.policy.eligibility import eligible_decode, eligible_prefill
-from crescent.conductor.policy.local_prefill import prefill_on_decode
+from crescent.conductor.policy.local_prefill import OFF, LocalPrefill, prefill_on_decode
 from crescent.conductor.policy.replication import on_demand_order
 from crescent.conductor.policy.snapshot import ClusterSnapshot, InstanceSnapshot
 
 
 class Policy(ABC):
     name: str
-    local_prefill_max_tokens: int = (
-        0  # conditional disaggregation threshold; 0: always disaggregate
-    )
+    local_prefill = OFF  # conditional disaggregation (off: always disaggregate)
 
     def __init__(self, predictors: CostPredictors, admission: Admission) -> None:
         self.predictors = predictors
@@ -83,9 +81,12 @@ class Policy(ABC):
         if rejection is not None:
             return rejection
         self.accepted(prefill, decode)
-        decode_node = decodes.node_of(decode.instance_id)
         if prefill_on_decode(
-            request, match.length(decode_node) * request.block_size, self.local_prefill_max_tokens
+            request,
+            self.local_prefill,
+            match.length(decodes.node_of(decode.instance_id)) * request.block_size,
+            decodes.costs_for(decode.instance_id) or self.predictors,
+            prefill.predicted_ttft_s,
         ):
             return Decision(prefill, decode, prefill_on_decode=True)
         return Decision(prefill, decode, self.replication(prefill))
@@ -350,13 +351,13 @@ def make_policy(
     transfer_only_if_cheaper: bool = True,
     rng: random.Random | None = None,
     cursor: baselines.RoundRobinCursor | None = None,
-    local_prefill_max_tokens: int = 0,
+    local_prefill: LocalPrefill = OFF,
 ) -> Policy:
     """A policy by name, with an admission by name ("none", "early", "predictive").
 
     Parameters a policy does not use are ignored, so one parameter set can sweep all policies;
     "random" needs `rng` (a seeded random.Random), since policy code has no randomness of its own.
-    `local_prefill_max_tokens` > 0 turns on conditional disaggregation (local_prefill.py).
+    `local_prefill` turns on conditional disaggregation (local_prefill.py).
     """
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}")
@@ -369,7 +370,7 @@ def make_policy(
         rng,
         cursor,
     )
-    policy.local_prefill_max_tokens = local_prefill_max_tokens
+    policy.local_prefill = local_prefill
     return policy
 
 
