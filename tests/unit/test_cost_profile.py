@@ -108,6 +108,28 @@ def test_unfit_profiles_are_refused_with_the_reason(profile, message):
     assert message in str(caught.value)
 
 
+def test_a_profile_measured_with_another_dtype_or_hardware_is_refused():
+    profile = CostProfile(
+        model="m",
+        prefill=PrefillCost(per_token_s=1e-6),
+        decode=[DecodePlane(base_s=0.01)],
+        dtype="bfloat16",
+        hardware="cpu-a",
+    )
+    assert check_profile(profile, "m", "bfloat16", "cpu-a") == profile
+    assert check_profile(profile, "m") == profile  # nothing asked: not checked
+    with pytest.raises(
+        ProfileError, match="measured with dtype 'bfloat16', this engine's is 'float32'"
+    ):
+        check_profile(profile, "m", "float32", "cpu-a")
+    with pytest.raises(
+        ProfileError, match="measured with hardware 'cpu-a', this engine's is 'cpu-b'"
+    ):
+        check_profile(profile, "m", "bfloat16", "cpu-b")
+    unnamed = CostProfile(model="m", prefill=profile.prefill, decode=profile.decode)
+    assert check_profile(unnamed, "m", "float32", "cpu-b") == unnamed  # written by hand
+
+
 def test_profile_files_round_trip_and_bad_files_are_refused(tmp_path):
     profile = CostProfile(
         model="m",

@@ -96,11 +96,21 @@ class CostProfile(Message):
         return slowest
 
 
-def check_profile(profile: CostProfile, model: str) -> CostProfile:
-    """`profile` if it can price `model`'s work; ProfileError saying what is wrong otherwise."""
+def check_profile(
+    profile: CostProfile, model: str, dtype: str = "", hardware: str = ""
+) -> CostProfile:
+    """`profile` if it can price `model`'s work (run with `dtype` on `hardware`, where given: a
+    profile that names others was measured on another engine); ProfileError saying what is
+    wrong otherwise."""
     problems = []
     if profile.model != model:
         problems.append(f"it is a profile of model {profile.model!r}, not {model!r}")
+    for name, expected in (("dtype", dtype), ("hardware", hardware)):
+        measured = getattr(profile, name)
+        if expected and measured and measured != expected:
+            problems.append(
+                f"it was measured with {name} {measured!r}, this engine's is {expected!r}"
+            )
     if profile.source not in SOURCES:
         problems.append(f"source {profile.source!r} is not one of {', '.join(SOURCES)}")
     if not profile.decode:
@@ -118,8 +128,9 @@ def check_profile(profile: CostProfile, model: str) -> CostProfile:
     return profile
 
 
-def load_profile(path: Path, model: str) -> CostProfile:
-    """A profile file (JSON), checked for `model`; ProfileError if it is unreadable or unfit."""
+def load_profile(path: Path, model: str, dtype: str = "", hardware: str = "") -> CostProfile:
+    """A profile file (JSON), checked for `model` (and `dtype`, `hardware`: check_profile);
+    ProfileError if it is unreadable or unfit."""
     try:
         profile = msgspec.json.decode(path.read_bytes(), type=CostProfile)
     except OSError as exc:
@@ -127,7 +138,7 @@ def load_profile(path: Path, model: str) -> CostProfile:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ProfileError(f"cost profile {path} is not a profile: {exc}") from exc
     try:
-        return check_profile(profile, model)
+        return check_profile(profile, model, dtype, hardware)
     except ProfileError as exc:
         raise ProfileError(f"{path}: {exc}") from exc
 

@@ -61,7 +61,9 @@ async def resolve_profile(settings: EngineSettings, engine) -> CostProfile:
     given file that does not fit."""
     model = settings.model_name
     if settings.cost_profile:
-        profile = load_profile(Path(settings.cost_profile), model)
+        # measured on a like engine elsewhere, maybe: any hardware name, but a real engine's dtype
+        dtype = engine.checkpoint.dtype if settings.engine == "vllm" else ""
+        profile = load_profile(Path(settings.cost_profile), model, dtype)
         log.info("cost profile from a file", extra={"path": settings.cost_profile})
         return CostProfile(**{**_fields(profile), "source": "file"})
     if settings.engine != "vllm":
@@ -78,7 +80,7 @@ async def resolve_profile(settings: EngineSettings, engine) -> CostProfile:
         return check_profile(await measure_profile(engine, settings, dtype, hardware), model)
     async with profile_lock(path.parent, PROFILE_LOCK_TIMEOUT_S):
         if path.exists():
-            profile = load_profile(path, model)
+            profile = load_profile(path, model, dtype, hardware)
             log.info("cost profile from the store of measured profiles", extra={"path": str(path)})
             return CostProfile(**{**_fields(profile), "source": "stored"})
         profile = check_profile(await measure_profile(engine, settings, dtype, hardware), model)
