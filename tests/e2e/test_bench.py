@@ -32,9 +32,11 @@ def test_control_plane_bench_writes_every_case(tmp_path):
     result = json.loads(out.read_text())
     assert result["bench"] == "control-plane"
     cases = {case["case"]: case for case in result["cases"]}
-    assert set(cases) == {"http-direct", "1P1D", "4P4D"}
-    for case in cases.values():
-        assert case["rps"] > 0 and 0 < case["p50_ms"] <= case["p99_ms"]
+    assert set(cases) == {"http-direct", "1P1D", "4P4D", "parse-8000-token-ids"}
+    for name in ("http-direct", "1P1D", "4P4D"):
+        assert cases[name]["rps"] > 0 and 0 < cases[name]["p50_ms"] <= cases[name]["p99_ms"]
+    parse = cases["parse-8000-token-ids"]
+    assert parse["parse_ms"] > 0 and parse["json_loads_ms"] > 0
     assert cases["1P1D"]["added_p50_ms"] == pytest.approx(
         cases["1P1D"]["p50_ms"] - cases["http-direct"]["p50_ms"], abs=1e-3
     )

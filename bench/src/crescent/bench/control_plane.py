@@ -5,6 +5,9 @@ scheduling, NATS hops, the decode batch loop and SSE/JSON relaying. Side by side
   http-direct  an aiohttp server answering the same JSON without a cluster (the baseline);
   1P1D, 4P4D   a real local cluster (all services as processes).
 Latency is measured one request at a time (no queueing); requests/s with `concurrency` in flight.
+One more case, in this process, times what the conductor does with a body whose prompt is
+8,000 token ids (strict JSON, then the OpenAI fields checked into a request) against the
+standard library's json.loads of the same bytes.
 `cpu_ms_per_request` is the CPU time the serving processes (for a cluster: every one of them,
 NATS and etcd included) spent during the loaded run, per request: unlike latency and requests/s,
 it barely moves when other work shares the machine's cores.
@@ -13,7 +16,9 @@ it barely moves when other work shares the machine's cores.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,9 +29,13 @@ from crescent.bench.load import run_load
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import is_port_open
 from crescent.common.ports import free_port
+from crescent.conductor.http_body import parse_json
+from crescent.conductor.openai_api import parse_completion
 
 MODEL = "crescent-emulated"
 WARMUP_REQUESTS = 20
+NUM_PROMPT_IDS = 8000
+NUM_PARSES = 200
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -110,6 +119,32 @@ def _cluster(num_instances: int, num_requests: int, concurrency: int, max_tokens
             cluster.stop()
 
 
+def _median_ms(work, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def _token_id_body() -> dict:
+    """The conductor's parse of a body with an 8,000-id prompt against json.loads alone."""
+    prompt = [(i * 7919) % 32000 for i in range(NUM_PROMPT_IDS)]
+    body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 8}).encode()
+    request = parse_completion(parse_json(body))
+    if request.prompt_token_ids != prompt:
+        raise RuntimeError("the parsed prompt is not the one sent")
+    parse_ms = _median_ms(lambda: parse_completion(parse_json(body)), NUM_PARSES)
+    json_ms = _median_ms(lambda: json.loads(body), NUM_PARSES)
+    return {
+        "case": f"parse-{NUM_PROMPT_IDS}-token-ids",
+        "parse_ms": round(parse_ms, 3),
+        "json_loads_ms": round(json_ms, 3),
+        "parse_over_json_loads": round(parse_ms / json_ms, 2),
+    }
+
+
 def run_control_plane_bench(
     num_requests: int = 400, concurrency: int = 16, max_tokens: int = 8
 ) -> dict:
@@ -120,6 +155,7 @@ def run_control_plane_bench(
         result["added_p50_ms"] = round(result["p50_ms"] - baseline["p50_ms"], 3)
         result["added_p99_ms"] = round(result["p99_ms"] - baseline["p99_ms"], 3)
         cases.append({"case": f"{num_instances}P{num_instances}D", **result})
+    cases.append(_token_id_body())
     return {
         "bench": "control-plane",
         "cases": cases,

@@ -2,7 +2,9 @@
 block and the SLOs.
 
 The first conductor writes it (create-if-absent, so two conductors starting at once agree on
-one); every service reads it at start and refuses to start when its own flags contradict it,
+one); every conductor, prefill and decode service reads it at start and refuses to start when
+its own flags contradict it (the store has none of these settings: it holds blocks of any model,
+keyed by hash, in slots of its own --block-bytes, which the workers check against their model),
 because a block size that differs from the conductor's shows only as silent cache misses. A
 worker that starts before any conductor follows the key and stops as soon as a contradicting
 config appears. The key has no lease: it describes the cluster, not a process.
