@@ -22,11 +22,25 @@ def test_unknown_transport_names_the_flag(engine):
         EngineSettings(engine=engine, kv_transports="udp").validate()
 
 
-def test_rdma_without_a_device_stops_the_store_at_start():
+def _rdma_unavailable() -> str:
     reason = unavailable_reason()
     if reason is None:
         pytest.skip("this machine has RDMA")
+    return reason
+
+
+def test_rdma_without_a_device_stops_the_store_at_start():
+    reason = _rdma_unavailable()
     with pytest.raises(
         ConfigError, match=f"--transports rdma: transport rdma unavailable: {reason}"
     ):
         StoreSettings(transports="rdma").validate()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "emulated"])
+def test_rdma_without_a_device_stops_a_worker_at_start(engine):
+    reason = _rdma_unavailable()
+    with pytest.raises(
+        ConfigError, match=f"--kv-transports shm,rdma: transport rdma unavailable: {reason}"
+    ):
+        EngineSettings(engine=engine, kv_transports="shm,rdma").validate()
