@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from scrape import metric
 
 from crescent.common.ports import free_port
 
@@ -63,6 +64,8 @@ def test_sigterm_stops_every_process_of_the_cluster(tmp_path):
         )
         with urllib.request.urlopen(request, timeout=10) as response:
             assert len(json.load(response)["choices"][0]["text"]) == 4
+        # conditional disaggregation is on (auto): the decode computed this short prompt
+        assert metric(f"http://127.0.0.1:{port}", "crescent_prefill_on_decode_total") == 1
 
         children = psutil.Process(up.pid).children(recursive=True)
         names = " ".join(" ".join(c.cmdline()) for c in children)

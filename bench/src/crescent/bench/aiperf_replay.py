@@ -2,11 +2,11 @@
 by side in one run, on the same model, trace and load.
 
   crescent-1p1d        `crescent up` topology: store, conductor, one prefill, one decode, vLLM
-                       engine
+                       engine, every prompt computed by the prefill instance (--local-prefill off)
   crescent-1p1d-cond   the same with conditional disaggregation by a token threshold
                        (--local-prefill 512)
   crescent-1p1d-auto   the same with conditional disaggregation priced by the decode
-                       instance's cost model (--local-prefill auto)
+                       instance's cost model (--local-prefill auto, `crescent up`'s default)
   vllm                 one plain vLLM OpenAI server (prefix cache on, its default)
   vllm-2x-rr           two plain vLLM servers behind a round-robin proxy (rr_proxy.py): what a user
                        of two engines would otherwise run
@@ -228,7 +228,10 @@ def run_aiperf_bench(
 
         runners = {
             "crescent-1p1d": lambda: _crescent(
-                model_dir, workdir / "crescent", replay("crescent-1p1d")
+                model_dir,
+                workdir / "crescent",
+                replay("crescent-1p1d"),
+                ("--local-prefill", "off"),
             ),
             "crescent-1p1d-cond": lambda: _crescent(
                 model_dir,

@@ -74,6 +74,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="extra flag for prefill and decode, e.g. --engine-arg=--emulated-time-scale=0.1",
     )
     parser.add_argument(
+        "--local-prefill",
+        default="auto",
+        metavar="off|auto|N",
+        help="conditional disaggregation (the conductor's --local-prefill; default auto: the "
+        "decode instance computes a prompt when its cost model prices the uncached part within "
+        "the TBT SLO and no slower than the prefill instance would)",
+    )
+    parser.add_argument(
         "--conductor-arg",
         action="append",
         default=[],
@@ -148,12 +156,25 @@ def autoscale_flags(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def local_prefill(value: str) -> str:
+    """--local-prefill as the conductor takes it (checked here too, so a typo is a CLI error, not
+    a conductor that stops while the cluster starts)."""
+    if value.strip().lower() in ("off", "auto") or value.strip().isdigit():
+        return value
+    raise ValueError(f"--local-prefill takes off, auto or a number of tokens, not {value!r}")
+
+
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s crescent-up %(message)s", datefmt="%H:%M:%S"
     )
     try:
-        conductor_args = [*(autoscale_flags(args) if args.autoscale else []), *args.conductor_arg]
+        conductor_args = [
+            "--local-prefill",
+            local_prefill(args.local_prefill),
+            *(autoscale_flags(args) if args.autoscale else []),
+            *args.conductor_arg,
+        ]
     except ValueError as exc:
         print(f"crescent up: error: {exc}")
         return 2
