@@ -10,6 +10,7 @@ import time
 import aiohttp
 import pytest
 from expected import expected_text
+from scrape import metric, metric_total
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.ports import free_port
@@ -18,18 +19,31 @@ pytestmark = pytest.mark.e2e
 MODEL = "crescent-emulated"
 
 
-@pytest.fixture
-def cluster(tmp_path):
+def start_cluster(tmp_path, *conductor_args: str) -> LocalCluster:
     # At half the emulated device's speed a 30k-token prompt prefills for about 4 s.
     spec = ClusterSpec(
         workdir=tmp_path,
         api_port=free_port(),
         engine_args=["--emulated-time-scale", "0.5"],
         decode_args=["--kv-capacity-tokens", "31000"],
-        conductor_args=["--placement-wait-s", "60"],
+        conductor_args=["--placement-wait-s", "60", *conductor_args],
     )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=60)
+    return cluster
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    cluster = start_cluster(tmp_path)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def local_prefill_cluster(tmp_path):
+    """Conditional disaggregation on for every prompt of the tests: the decode computes it."""
+    cluster = start_cluster(tmp_path, "--local-prefill", "40000")
     yield cluster
     cluster.stop()
 
@@ -74,6 +88,27 @@ async def test_only_prefill_killed_mid_job_and_restarted_the_request_completes(c
         response = await asyncio.wait_for(request, 40)
         assert response.status == 200, await response.text()
         assert (await response.json())["choices"][0]["text"] == expected_text("x" * 30000, 4)
+
+
+async def test_only_decode_killed_while_computing_a_prompt_and_restarted_the_request_completes(
+    local_prefill_cluster,
+):
+    cluster = local_prefill_cluster
+    prompt = "y" * 30000
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
+    async with aiohttp.ClientSession() as session:
+        request = asyncio.create_task(session.post(f"{cluster.api_url}/v1/completions", json=body))
+        await asyncio.sleep(0.5)
+        process(cluster, "decode-0").signal(signal.SIGKILL)
+        await asyncio.sleep(1.0)
+        process(cluster, "decode-0").start()
+        response = await asyncio.wait_for(request, 40)
+        assert response.status == 200, await response.text()
+        assert (await response.json())["choices"][0]["text"] == expected_text(prompt, 4)
+    # placed once, on decode (no prefill job), then moved to the restarted decode
+    assert metric(cluster.api_url, "crescent_prefill_on_decode_total") == 1
+    migrations = metric_total(cluster.api_url, "crescent_request_migrations_total", stage="decode")
+    assert migrations >= 1
 
 
 async def test_with_no_decode_registered_new_requests_get_503_at_once(cluster):

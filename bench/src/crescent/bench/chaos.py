@@ -180,10 +180,15 @@ def _causes(window: CaseWindow, outcomes: list[Outcome]) -> dict[str, int]:
 
 
 def run_chaos_bench(
-    concurrency: int = 4, max_tokens: int = 48, time_scale: float = 0.5, workdir: Path | None = None
+    concurrency: int = 4,
+    max_tokens: int = 48,
+    time_scale: float = 0.5,
+    workdir: Path | None = None,
+    local_prefill: str = "off",
 ) -> dict:
     """Run every fault case once on a fresh cluster; the cluster's logs stay in `workdir` when
-    one is given."""
+    one is given. `local_prefill`: the conductors' --local-prefill (with `auto` the decode
+    instances compute this load's short prompts themselves)."""
     with tempfile.TemporaryDirectory(prefix="crescent-chaos-") as scratch:
         spec = ClusterSpec(
             workdir=workdir or Path(scratch),
@@ -192,6 +197,7 @@ def run_chaos_bench(
             num_decode=2,
             num_conductors=2,
             engine_args=["--emulated-time-scale", str(time_scale)],
+            conductor_args=["--local-prefill", local_prefill],
         )
         cluster = LocalCluster(spec)
         cluster.start(timeout_s=120)
@@ -208,6 +214,7 @@ def run_chaos_bench(
             "concurrency": concurrency,
             "max_tokens": max_tokens,
             "emulated_time_scale": time_scale,
+            "local_prefill": local_prefill,
             "pause_s": PAUSE_S,
             "prefill": 2,
             "decode": 2,

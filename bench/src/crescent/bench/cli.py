@@ -83,6 +83,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     chaos.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
     chaos.add_argument("--max-tokens", type=int, default=48, help="tokens per answer (default 48)")
     chaos.add_argument(
+        "--local-prefill",
+        default="off",
+        metavar="off|auto|N",
+        help="the conductors' conditional disaggregation (default off: every prompt goes to a "
+        "prefill instance; auto: the decode instances compute this load's short prompts)",
+    )
+    chaos.add_argument(
         "--workdir",
         type=Path,
         default=None,
@@ -279,7 +286,10 @@ def run(args: argparse.Namespace) -> int:
         from crescent.bench.chaos import run_chaos_bench
 
         result = run_chaos_bench(
-            concurrency=args.concurrency, max_tokens=args.max_tokens, workdir=args.workdir
+            concurrency=args.concurrency,
+            max_tokens=args.max_tokens,
+            workdir=args.workdir,
+            local_prefill=args.local_prefill,
         )
     else:
         from crescent.bench.transfer_bench import run_transfer_bench
