@@ -187,7 +187,8 @@ async def test_a_draining_decode_instance_says_so_and_waits_for_what_it_reserved
 
 async def test_telemetry_acknowledges_the_reservations_it_counts(infra, cluster_name, decode):
     """A conductor adds a reservation to the reported load until a report says it was received
-    (InstanceLoad.received): the report that names its number counts its KV room."""
+    (InstanceLoad.received): the report that names its number counts its KV room and its
+    prompt."""
     bus, start = decode
     await start("--kv-capacity-tokens", "100000", "--emulated-time-scale", "0")
     reservation = Reservation(
@@ -205,6 +206,8 @@ async def test_telemetry_acknowledges_the_reservations_it_counts(infra, cluster_
         bus, cluster_name, lambda load: load.received.get("conductor-t") == 42, 5
     )
     assert load.kv_used_tokens >= 516 and load.num_queued >= 1
+    # the prompt it brings to the batch once started, which TBT predictions count
+    assert load.num_queued_context_tokens >= 500
 
 
 async def test_a_cancel_right_behind_its_start_releases_the_room(infra, cluster_name, decode):

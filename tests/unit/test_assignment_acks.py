@@ -76,6 +76,21 @@ def test_a_decode_reservation_counts_its_kv_until_a_report_includes_it():
     assert (snapshot.kv_used_tokens, snapshot.num_queued) == (350, 0)
 
 
+def test_a_decode_reservation_brings_its_prompt_to_the_queued_context_until_acknowledged():
+    view = view_with(("decode", "d0"))
+    number = view.assign("decode", "d0", "r1", 300, num_context_tokens=200)
+    view.apply_load(
+        report("decode", "d0", {}, num_queued=1, num_queued_context_tokens=50)
+    )  # another conductor's reservation of a 50-token prompt
+    [snapshot] = view.snapshot("decode", "m", view.clock())
+    assert (snapshot.num_queued, snapshot.queued_context_tokens) == (2, 250)
+    view.apply_load(
+        report("decode", "d0", {"c1": number}, num_queued=2, num_queued_context_tokens=250)
+    )
+    [snapshot] = view.snapshot("decode", "m", view.clock())
+    assert (snapshot.num_queued, snapshot.queued_context_tokens) == (2, 250)
+
+
 def test_each_conductor_reads_only_its_own_acknowledgements():
     mine = view_with(("prefill", "p0"), conductor_id="c1")
     theirs = view_with(("prefill", "p0"), conductor_id="c2")

@@ -86,5 +86,10 @@ def test_the_policy_decides_what_the_snapshots_say(prefills, decodes):
         prefill.instance_id,
         decode.instance_id,
     )
-    load = DecodeLoad(decode, decode.num_running, decode.num_context_tokens)
+    # the batch it joins: the running requests and those queued for it
+    load = DecodeLoad(
+        decode,
+        decode.num_running + decode.num_queued,
+        decode.num_context_tokens + decode.queued_context_tokens,
+    )
     assert outcome.decode.predicted_tbt_s == load.tbt_with(request, PREDICTORS.decode_step_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,6 +35,22 @@ def test_decode_choice_is_lowest_tbt_after_adding_the_request():
     assert choose_by_tbt(REQ, [], P.decode_step_s) is None
     tied = current_loads([decode("d9", 1, 0), decode("d3", 1, 0)])
     assert choose_by_tbt(REQ, tied, P.decode_step_s).instance_id == "d3"
+
+
+def queued(snapshot, num_queued: int, context: int):
+    return msgspec.structs.replace(snapshot, num_queued=num_queued, queued_context_tokens=context)
+
+
+@pytest.mark.parametrize("num_others", [1, 20])  # 20: past PRICE_ALL_UP_TO, the bounded search
+def test_decode_choice_counts_the_requests_queued_to_join_each_batch(num_others):
+    """Reserved requests join the batch before this one: a burst placed before the next
+    telemetry spreads over the decode instances instead of piling onto the first."""
+    others = [queued(decode(f"d{i:02}", 0, 0), 3, 3_000) for i in range(num_others)]
+    idle = decode("d99", 0, 0)
+    choice = choose_by_tbt(REQ, current_loads([*others, idle]), P.decode_step_s)
+    assert choice.instance_id == "d99"
+    alone = choose_by_tbt(REQ, current_loads(others[:1]), P.decode_step_s)
+    assert alone.predicted_tbt_s == pytest.approx(tbt(4, 3_000 + REQ.num_prompt_tokens))
 
 
 def test_decode_without_kv_room_is_never_chosen():

@@ -101,7 +101,7 @@ def test_a_pull_takes_only_the_blocks_its_source_still_holds():
     request = SimRequest(0, 0.0, 6 * 512, 1, blocks)
     request.decision = Decision(choice, DecodeChoice("decode-0", 0.01))
     request.decode_id = "decode-0"
-    cluster.decodes["decode-0"].reserve(request.request_id, 6 * 512 + 1)
+    cluster.decodes["decode-0"].reserve(request.request_id, 6 * 512 + 1, 6 * 512)
     prefill = cluster.prefills["prefill-0"]
     cluster._take_job(prefill, request)
     prefill.queue.append(request)

@@ -304,7 +304,7 @@ class DisaggregatedCluster:
                 self._take_in("decode", decode, request.request_id)
                 break
             if decode.can_reserve(scheduled.num_kv_tokens):
-                decode.reserve(request.request_id, scheduled.num_kv_tokens)
+                decode.reserve(request.request_id, scheduled.num_kv_tokens, request.num_prompt)
                 self._take_in("decode", decode, request.request_id)
                 break
             self.scheduler.forget(scheduled, outcome)
@@ -378,7 +378,7 @@ class DisaggregatedCluster:
         self.stores[prefill.node].write(request.blocks)
         decode = self.decodes[request.decode_id]
         if request.num_output <= 1:
-            decode.release(request.request_id, was_waiting=True)
+            decode.release(request.request_id)
             self.scheduler.on_finished(
                 request.request_id, False
             )  # as flow.py: finished on the first token
@@ -388,7 +388,9 @@ class DisaggregatedCluster:
             self._finish(request, Status.REJECTED_AFTER_PREFILL, "decode-load")
         else:
             if self.config.admission == "baseline":
-                decode.reserve(request.request_id, request.num_prompt + request.num_output)
+                decode.reserve(
+                    request.request_id, request.num_prompt + request.num_output, request.num_prompt
+                )
             self.stores[decode.node].write(request.blocks)
             self.scheduler.on_decode_started(request.request_id)
             self.loop.after(self._decode_load_s(request), self._join_decode, request)
@@ -444,7 +446,7 @@ class DisaggregatedCluster:
         if decode.joining:
             for request in decode.joining:
                 batch.add(request)
-            decode.num_waiting -= len(decode.joining)
+                decode.join(request.request_id)
             decode.joining.clear()
         decode.is_stepping = batch.num_running > 0
         if decode.is_stepping:

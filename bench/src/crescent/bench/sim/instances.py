@@ -64,7 +64,7 @@ class DecodeInstance:
         self.kv_capacity_tokens = kv_capacity_tokens
         self.kv_used_tokens = 0
         self.reserved: dict[str, int] = {}  # request id → tokens, until the request leaves
-        self.num_waiting = 0  # reserved, not yet in the batch
+        self.waiting: dict[str, int] = {}  # reserved, not yet in the batch: id → prompt tokens
         self.batch = Batch()
         self.joining: list[SimRequest] = []
         self.is_stepping = False
@@ -79,18 +79,21 @@ class DecodeInstance:
     def can_reserve(self, num_tokens: int) -> bool:
         return self.kv_used_tokens + num_tokens <= self.kv_capacity_tokens
 
-    def reserve(self, request_id: str, num_tokens: int) -> None:
+    def reserve(self, request_id: str, num_tokens: int, num_prompt_tokens: int) -> None:
         self.reserved[request_id] = num_tokens
         self.kv_used_tokens += num_tokens
-        self.num_waiting += 1
+        self.waiting[request_id] = num_prompt_tokens
 
-    def release(self, request_id: str, was_waiting: bool) -> None:
+    def release(self, request_id: str) -> None:
         num_tokens = self.reserved.pop(request_id, None)
         if num_tokens is None:
             return
         self.kv_used_tokens -= num_tokens
-        if was_waiting:
-            self.num_waiting -= 1
+        self.waiting.pop(request_id, None)
+
+    def join(self, request_id: str) -> None:
+        """A reserved request joins the batch at a step boundary."""
+        self.waiting.pop(request_id, None)
 
     def load(self, now: float, period_s: float) -> InstanceLoad:
         return InstanceLoad(
@@ -99,11 +102,12 @@ class DecodeInstance:
             node=self.node,
             sent_at=now,
             period_s=period_s,
-            num_queued=self.num_waiting,
+            num_queued=len(self.waiting),
             num_running=self.batch.num_running,
             kv_used_tokens=self.kv_used_tokens,
             kv_capacity_tokens=self.kv_capacity_tokens,
             num_context_tokens=self.batch.context_tokens,
+            num_queued_context_tokens=sum(self.waiting.values()),
             received=dict(self.received),
             **_accepting(self.is_draining),
         )

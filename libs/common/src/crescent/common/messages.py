@@ -92,6 +92,9 @@ class InstanceLoad(Message):
     num_context_tokens: Count = (
         0  # decode: context of the running batch (what a step's time depends on)
     )
+    # decode: the prompt tokens of the reservations not yet started (counted in num_queued),
+    # which join the batch next
+    num_queued_context_tokens: Count = 0
     recent_ttft_s: Seconds = 0.0  # prefill: mean measured queue + compute time of recent jobs
     recent_tbt_s: Seconds = 0.0  # decode: mean measured step time of recent steps
     bandwidth: dict[Id, Bandwidth] = {}  # store: measured bytes/s of recent pulls, by source node

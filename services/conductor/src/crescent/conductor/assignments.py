@@ -23,6 +23,7 @@ class Assigned:
     num_tokens: int  # prefill: the prompt; decode: the KV room it holds
     queue_s: float  # prefill: the compute it adds to the queue
     at: float = 0.0  # releases: when the cancel went out
+    num_context_tokens: int = 0  # decode: the prompt it brings to the batch
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Unacknowledged:
     num_requests: int = 0
     num_tokens: int = 0
     queue_s: float = 0.0
+    num_context_tokens: int = 0
 
     def add(self, request_id: str, assigned: Assigned) -> None:
         self.by_request[request_id] = assigned
@@ -72,3 +74,6 @@ class Unacknowledged:
         self.num_requests = len(self.by_request) - len(self.released)
         self.num_tokens = sum(a.num_tokens for a in assigned) - sum(r.num_tokens for r in released)
         self.queue_s = sum(a.queue_s for a in assigned) - sum(r.queue_s for r in released)
+        self.num_context_tokens = sum(a.num_context_tokens for a in assigned) - sum(
+            r.num_context_tokens for r in released
+        )

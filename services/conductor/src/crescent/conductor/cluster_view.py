@@ -83,6 +83,10 @@ class InstanceState:
     def queue_s_assigned_since_load(self) -> float:
         return self.unacknowledged.queue_s
 
+    @property
+    def context_assigned_since_load(self) -> int:
+        return self.unacknowledged.num_context_tokens
+
 
 @dataclass
 class ClusterView:
@@ -320,6 +324,8 @@ class ClusterView:
             is_stale=is_stale,
             is_accepting=load.is_accepting if load else True,
             context_tokens=load.num_context_tokens if load and role == "decode" else None,
+            queued_context_tokens=(load.num_queued_context_tokens if load else 0)
+            + state.context_assigned_since_load,
             costs=costs,
         )
 
@@ -345,15 +351,17 @@ class ClusterView:
         num_tokens: int,
         queue_s: float = 0.0,
         number: int = 0,
+        num_context_tokens: int = 0,
     ) -> int:
         """This conductor gives the instance the request's work, numbered `number` (0: a new
-        number): it counts on top of the reported load until telemetry acknowledges it.
-        Returns the number, which the job or reservation carries."""
+        number): it counts on top of the reported load until telemetry acknowledges it
+        (`num_context_tokens`: decode, the prompt the request brings to the batch). Returns the
+        number, which the job or reservation carries."""
         number = number or self.next_number()
         key = (role, instance_id)
         state = self.instances.get(key)
         if state is not None:
-            assigned = Assigned(number, num_tokens, queue_s)
+            assigned = Assigned(number, num_tokens, queue_s, 0.0, num_context_tokens)
             state.unacknowledged.add(request_id, assigned)
             self._assigned.setdefault(request_id, {})[key] = assigned
             self._mark(key)
@@ -388,7 +396,13 @@ class ClusterView:
         is_counted = state is not None and request_id not in state.unacknowledged.by_request
         self.unassign(request_id, role, instance_id)
         if assigned is not None and is_counted:
-            released = Assigned(number, assigned.num_tokens, assigned.queue_s, self.clock())
+            released = Assigned(
+                number,
+                assigned.num_tokens,
+                assigned.queue_s,
+                self.clock(),
+                assigned.num_context_tokens,
+            )
             state.unacknowledged.release(released)
             self._mark(key)
         return number

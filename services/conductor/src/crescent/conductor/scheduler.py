@@ -204,7 +204,13 @@ class Scheduler:
                 0.0, decision.prefill.prefill_s - self.pricing.correction.of(prefill_id).overhead_s
             )
             self.view.assign("prefill", prefill_id, request_id, request.num_prompt_tokens, queue_s)
-        self.view.assign("decode", decision.decode.instance_id, request_id, request.num_kv_tokens)
+        self.view.assign(
+            "decode",
+            decision.decode.instance_id,
+            request_id,
+            request.num_kv_tokens,
+            num_context_tokens=request.num_prompt_tokens,
+        )
 
     def assignment_number(self, role: str, instance_id: str, request_id: str) -> int:
         """What the job or reservation for this placed request carries (ClusterView.assign)."""
@@ -255,7 +261,12 @@ class Scheduler:
         """The request now decodes on `new_decode_id`, reserved there under `number`."""
         self.view.unassign(request.request_id, "decode", old_decode_id)
         self.view.assign(
-            "decode", new_decode_id, request.request_id, request.num_kv_tokens, number=number
+            "decode",
+            new_decode_id,
+            request.request_id,
+            request.num_kv_tokens,
+            number=number,
+            num_context_tokens=request.num_prompt_tokens,
         )
         inflight = self.inflight.get(request.request_id)
         if inflight is not None:

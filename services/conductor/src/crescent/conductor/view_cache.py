@@ -34,6 +34,7 @@ _FIXED_COLUMNS = (
     "num_running",
     "num_queued",
     "num_context",
+    "num_queued_context",
     "model",
     "root",
     "nodes",
@@ -78,6 +79,7 @@ class RoleColumns:
         self.num_running = np.empty(size, dtype=np.int64)
         self.num_queued = np.empty(size, dtype=np.int64)
         self.num_context = np.empty(size, dtype=np.int64)
+        self.num_queued_context = np.empty(size, dtype=np.int64)
         self.model = np.empty((size, 4))
         self.root = np.empty(size, dtype=np.int64)
         self.roots: list[CostPredictors] = []
@@ -132,6 +134,7 @@ class RoleColumns:
             self.num_running,
             self.num_queued,
             self.num_context,
+            self.num_queued_context,
             self.model,
             self.root,
             list(self.roots),
@@ -160,6 +163,7 @@ class RoleColumns:
             snapshot.num_running,
             snapshot.num_queued,
             snapshot.num_context_tokens,
+            snapshot.queued_context_tokens,
             model_terms(snapshot.costs),
             self._root_of(snapshot.costs),
             snapshot.node,

@@ -191,6 +191,7 @@ class DecodeWorker:
             kv_used_tokens=kv_used,
             kv_capacity_tokens=self.ledger.capacity_tokens,
             num_context_tokens=self.engine.num_context_tokens,
+            num_queued_context_tokens=self.ledger.num_reserved_prompt_tokens,
             recent_tbt_s=self.recent_tbt.value,
             is_accepting=not self.ledger.is_full,
             not_accepting_reason="full" if self.ledger.is_full else "",

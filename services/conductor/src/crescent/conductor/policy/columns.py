@@ -96,6 +96,7 @@ class InstanceColumns(Sequence[InstanceSnapshot]):
         num_running: np.ndarray,
         num_queued: np.ndarray,
         num_context: np.ndarray,
+        num_queued_context: np.ndarray,
         model: np.ndarray,
         root: np.ndarray,
         roots: Sequence[CostPredictors],
@@ -113,6 +114,7 @@ class InstanceColumns(Sequence[InstanceSnapshot]):
         self.num_running = num_running
         self.num_queued = num_queued
         self.num_context = num_context  # decode: the TBT model's context (KV in use if unreported)
+        self.num_queued_context = num_queued_context  # decode: the context num_queued brings
         self.model = model  # shape (n, 4): model_terms per row (its columns: properties below)
         self.root = root  # index into `roots` of the row's shared base model; NO_MODEL: none
         self.roots = roots
@@ -154,6 +156,7 @@ class InstanceColumns(Sequence[InstanceSnapshot]):
             np.array([s.num_running for s in rows], dtype=np.int64),
             np.array([s.num_queued for s in rows], dtype=np.int64),
             np.array([s.num_context_tokens for s in rows], dtype=np.int64),
+            np.array([s.queued_context_tokens for s in rows], dtype=np.int64),
             np.array([model_terms(s.costs) for s in rows], dtype=np.float64).reshape(-1, 4),
             np.array(
                 [NO_MODEL if s.costs is None else position[id(s.costs.root)] for s in rows],
@@ -225,6 +228,7 @@ class InstanceColumns(Sequence[InstanceSnapshot]):
             self.num_running[keep],
             self.num_queued[keep],
             self.num_context[keep],
+            self.num_queued_context[keep],
             self.model[keep],
             self.root[keep],
             self.roots,

@@ -89,8 +89,15 @@ class DecodeLoads(Sequence[DecodeLoad]):
 
 
 def current_loads(instances: Sequence[InstanceSnapshot]) -> DecodeLoads:
+    """Each instance's batch as it is about to be: the running requests and those queued for it
+    (reserved, by any conductor, and not yet started), which join before a request placed now.
+    The instance's own admission counts them the same way (decode/admission.py TbtCheck)."""
     columns = InstanceColumns.of(instances)
-    return DecodeLoads(columns, columns.num_running, columns.num_context)
+    return DecodeLoads(
+        columns,
+        columns.num_running + columns.num_queued,
+        columns.num_context + columns.num_queued_context,
+    )
 
 
 def projected_loads(

@@ -37,6 +37,9 @@ class InstanceSnapshot(msgspec.Struct, frozen=True):
     # Decode: sum of the context lengths of the running batch, the input of the TBT predictor.
     # None when not reported; the KV in use (an upper bound: it includes reservations) stands in.
     context_tokens: int | None = None
+    # Decode: the prompt tokens of the requests counted in num_queued (reserved, not yet in the
+    # batch), which join the batch next: a TBT prediction counts them with the batch.
+    queued_context_tokens: int = 0
     # The instance's own cost model (its published profile, corrected online); None: the
     # policy's default predictors. Instances with equal models share one object.
     costs: CostPredictors | None = None
