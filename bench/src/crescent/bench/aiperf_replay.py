@@ -259,7 +259,7 @@ def run_aiperf_bench(
             "trace": str(trace),
             "requests": num_requests,
             "max_input_tokens": max_input_tokens,
-            "local_prefill_max_tokens": LOCAL_PREFILL_MAX_TOKENS,
+            "local_prefill_cond_tokens": LOCAL_PREFILL_MAX_TOKENS,
             "model": model_dir.name,
             "cpu_threads": os.cpu_count(),
         },
