@@ -11,7 +11,7 @@ import pytest
 from policy_helpers import chain, cluster, decode, index_with, linear_predictors, prefill, request
 
 from crescent.common.errors import ConfigError
-from crescent.conductor.policy import Decision, LocalPrefill, make_policy
+from crescent.conductor.policy import CostPredictors, Decision, LocalPrefill, make_policy
 from crescent.conductor.settings import ConductorSettings
 
 P = linear_predictors()
@@ -102,6 +102,32 @@ def test_auto_sends_to_the_prefill_instance_what_it_computes_sooner():
     assert not _choose(auto(10.0), 0, decode_fields=slow_decode).prefill_on_decode
     # the prefill instance's queue makes the remote TTFT longer than the local compute
     assert _choose(auto(10.0), 0, prefill_queue_s=2.0, decode_fields=slow_decode).prefill_on_decode
+
+
+def corrected(base_per_token_s: float, overhead_s: float) -> CostPredictors:
+    """A published model as the pricing corrects it: a learned overhead on top of the base."""
+    base = linear_predictors(prefill_per_token_s=base_per_token_s)
+    return CostPredictors(
+        prefill_s=lambda n, p: overhead_s + base.prefill_s(n, p),
+        decode_step_s=base.decode_step_s,
+        kv_bytes_per_token=base.kv_bytes_per_token,
+        base=base,
+        prefill_overhead_s=overhead_s,
+    )
+
+
+def test_auto_counts_the_learned_overhead_against_the_remote_path_only():
+    """Two fits of like hardware differ a little; the overhead the correction learned (the
+    remote path's messaging and KV hand-off) is what computing on decode saves, so the decode
+    wins such a tie instead of the noise deciding it."""
+    prefill_costs = corrected(0.001, overhead_s=0.05)  # remote: 50 ms + 129 ms
+    decode_costs = corrected(0.00105, overhead_s=0.05)  # 5 % slower fit: 135 ms of compute
+    outcome = make_policy("kv-centric", predictors=P, local_prefill=auto(1.0)).choose(
+        request(PROMPT),
+        cluster([prefill("p", costs=prefill_costs)], [decode("d", costs=decode_costs)]),
+        0.0,
+    )
+    assert isinstance(outcome, Decision) and outcome.prefill_on_decode
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ A remote prefill costs a queue on the prefill instance, a NATS round trip and, b
 can start, the decode node loading every block the prefill saved. For a short uncached tail
 that overhead is larger than the tail's compute, which on the decode instance only delays its
 running batch by about that compute. The rule is a token threshold, or ("auto") the decode
-instance's own cost model: the tail runs there when it is priced no higher than the remote
-prefill's predicted TTFT and within one TBT SLO, since the running batch's next token waits
-for it.
+instance's own cost model: the tail runs there when its compute is priced no higher than the
+remote prefill's predicted TTFT (which carries the remote path's learned overhead) and within
+one TBT SLO, since the running batch's next token waits for it.
 """
 
 from __future__ import annotations
@@ -56,7 +56,12 @@ def prefill_on_decode(
         return False
     if rule.mode == "tokens":
         return request.num_prompt_tokens - decode_node_prefix_tokens <= rule.max_uncached_tokens
-    local_s = decode_costs.prefill_s(request.num_prompt_tokens, decode_node_prefix_tokens)
+    # The compute alone: the overhead the correction learned is the remote path's messaging and
+    # KV hand-off (measured TTFT less queue and compute), which computing on decode saves.
+    local_s = (
+        decode_costs.prefill_s(request.num_prompt_tokens, decode_node_prefix_tokens)
+        - decode_costs.prefill_overhead_s
+    )
     return local_s <= min(remote_ttft_s, rule.max_step_s)
 
 
