@@ -48,8 +48,8 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
         "conditional disaggregation: when the decode instance computes a prompt itself. off "
         "(every prompt goes to a prefill instance), a number N (when at most N of its tokens "
         "are not cached on the decode node), or auto (when the decode instance's published "
-        "cost model prices that part no higher than the prefill's predicted TTFT and within "
-        "the TBT SLO)",
+        "cost model prices that part's compute no higher than the prefill's predicted TTFT and "
+        "within the TBT SLO)",
     )
     prefill_model: str = setting(
         "",
