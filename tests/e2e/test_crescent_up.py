@@ -20,6 +20,27 @@ from crescent.common.ports import free_port
 pytestmark = pytest.mark.e2e
 
 
+def start_up(port: int, workdir: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`crescent up` of an emulated cluster, as a user starts it; its output in `stdout`."""
+    crescent = Path(sys.executable).parent / "crescent"
+    return subprocess.Popen(
+        [
+            str(crescent),
+            "up",
+            "--engine",
+            "emulated",
+            "--port",
+            str(port),
+            "--workdir",
+            str(workdir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
 def wait_serving(up: subprocess.Popen, port: int) -> None:
     deadline = time.monotonic() + 60
     while True:
@@ -36,22 +57,7 @@ def wait_serving(up: subprocess.Popen, port: int) -> None:
 
 def test_sigterm_stops_every_process_of_the_cluster(tmp_path):
     port = free_port()
-    crescent = Path(sys.executable).parent / "crescent"
-    up = subprocess.Popen(
-        [
-            str(crescent),
-            "up",
-            "--engine",
-            "emulated",
-            "--port",
-            str(port),
-            "--workdir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    up = start_up(port, tmp_path)
     try:
         wait_serving(up, port)
         body = json.dumps(
@@ -99,22 +105,10 @@ def test_sigkill_of_crescent_up_leaves_no_process_and_no_shared_memory(tmp_path)
     """Every child stops as an orphan, its peers (NATS, etcd) stopping at the same moment; each
     stop runs under its deadline (20 s here), so none is left even if a wait hangs."""
     port = free_port()
-    crescent = Path(sys.executable).parent / "crescent"
-    up = subprocess.Popen(
-        [
-            str(crescent),
-            "up",
-            "--engine",
-            "emulated",
-            "--port",
-            str(port),
-            "--workdir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "CRESCENT_STOP_TIMEOUT_S": "20", "CRESCENT_DRAIN_TIMEOUT_S": "10"},
+    up = start_up(
+        port,
+        tmp_path,
+        {**os.environ, "CRESCENT_STOP_TIMEOUT_S": "20", "CRESCENT_DRAIN_TIMEOUT_S": "10"},
     )
     children = []
     try:
@@ -152,22 +146,7 @@ def test_sigterm_while_starting_stops_at_once(tmp_path):
     """A SIGTERM that arrives while the cluster is still starting ends the start there: the
     cluster never comes up, and nothing is left running."""
     port = free_port()
-    crescent = Path(sys.executable).parent / "crescent"
-    up = subprocess.Popen(
-        [
-            str(crescent),
-            "up",
-            "--engine",
-            "emulated",
-            "--port",
-            str(port),
-            "--workdir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    up = start_up(port, tmp_path)
     children = []
     try:
         deadline = time.monotonic() + 30

@@ -77,34 +77,31 @@ async def test_only_decode_killed_mid_stream_and_restarted_the_stream_goes_on(cl
     assert text == expected_text("a long answer", 400)
 
 
-async def test_only_prefill_killed_mid_job_and_restarted_the_request_completes(cluster):
-    body = {"model": MODEL, "prompt": "x" * 30000, "max_tokens": 4}
+async def complete_across_a_kill(cluster, name: str, prompt: str) -> None:
+    """A 4-token completion of `prompt` (30k tokens: about 4 s of prefill) while the worker
+    `name` is killed 0.5 s in and restarted 1 s later: it answers what an undisturbed cluster
+    would."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
     async with aiohttp.ClientSession() as session:
         request = asyncio.create_task(session.post(f"{cluster.api_url}/v1/completions", json=body))
         await asyncio.sleep(0.5)
-        process(cluster, "prefill-0").signal(signal.SIGKILL)
+        process(cluster, name).signal(signal.SIGKILL)
         await asyncio.sleep(1.0)
-        process(cluster, "prefill-0").start()
+        process(cluster, name).start()
         response = await asyncio.wait_for(request, 40)
         assert response.status == 200, await response.text()
-        assert (await response.json())["choices"][0]["text"] == expected_text("x" * 30000, 4)
+        assert (await response.json())["choices"][0]["text"] == expected_text(prompt, 4)
+
+
+async def test_only_prefill_killed_mid_job_and_restarted_the_request_completes(cluster):
+    await complete_across_a_kill(cluster, "prefill-0", "x" * 30000)
 
 
 async def test_only_decode_killed_while_computing_a_prompt_and_restarted_the_request_completes(
     local_prefill_cluster,
 ):
     cluster = local_prefill_cluster
-    prompt = "y" * 30000
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
-    async with aiohttp.ClientSession() as session:
-        request = asyncio.create_task(session.post(f"{cluster.api_url}/v1/completions", json=body))
-        await asyncio.sleep(0.5)
-        process(cluster, "decode-0").signal(signal.SIGKILL)
-        await asyncio.sleep(1.0)
-        process(cluster, "decode-0").start()
-        response = await asyncio.wait_for(request, 40)
-        assert response.status == 200, await response.text()
-        assert (await response.json())["choices"][0]["text"] == expected_text(prompt, 4)
+    await complete_across_a_kill(cluster, "decode-0", "y" * 30000)
     # placed once, on decode (no prefill job), then moved to the restarted decode
     assert metric(cluster.api_url, "crescent_prefill_on_decode_total") == 1
     migrations = metric_total(cluster.api_url, "crescent_request_migrations_total", stage="decode")

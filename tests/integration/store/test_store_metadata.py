@@ -3,9 +3,8 @@ index) follow within a bounded lag, never outlive an evict, and are measured on 
 
 import asyncio
 import signal
-import urllib.request
 
-from prometheus_client.parser import text_string_to_metric_families
+from scrape import metric_total
 from store_helpers import MODEL, blocks, read_back, wait_for_segment, wait_until
 
 from crescent.common.etcd import connect_etcd
@@ -31,14 +30,8 @@ async def keys_in_etcd(infra, cluster_name: str, node: str) -> set[bytes]:
 
 
 def store_metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    )
+    """The sum of the samples `name` on the store's /metrics, whatever their labels."""
+    return metric_total(f"http://127.0.0.1:{port}", name)
 
 
 async def test_a_put_is_answered_before_its_metadata_is_in_etcd(

@@ -361,7 +361,7 @@ class ClusterView:
         key = (role, instance_id)
         state = self.instances.get(key)
         if state is not None:
-            assigned = Assigned(number, num_tokens, queue_s, 0.0, num_context_tokens)
+            assigned = Assigned(number, num_tokens, queue_s, num_context_tokens=num_context_tokens)
             state.unacknowledged.add(request_id, assigned)
             self._assigned.setdefault(request_id, {})[key] = assigned
             self._mark(key)
