@@ -32,8 +32,9 @@ def test_control_plane_bench_writes_every_case(tmp_path):
     result = json.loads(out.read_text())
     assert result["bench"] == "control-plane"
     cases = {case["case"]: case for case in result["cases"]}
-    assert set(cases) == {"http-direct", "1P1D", "4P4D", "parse-8000-token-ids"}
-    for name in ("http-direct", "1P1D", "4P4D"):
+    clusters = ("1P1D", "4P4D", "1P1D-on-decode")
+    assert set(cases) == {"http-direct", *clusters, "parse-8000-token-ids"}
+    for name in ("http-direct", *clusters):
         assert cases[name]["rps"] > 0 and 0 < cases[name]["p50_ms"] <= cases[name]["p99_ms"]
     parse = cases["parse-8000-token-ids"]
     assert parse["parse_ms"] > 0 and parse["json_loads_ms"] > 0

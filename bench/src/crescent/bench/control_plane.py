@@ -3,7 +3,10 @@
 The emulated engine runs at time scale 0, so every millisecond measured is HTTP, tokenizing,
 scheduling, NATS hops, the decode batch loop and SSE/JSON relaying. Side by side in one run:
   http-direct  an aiohttp server answering the same JSON without a cluster (the baseline);
-  1P1D, 4P4D   a real local cluster (all services as processes).
+  1P1D, 4P4D   a real local cluster (all services as processes);
+  1P1D-on-decode  1P1D whose conductor has the decode instance compute prompts of up to 512
+               uncached tokens itself (`--local-prefill 512`): the bench's prompt never visits
+               the prefill instance, the path a short prompt takes under `--local-prefill auto`.
 Latency is measured one request at a time (no queueing); requests/s with `concurrency` in flight.
 One more case, in this process, times what the conductor does with a body whose prompt is
 8,000 token ids (strict JSON, then the OpenAI fields checked into a request) against the
@@ -23,7 +26,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from crescent.bench.load import run_load
 from crescent.cluster.local import ClusterSpec, LocalCluster
@@ -36,6 +42,13 @@ MODEL = "crescent-emulated"
 WARMUP_REQUESTS = 20
 NUM_PROMPT_IDS = 8000
 NUM_PARSES = 200
+ON_DECODE_METRIC = "crescent_prefill_on_decode_total"
+# name, prefill and decode instances each, conductor flags, whether decode computes the prompts
+CLUSTER_CASES = (
+    ("1P1D", 1, [], False),
+    ("4P4D", 4, [], False),
+    ("1P1D-on-decode", 1, ["--local-prefill", "512"], True),
+)
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -47,6 +60,11 @@ def _cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def _num_serial(num_requests: int) -> int:
+    """Requests sent one at a time for the latency figures."""
+    return max(num_requests // 4, 50)
+
+
 def _measure(
     url: str, num_requests: int, concurrency: int, max_tokens: int, pids: list[int]
 ) -> dict:
@@ -56,7 +74,7 @@ def _measure(
         "max_tokens": max_tokens,
     }
     asyncio.run(run_load(url, body, WARMUP_REQUESTS, 1))
-    serial = asyncio.run(run_load(url, body, max(num_requests // 4, 50), 1))
+    serial = asyncio.run(run_load(url, body, _num_serial(num_requests), 1))
     cpu_before = _cpu_seconds(pids)
     loaded = asyncio.run(run_load(url, body, num_requests, concurrency))
     cpu_s = _cpu_seconds(pids) - cpu_before
@@ -70,6 +88,19 @@ def _measure(
         "loaded_p99_ms": round(loaded.percentile_ms(99), 3),
         "cpu_ms_per_request": round(cpu_s * 1000 / num_requests, 3),
     }
+
+
+def _num_prefilled_on_decode(api_url: str) -> int:
+    with urllib.request.urlopen(f"{api_url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return round(
+        sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == ON_DECODE_METRIC
+        )
+    )
 
 
 def _baseline(num_requests: int, concurrency: int, max_tokens: int) -> dict:
@@ -95,7 +126,16 @@ def _baseline(num_requests: int, concurrency: int, max_tokens: int) -> dict:
         server.wait(10)
 
 
-def _cluster(num_instances: int, num_requests: int, concurrency: int, max_tokens: int) -> dict:
+def _cluster(
+    num_instances: int,
+    num_requests: int,
+    concurrency: int,
+    max_tokens: int,
+    conductor_args: list[str],
+    on_decode: bool,
+) -> dict:
+    """The case's figures; it fails unless the decode instance computed every prompt when
+    `on_decode` says so and none otherwise (the conductor's own count)."""
     with tempfile.TemporaryDirectory(prefix="crescent-bench-") as workdir:
         spec = ClusterSpec(
             workdir=Path(workdir),
@@ -104,19 +144,28 @@ def _cluster(num_instances: int, num_requests: int, concurrency: int, max_tokens
             num_decode=num_instances,
             engine_args=["--emulated-time-scale", "0"],
             env={"CRESCENT_LOG_LEVEL": "WARNING"},
+            conductor_args=conductor_args,
         )
         cluster = LocalCluster(spec)
         cluster.start(timeout_s=120)
         try:
-            return _measure(
+            result = _measure(
                 f"{cluster.api_url}/v1/completions",
                 num_requests,
                 concurrency,
                 max_tokens,
                 cluster.pids(),
             )
+            num_on_decode = _num_prefilled_on_decode(cluster.api_url)
         finally:
             cluster.stop()
+    num_sent = WARMUP_REQUESTS + _num_serial(num_requests) + num_requests
+    if num_on_decode != (num_sent if on_decode else 0):
+        raise RuntimeError(
+            f"the decode instance computed {num_on_decode} of {num_sent} prompts; "
+            f"expected {'all' if on_decode else 'none'}"
+        )
+    return result
 
 
 def _median_ms(work, repeat: int) -> float:
@@ -150,11 +199,13 @@ def run_control_plane_bench(
 ) -> dict:
     baseline = _baseline(num_requests, concurrency, max_tokens)
     cases = [{"case": "http-direct", **baseline}]
-    for num_instances in (1, 4):
-        result = _cluster(num_instances, num_requests, concurrency, max_tokens)
+    for name, num_instances, conductor_args, on_decode in CLUSTER_CASES:
+        result = _cluster(
+            num_instances, num_requests, concurrency, max_tokens, conductor_args, on_decode
+        )
         result["added_p50_ms"] = round(result["p50_ms"] - baseline["p50_ms"], 3)
         result["added_p99_ms"] = round(result["p99_ms"] - baseline["p99_ms"], 3)
-        cases.append({"case": f"{num_instances}P{num_instances}D", **result})
+        cases.append({"case": name, **result})
     cases.append(_token_id_body())
     return {
         "bench": "control-plane",
