@@ -1,7 +1,9 @@
 """A decode reservation refused after placement, on a real cluster: two conductors that share
 no state both place a request on the one decode instance, whose KV room holds only one of
 them. The decode is paused (SIGSTOP) until both reservations are on the wire, so the race is
-certain, not a matter of timing: it answers them in order and refuses the second."""
+certain, not a matter of timing: it answers them in order and refuses the second. The same
+race on prompts the decode computes itself (conditional disaggregation), where no reservation
+comes first: the decode admits the first start and refuses the second."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ import pytest
 from expected import expected_text
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
+from crescent.common.codec import decode as decode_msg
+from crescent.common.messages import DecodeStart
 from crescent.common.naming import Subjects
 from crescent.common.ports import free_port
 
@@ -25,8 +29,8 @@ MAX_TOKENS = 100
 KV_CAPACITY_TOKENS = 450
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+@pytest.fixture(scope="module", params=["reserve", "start-on-decode"])
+def cluster(tmp_path_factory, request):
     spec = ClusterSpec(
         workdir=tmp_path_factory.mktemp("refusal"),
         api_port=free_port(),
@@ -39,6 +43,7 @@ def cluster(tmp_path_factory):
             "--telemetry-period-s",
             "1.0",
         ],
+        conductor_args=["--local-prefill", "512"] if request.param == "start-on-decode" else [],
     )
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=60)
@@ -65,15 +70,20 @@ async def _refusals(session: aiohttp.ClientSession, url: str) -> float:
 async def test_a_refused_reservation_is_placed_again_and_answered_cleanly(cluster):
     subjects = Subjects(cluster.spec.cluster)
     decode = cluster.process("decode-0")
-    reserves = asyncio.Queue()
+    on_decode = bool(cluster.spec.conductor_args)
+    reserves: list[bytes] = []
     starts: list[bytes] = []
+    placed = asyncio.Queue()  # what each conductor sends the decode first
     watcher = await nats.connect(cluster.nats_url)
 
     async def record(msg) -> None:
-        await reserves.put(msg.subject)
+        reserves.append(msg.data)
+        await placed.put(msg.subject)
 
     async def record_start(msg) -> None:
         starts.append(msg.data)
+        if on_decode:
+            await placed.put(msg.subject)
 
     prompts = [f"refusal race {i}: ".ljust(PROMPT_BYTES, "r") for i in range(2)]
     timeout = aiohttp.ClientTimeout(total=30)
@@ -90,7 +100,7 @@ async def test_a_refused_reservation_is_placed_again_and_answered_cleanly(cluste
                     for url, prompt in zip(cluster.conductor_urls, prompts)
                 ]
                 for _ in prompts:  # both conductors placed their request on decode-0
-                    await asyncio.wait_for(reserves.get(), 5.0)
+                    await asyncio.wait_for(placed.get(), 5.0)
             finally:
                 decode.signal(signal.SIGCONT)
             results = await asyncio.gather(*answers)
@@ -107,4 +117,9 @@ async def test_a_refused_reservation_is_placed_again_and_answered_cleanly(cluste
         else:  # placed again without the refusing decode: no other has room
             assert body["error"]["type"] and body["error"]["message"], body
     assert sum(after) - sum(before) == 1, (before, after)
-    assert len(starts) == 1, "the refused request must not be started on the decode that refused it"
+    if on_decode:  # each start was admitted or refused on arrival, with no reservation first
+        assert not reserves
+        assert [decode_msg(data, DecodeStart).admit for data in starts] == [True, True]
+    else:
+        assert len(reserves) == 2
+        assert len(starts) == 1, "the refused request must not be started where it was refused"

@@ -13,7 +13,7 @@ import pytest
 from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.bus import Bus
 from crescent.common.codec import encode
-from crescent.common.errors import NoRespondersError, RequestTimeoutError
+from crescent.common.errors import NoRespondersError, RemoteError, RequestTimeoutError
 from crescent.common.etcd import connect_etcd
 from crescent.common.messages import (
     Ack,
@@ -23,6 +23,7 @@ from crescent.common.messages import (
     InstanceLoad,
     Reservation,
     ReservationReply,
+    TokenChunk,
 )
 from crescent.common.naming import Keys, Subjects
 
@@ -236,3 +237,57 @@ async def test_a_cancel_right_behind_its_start_releases_the_room(infra, cluster_
         bus, cluster_name, lambda load: load.kv_used_tokens == 0 and load.num_running == 0, 5
     )
     assert load.num_queued == 0
+
+
+def start_to_admit(request_id: str, num_prompt_tokens: int, assignment: int = 0) -> DecodeStart:
+    """A start on a prompt the decode computes itself, with no reservation before it."""
+    return DecodeStart(
+        request_id=request_id,
+        token_ids=[7] * num_prompt_tokens,
+        first_token=None,
+        max_tokens=16,
+        admit=True,
+        conductor="conductor-t" if assignment else "",
+        assignment=assignment,
+    )
+
+
+async def test_a_start_to_admit_is_refused_where_a_reservation_would_be(
+    infra, cluster_name, decode
+):
+    bus, start = decode
+    await start("--kv-capacity-tokens", "2000")
+    subject = Subjects(cluster_name).decode_start("decode-a")
+    with pytest.raises(RemoteError) as refused:
+        await bus.request(subject, start_to_admit("too-big", 3000), Ack, 5)
+    assert refused.value.code == "StartRefused" and "no KV room" in str(refused.value)
+
+    await put_config(infra, cluster_name, tbt_slo_s=0.001)  # under one LLaMA2-7B step
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            await bus.request(subject, start_to_admit(f"t-{time.monotonic_ns()}", 10), Ack, 5)
+        except RemoteError as exc:
+            assert exc.code == "StartRefused" and "exceeds the TBT SLO" in str(exc)
+            break
+        assert time.monotonic() < deadline, "the TBT SLO never applied to admitted starts"
+        await asyncio.sleep(0.05)
+
+
+async def test_an_admitted_start_runs_and_is_acknowledged_in_telemetry(infra, cluster_name, decode):
+    bus, start = decode
+    await start("--kv-capacity-tokens", "100000", "--emulated-time-scale", "1")
+    subjects = Subjects(cluster_name)
+    stream = await bus.stream(subjects.tokens("admitted"), TokenChunk)
+    try:
+        await bus.request(
+            subjects.decode_start("decode-a"), start_to_admit("admitted", 300, 43), Ack, 5
+        )
+        load = await telemetry_until(
+            bus, cluster_name, lambda load: load.received.get("conductor-t") == 43, 5
+        )
+        assert load.num_running >= 1 and load.kv_used_tokens >= 316
+        chunk = await stream.next(10)
+        assert chunk.request_id == "admitted" and chunk.token_ids
+    finally:
+        await stream.close()

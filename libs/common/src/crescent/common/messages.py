@@ -243,6 +243,12 @@ class DecodeStart(Message):
     # The conductor that reads the tokens, on tokens.<owner>.<request_id>; "" for
     # tokens.<request_id>.
     stream_owner: OptionalId = ""
+    # No reservation came first (the decode computes the prompt, so nothing is prefilled
+    # meanwhile): the start is admitted as a reservation would be, or refused with the reason
+    # (an error reply coded StartRefused). Numbered like a Reservation.
+    admit: bool = False
+    conductor: OptionalId = ""
+    assignment: AssignmentNumber = 0
 
 
 class DecodeCancel(Message):

@@ -1,6 +1,7 @@
 """One request's trip through the cluster: place → reserve decode and prefill (sent together)
-→ start decode → relay tokens. Every step has a deadline; whatever happens, the decode side is
-released.
+→ start decode → relay tokens; or, when the decode instance computes the prompt itself, place →
+start decode (admitted on arrival, no reservation first) → relay tokens. Every step has a
+deadline; whatever happens, the decode side is released.
 
 No admitted request is lost to an instance that dies (DESIGN §10). A prefill instance that is
 gone (its registry lease ended, or nobody answers on its subject) or that fails the job before
@@ -20,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Collection
+
+import msgspec
 
 from crescent.common.bus import Bus, StreamGroup
 from crescent.common.errors import (
@@ -45,6 +48,7 @@ from crescent.conductor import metrics
 from crescent.conductor.flow_errors import (
     INVALID_REQUEST,
     MOVABLE_ERRORS,
+    START_REFUSED,
     ConnectionLostError,
     RejectedError,
     RequestRefusedError,
@@ -120,11 +124,11 @@ class RequestFlow:
         decode = DecodeSide(request_id)
         attempt: Attempt | None = None
         try:
-            result = await self._prefill(request, model, progress, decode)
-            if (
-                result is not None
-            ):  # None: the decode instance computes the prompt, streams its first token
-                first_event = self._first_event(result, progress, sampling)
+            prefilled = await self._prefill(request, model, progress, decode)
+            if isinstance(prefilled, Attempt):  # the decode computes the prompt, started already
+                attempt = prefilled
+            else:
+                first_event = self._first_event(prefilled, progress, sampling)
                 if first_event is not None and first_event.finish_reason is not None:
                     yield first_event
                     return
@@ -238,9 +242,10 @@ class RequestFlow:
 
     async def _prefill(
         self, request: ScheduleRequest, model: str, progress: Progress, decode: DecodeSide
-    ) -> PrefillResult | None:
-        """The result (first token) of the first prefill instance that survives the job; None
-        when the policy has the decode instance compute the prompt (conditional disaggregation).
+    ) -> PrefillResult | Attempt:
+        """The result (first token) of the first prefill instance that survives the job; or,
+        when the policy has the decode instance compute the prompt (conditional
+        disaggregation), that decode's attempt, started and acknowledged.
 
         The decode reservation and the prefill job go out together, so one round trip, not
         two, comes before the first token. A decode that refuses (its room went to another
@@ -254,9 +259,10 @@ class RequestFlow:
             decision = await self.place(request, model, gone.ids() | refused)
             decode.instance_id = decision.decode.instance_id
             if decision.prefill_on_decode:
-                if await self._reserve_for(request, decode):
+                attempt = await self._start_on_decode(request, progress, decode)
+                if attempt is not None:
                     metrics.PREFILL_ON_DECODE.inc()
-                    return None
+                    return attempt
                 self._refused(request, decision, decode, refused)
                 continue
             prefill = decision.prefill
@@ -326,6 +332,33 @@ class RequestFlow:
                 await self._cancel_prefill(prefill.instance_id, request.request_id)
                 raise
 
+    async def _start_on_decode(
+        self, request: ScheduleRequest, progress: Progress, decode: DecodeSide
+    ) -> Attempt | None:
+        """Start the decode on a prompt it computes itself, admitted on arrival as a
+        reservation would be; None when it refused or did not answer. One that did not
+        answer may have started: it is cancelled, and the request's next attempt streams
+        under a new id."""
+        number = self._scheduler.assignment_number("decode", decode.instance_id, request.request_id)
+        attempt = self._begin(decode, progress, admit_as=number)
+        try:
+            await self._presence.wait(
+                "decode", decode.instance_id, attempt.starting, attempt.sent_to
+            )
+        except RecoverableError as exc:
+            await attempt.close()
+            if isinstance(exc, RemoteError) and exc.code == START_REFUSED:
+                log.info("start refused", extra={"decode": decode.instance_id, "reason": str(exc)})
+            else:
+                log.warning("start failed", extra={"decode": decode.instance_id, "error": str(exc)})
+                await self._cancel_decode(decode)
+                decode.attempt += 1
+            return None
+        except asyncio.CancelledError:
+            await attempt.close()
+            raise
+        return attempt
+
     async def _reserve_for(self, request: ScheduleRequest, decode: DecodeSide) -> bool:
         return await self._reserve(
             decode.instance_id,
@@ -387,13 +420,21 @@ class RequestFlow:
             attempt = None
             await self._move_decode(request, model, progress, decode, lost)
 
-    def _begin(self, decode: DecodeSide, progress: Progress) -> Attempt:
-        """Open the token stream of decode's current attempt, then send its start."""
+    def _begin(
+        self, decode: DecodeSide, progress: Progress, admit_as: int | None = None
+    ) -> Attempt:
+        """Open the token stream of decode's current attempt, then send its start; with
+        `admit_as` (an assignment number), a start to be admitted without a reservation."""
         stream = self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
+        start = progress.decode_start(decode.attempt_id, self._owner)
+        if admit_as is not None:
+            start = msgspec.structs.replace(
+                start, admit=True, conductor=self._owner, assignment=admit_as
+            )
         starting = asyncio.ensure_future(
             self._bus.request(
                 self._subjects.decode_start(decode.instance_id),
-                progress.decode_start(decode.attempt_id, self._owner),
+                start,
                 Ack,
                 self._timeouts.start_s,
             )

@@ -32,6 +32,7 @@ class RequestRefusedError(RecoverableError):
 
 
 INVALID_REQUEST = "InvalidRequestError"  # the code of an engine's refusal (crescent.engine.base)
+START_REFUSED = "StartRefused"  # a decode's refusal to admit a start (DecodeStart.admit)
 
 
 MOVABLE_ERRORS = (

@@ -4,7 +4,10 @@ A reservation is admitted locally when the KV room is there and, once a conducto
 the cluster config, when the predicted time between tokens with the request added stays within
 the cluster's TBT SLO. The prediction uses the cost profile this worker publishes in etcd
 (costs/decode/<id>: measured at start or loaded, crescent.engine.costs), which the conductor
-prices this instance with too."""
+prices this instance with too. A start that computes its prompt here (conditional
+disaggregation) comes without a reservation and is admitted the same way on arrival
+(DecodeStart.admit): nothing is prefilled meanwhile, so a reservation first would only add a
+round trip."""
 
 from __future__ import annotations
 
@@ -77,6 +80,11 @@ class DecodeSettings(EngineSettings):
 
 class StartRejected(RecoverableError):
     """No reservation and no KV room for a start."""
+
+
+class StartRefused(RecoverableError):
+    """A start to be admitted (DecodeStart.admit) that a reservation would have been refused
+    for: the conductor places the request again without this instance."""
 
 
 class DecodeWorker:
@@ -209,24 +217,27 @@ class DecodeWorker:
         now = time.monotonic()
         # Accepted or refused, from here on load() says it: the ledger holds it or never will.
         self.received.note(reservation.conductor, reservation.assignment, now)
+        refusal = self._refusal(need, reservation.num_prompt_tokens, now)
+        if refusal is not None:
+            return ReservationReply(
+                request_id=reservation.request_id, accepted=False, reason=refusal
+            )
+        self.ledger.reserve(
+            reservation.request_id, need, now + reservation.ttl_s, reservation.num_prompt_tokens
+        )
+        return ReservationReply(request_id=reservation.request_id, accepted=True)
+
+    def _refusal(self, need: int, num_prompt_tokens: int, now: float) -> str | None:
+        """Why a new request of `need` tokens of KV (`num_prompt_tokens` of them its prompt)
+        cannot be admitted now; None when it can."""
         if self._is_draining:
-            return ReservationReply(
-                request_id=reservation.request_id,
-                accepted=False,
-                reason=f"decode {self._runtime.instance_id} is draining",
-            )
+            return f"decode {self._runtime.instance_id} is draining"
         if need > self.max_model_len:
-            return ReservationReply(
-                request_id=reservation.request_id,
-                accepted=False,
-                reason=f"{need} tokens exceed max_model_len {self.max_model_len}",
-            )
+            return f"{need} tokens exceed max_model_len {self.max_model_len}"
         if not self.ledger.can_reserve(need, now):
-            return ReservationReply(
-                request_id=reservation.request_id,
-                accepted=False,
-                reason=f"no KV room: {self.ledger.used_tokens} of "
-                f"{self.ledger.capacity_tokens} tokens in use",
+            return (
+                f"no KV room: {self.ledger.used_tokens} of "
+                f"{self.ledger.capacity_tokens} tokens in use"
             )
         slo_s = self.tbt_slo_s
         if slo_s is not None:
@@ -234,31 +245,33 @@ class DecodeWorker:
                 self.engine.num_running,
                 self.engine.num_context_tokens,
                 self.ledger,
-                reservation.num_prompt_tokens,
+                num_prompt_tokens,
             )
             if tbt_s > slo_s:
-                return ReservationReply(
-                    request_id=reservation.request_id,
-                    accepted=False,
-                    reason=f"predicted TBT {tbt_s:.4g} s with this request exceeds "
-                    f"the TBT SLO of {slo_s:g} s",
+                return (
+                    f"predicted TBT {tbt_s:.4g} s with this request exceeds "
+                    f"the TBT SLO of {slo_s:g} s"
                 )
-        self.ledger.reserve(
-            reservation.request_id, need, now + reservation.ttl_s, reservation.num_prompt_tokens
-        )
-        return ReservationReply(request_id=reservation.request_id, accepted=True)
+        return None
 
     async def start_request(self, start: DecodeStart) -> Ack:
         need = len(start.token_ids) + start.max_tokens
+        now = time.monotonic()
+        if start.admit:  # as for a reservation: load() says it from here on
+            self.received.note(start.conductor, start.assignment, now)
         with tracer().start_as_current_span("decode.queue") as span:
             span.set_attribute("crescent.request_id", start.request_id)
             if start.request_id in self._generations:
                 raise StartRejected(f"request {start.request_id} is already running")
             if start.request_id in self._cancelled:
                 raise StartRejected(f"request {start.request_id} was cancelled")
+            if start.admit:
+                refusal = self._refusal(need, len(start.token_ids), now)
+                if refusal is not None:
+                    raise StartRefused(refusal)
             if need > self.max_model_len:
                 raise StartRejected(f"{need} tokens exceed max_model_len {self.max_model_len}")
-            if not self.ledger.activate(start.request_id, need, time.monotonic()):
+            if not self.ledger.activate(start.request_id, need, now):
                 raise StartRejected(f"no reservation for {start.request_id} and no KV room")
         task = asyncio.create_task(self._generate(start), name=f"decode {start.request_id}")
         self._generations[start.request_id] = task
