@@ -11,7 +11,10 @@ the whole prompt).
 
 The FIFO covers compute only: the etcd lookup of the decode node, the planned prefix pull
 and (emulated engine) the store lookup happen while the job waits for its turn, and the saves
-after it, so a slow or dead store never holds up the jobs behind. A job whose conductor cancels
+after it, so a slow or dead store never holds up the jobs behind. With vLLM the store lookup
+only prices the job (the connector decides what is loaded), so it runs beside the job's wait
+and compute, and a job that finds the engine free starts at once; a gate that admits by
+uncached tokens (`--prefill-batch-tokens`) waits for it. A job whose conductor cancels
 it (the client left, or the request moved on) stops where it is.
 
 With the vllm engine, each job's full prompt blocks go to the store on the decode instance's
@@ -258,6 +261,7 @@ class PrefillWorker:
         enqueued = time.monotonic()
         self.received.note(job.conductor, job.assignment, enqueued)
         deadline = enqueued + (job.timeout_s or float("inf"))
+        lookup: asyncio.Future[int] | None = None
         try:
             decode_node = await self._decode_node(job, self._remote_timeout_s(deadline))
             save_to = list(dict.fromkeys(n for n in (decode_node, self.settings.node) if n))
@@ -265,17 +269,24 @@ class PrefillWorker:
             await self._pull_prefix(job, self._remote_timeout_s(deadline))
             transfer_s = time.monotonic() - pull_started if job.pull_hashes else 0.0
             plan = None if self.is_vllm else await self.engine.plan(job.token_ids)
-            num_cached = (
+            if plan is not None:
+                self._price(job, plan.num_cached)
+            else:
+                # Only the published queue time needs it (the connector decides the load), so
+                # the job goes for its turn while the store answers, unless the gate admits by
+                # uncached tokens.
+                lookup = asyncio.ensure_future(
+                    self._stored_prefix_tokens(job, self._remote_timeout_s(deadline))
+                )
+                lookup.add_done_callback(lambda done: self._priced(job, done))
+            gate_num_cached = (
                 plan.num_cached
                 if plan is not None
-                else await self._stored_prefix_tokens(job, self._remote_timeout_s(deadline))
-            )
-            self._predicted_s[job.request_id] = self.profile.prefill_s(
-                len(job.token_ids), num_cached
+                else (await lookup if self._gate.capacity_tokens else 0)
             )
             with tracer().start_as_current_span("prefill.queue") as queue_span:
                 queue_span.set_attribute("crescent.request_id", job.request_id)
-                await self._gate.enter(len(job.token_ids) - num_cached)
+                await self._gate.enter(len(job.token_ids) - gate_num_cached)
             try:
                 started = time.monotonic()
                 self._computing_since[job.request_id] = started
@@ -295,10 +306,12 @@ class PrefillWorker:
                     span.set_attribute("crescent.num_cached_tokens", output.num_cached_tokens)
             finally:
                 del self._computing_since[job.request_id]
-                self._gate.leave(len(job.token_ids) - num_cached)
+                self._gate.leave(len(job.token_ids) - gate_num_cached)
             if plan is not None:
                 await self.engine.save(plan, save_to)
         finally:
+            if lookup is not None:
+                lookup.cancel()
             self._predicted_s.pop(job.request_id, None)
             self._jobs.pop(job.request_id, None)
         finished = time.monotonic()
@@ -337,6 +350,25 @@ class PrefillWorker:
         if remaining <= 0:
             raise JobRejected("the conductor's deadline for this job has passed")
         return min(self.settings.kv_timeout_s, remaining)
+
+    def _priced(self, job: PrefillJob, lookup: asyncio.Future[int]) -> None:
+        """The job's store lookup is done: price it, unless the lookup was stopped or broke."""
+        if lookup.cancelled():
+            return
+        if lookup.exception() is not None:
+            log.warning(
+                "store lookup failed; the job stays priced in full",
+                extra={"request_id": job.request_id, "error": repr(lookup.exception())},
+            )
+            return
+        self._price(job, lookup.result())
+
+    def _price(self, job: PrefillJob, num_cached: int) -> None:
+        """The job's predicted compute, once the prefix its node's store holds is known."""
+        if job.request_id in self._predicted_s:
+            self._predicted_s[job.request_id] = self.profile.prefill_s(
+                len(job.token_ids), num_cached
+            )
 
     async def _stored_prefix_tokens(self, job: PrefillJob, timeout_s: float) -> int:
         """vllm: the prompt's prefix this node's store holds now (a planned pull has landed), in
