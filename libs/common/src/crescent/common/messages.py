@@ -190,9 +190,6 @@ class PrefillJob(Message):
     # acknowledges (InstanceLoad.received); 0: not numbered.
     conductor: OptionalId = ""
     assignment: AssignmentNumber = 0
-    # The start the prefill instance sends decode_instance as soon as its first token is out,
-    # with that token filled in (DecodeStart.from_prefill); None: the conductor starts decode.
-    decode_start: DecodeStart | None = None
 
 
 class PrefillCancel(Message):
@@ -252,10 +249,6 @@ class DecodeStart(Message):
     admit: bool = False
     conductor: OptionalId = ""
     assignment: AssignmentNumber = 0
-    # Sent by the prefill instance once its first token is out (PrefillJob.decode_start), one
-    # hop sooner than through the conductor; nobody awaits a reply. Admitted as `admit` when
-    # no reservation is held (it may still be on its way); a refusal is the stream's error chunk.
-    from_prefill: bool = False
 
 
 class DecodeCancel(Message):

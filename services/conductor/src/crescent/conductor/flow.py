@@ -1,8 +1,7 @@
 """One request's trip through the cluster: place → reserve decode and prefill (sent together)
-→ the prefill instance starts the decode as its first token is out → relay tokens; or, when the
-decode instance computes the prompt itself, place → start decode (admitted on arrival, no
-reservation first) → relay tokens. Every step has a deadline; whatever happens, the decode side
-is released.
+→ start decode → relay tokens; or, when the decode instance computes the prompt itself, place →
+start decode (admitted on arrival, no reservation first) → relay tokens. Every step has a
+deadline; whatever happens, the decode side is released.
 
 No admitted request is lost to an instance that dies (DESIGN §10). A prefill instance that is
 gone (its registry lease ended, or nobody answers on its subject) or that fails the job before
@@ -25,7 +24,7 @@ from collections.abc import AsyncIterator, Collection
 
 import msgspec
 
-from crescent.common.bus import Bus, Stream, StreamGroup
+from crescent.common.bus import Bus, StreamGroup
 from crescent.common.errors import (
     CrescentError,
     NoRespondersError,
@@ -60,9 +59,7 @@ from crescent.conductor.flow_state import (
     DecodeSide,
     FlowTimeouts,
     Gone,
-    Prefilled,
     TokenEvent,
-    started_already,
 )
 from crescent.conductor.policy import (
     Decision,
@@ -128,15 +125,16 @@ class RequestFlow:
         attempt: Attempt | None = None
         try:
             prefilled = await self._prefill(request, model, progress, decode)
-            attempt = prefilled.attempt
-            if prefilled.result is not None:
-                first_event = self._first_event(prefilled.result, progress, sampling)
+            if isinstance(prefilled, Attempt):  # the decode computes the prompt, started already
+                attempt = prefilled
+            else:
+                first_event = self._first_event(prefilled, progress, sampling)
                 if first_event is not None and first_event.finish_reason is not None:
                     yield first_event
                     return
                 # The decode starts before the first token goes to the client: the start's
                 # trip overlaps the relay's work on that token.
-                attempt = attempt or self._begin(decode, progress)
+                attempt = self._begin(decode, progress)
                 if first_event is not None:
                     yield first_event
             async for event in self._decode(request, model, progress, decode, attempt):
@@ -244,11 +242,10 @@ class RequestFlow:
 
     async def _prefill(
         self, request: ScheduleRequest, model: str, progress: Progress, decode: DecodeSide
-    ) -> Prefilled:
-        """The result (first token) of the first prefill instance that survives the job, with
-        the decode attempt that instance started; or, when the policy has the decode instance
-        compute the prompt (conditional disaggregation), that decode's attempt, started and
-        acknowledged.
+    ) -> PrefillResult | Attempt:
+        """The result (first token) of the first prefill instance that survives the job; or,
+        when the policy has the decode instance compute the prompt (conditional
+        disaggregation), that decode's attempt, started and acknowledged.
 
         The decode reservation and the prefill job go out together, so one round trip, not
         two, comes before the first token. A decode that refuses (its room went to another
@@ -265,19 +262,10 @@ class RequestFlow:
                 attempt = await self._start_on_decode(request, progress, decode)
                 if attempt is not None:
                     metrics.PREFILL_ON_DECODE.inc()
-                    return Prefilled(None, attempt)
+                    return attempt
                 self._refused(request, decision, decode, refused)
                 continue
             prefill = decision.prefill
-            # Started by the prefill instance, its first chunk may come before the result: the
-            # stream opens before the job goes out.
-            decode_start = progress.start_after_prefill(decode.attempt_id, self._owner)
-            stream = (
-                self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
-                if decode_start is not None
-                else None
-            )
-            decode_sent_to = self._presence.sent_to("decode", decode.instance_id)
             job = PrefillJob(
                 request_id=request.request_id,
                 model=model,
@@ -293,7 +281,6 @@ class RequestFlow:
                 assignment=self._scheduler.assignment_number(
                     "prefill", prefill.instance_id, request.request_id
                 ),
-                decode_start=decode_start,
             )
             sent_at = self._clock()
             sent_to = self._presence.sent_to(
@@ -314,8 +301,6 @@ class RequestFlow:
             try:
                 if not await self._reserve_for(request, decode):
                     await self._drop_job(prefilling, prefill.instance_id, request.request_id)
-                    if stream is not None:
-                        await self._drop_started(stream, decode)
                     self._refused(request, decision, decode, refused)
                     continue
                 result = await self._presence.wait(
@@ -326,15 +311,8 @@ class RequestFlow:
                 self._scheduler.on_prefilled(
                     request, decision, result, now - sent_at, reserve_wait_s
                 )
-                started = (
-                    Attempt(stream, decode_sent_to, started_already())
-                    if stream is not None
-                    else None
-                )
-                return Prefilled(result, started)
+                return result
             except MOVABLE_ERRORS as exc:
-                if stream is not None:
-                    await stream.close()
                 if isinstance(exc, RemoteError) and exc.code == INVALID_REQUEST:
                     raise RequestRefusedError(exc.message) from exc
                 if num_moves >= MAX_MIGRATIONS:
@@ -351,8 +329,6 @@ class RequestFlow:
                 decode.attempt += 1
             except asyncio.CancelledError:
                 prefilling.cancel()
-                if stream is not None:
-                    await stream.close()
                 await self._cancel_prefill(prefill.instance_id, request.request_id)
                 raise
 
@@ -401,14 +377,6 @@ class RequestFlow:
         self._scheduler.forget(request, decision)
         refused.add(decode.instance_id)
         decode.instance_id = ""
-
-    async def _drop_started(self, stream: Stream, decode: DecodeSide) -> None:
-        """The decode refused a request whose prefill job carried its start: the prefill may
-        have sent that start already. The cancel is remembered there, so a start that comes
-        after it is refused too, and the request's next attempt streams under a new id."""
-        await stream.close()
-        await self._cancel_decode(decode)
-        decode.attempt += 1
 
     async def _drop_job(
         self, prefilling: asyncio.Future, instance_id: str, request_id: str

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from crescent.common.bus import Stream
-from crescent.common.messages import PrefillResult, TokenLogprobs
+from crescent.common.messages import TokenLogprobs
 from crescent.conductor.cluster_view import ClusterView
 
 
@@ -67,24 +67,6 @@ class Attempt:
         self.starting.cancel()
         await asyncio.gather(self.starting, return_exceptions=True)
         await self.stream.close()
-
-
-def started_already() -> asyncio.Future:
-    """An acknowledgement that is in: for an attempt whose start awaits no reply (sent by the
-    prefill instance, DecodeStart.from_prefill)."""
-    acknowledged = asyncio.get_running_loop().create_future()
-    acknowledged.set_result(None)
-    return acknowledged
-
-
-@dataclass
-class Prefilled:
-    """How a request's prompt was computed: `result` is the prefill instance's (None: the
-    decode instance computes the prompt itself); `attempt` is the decode attempt already
-    started, by the prefill instance or on decode (None: the conductor starts it)."""
-
-    result: PrefillResult | None
-    attempt: Attempt | None
 
 
 class Gone:

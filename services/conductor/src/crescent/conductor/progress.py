@@ -74,28 +74,6 @@ class Progress:
             stream_owner=stream_owner,
         )
 
-    def start_after_prefill(self, attempt_id: str, stream_owner: str) -> DecodeStart | None:
-        """The start the prefill instance sends the decode once its first token is out, which
-        it fills in (PrefillJob.decode_start): what decode_start() gives after that token.
-        None when the conductor starts the decode itself: a replayed request (its decode
-        generates from the prompt), or one whose first token is its last."""
-        if self.is_replayed or self.generated or self.max_tokens <= 1:
-            return None
-        sampling = msgspec.structs.replace(
-            self.sampling,
-            prompt_logprobs=None,
-            min_tokens=max(0, self.sampling.min_tokens - 1),
-        )
-        return DecodeStart(
-            request_id=attempt_id,
-            token_ids=self.prompt,
-            first_token=None,
-            max_tokens=self.max_tokens,
-            sampling=sampling,
-            stream_owner=stream_owner,
-            from_prefill=True,
-        )
-
 
 def replayable(sampling: SamplingParams) -> SamplingParams:
     """`sampling`, with a seed if the request is replayed and sampled at a temperature."""

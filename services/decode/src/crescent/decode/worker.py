@@ -217,8 +217,6 @@ class DecodeWorker:
         now = time.monotonic()
         # Accepted or refused, from here on load() says it: the ledger holds it or never will.
         self.received.note(reservation.conductor, reservation.assignment, now)
-        if reservation.request_id in self._generations:  # its start from prefill came first
-            return ReservationReply(request_id=reservation.request_id, accepted=True)
         refusal = self._refusal(need, reservation.num_prompt_tokens, now)
         if refusal is not None:
             return ReservationReply(
@@ -257,16 +255,6 @@ class DecodeWorker:
         return None
 
     async def start_request(self, start: DecodeStart) -> Ack:
-        """Start generating; a start from the prefill instance, which awaits no reply, has a
-        refusal sent as its stream's one chunk, which its conductor reads."""
-        try:
-            return self._start(start)
-        except RecoverableError as exc:
-            if start.from_prefill:
-                await self._refuse_on_stream(start, str(exc))
-            raise
-
-    def _start(self, start: DecodeStart) -> Ack:
         need = len(start.token_ids) + start.max_tokens
         now = time.monotonic()
         if start.admit:  # as for a reservation: load() says it from here on
@@ -277,8 +265,7 @@ class DecodeWorker:
                 raise StartRejected(f"request {start.request_id} is already running")
             if start.request_id in self._cancelled:
                 raise StartRejected(f"request {start.request_id} was cancelled")
-            # A start from prefill may overtake its reservation: then it is admitted the same way.
-            if start.admit or (start.from_prefill and start.request_id not in self.ledger.reserved):
+            if start.admit:
                 refusal = self._refusal(need, len(start.token_ids), now)
                 if refusal is not None:
                     raise StartRefused(refusal)
@@ -290,19 +277,6 @@ class DecodeWorker:
         self._generations[start.request_id] = task
         task.add_done_callback(lambda _: self._ended(start.request_id))
         return Ack(request_id=start.request_id)
-
-    async def _refuse_on_stream(self, start: DecodeStart, reason: str) -> None:
-        subject = self._runtime.subjects.tokens(start.request_id, start.stream_owner)
-        refusal = TokenChunk(
-            request_id=start.request_id,
-            seq=0,
-            token_ids=[],
-            step_at=time.monotonic(),
-            is_final=True,
-            finish_reason=FINISH_ABORT,
-            error=f"decode {self._runtime.instance_id} refused the start: {reason}",
-        )
-        await self._runtime.bus.publish(subject, refusal, with_trace=False)
 
     def _ended(self, request_id: str) -> None:
         """A generation's task is done, however it ended: a cancel handled before the task

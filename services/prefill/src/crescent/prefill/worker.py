@@ -19,11 +19,6 @@ it (the client left, or the request moved on) stops where it is.
 
 With the vllm engine, each job's full prompt blocks go to the store on the decode instance's
 node (and this node's, for later reuse), layer by layer while the prompt computes.
-
-A job may carry its decode start (PrefillJob.decode_start): the worker sends it to the decode
-instance, first token filled in, as soon as that token is out (the decode node has committed
-the KV by then), in the same socket write as the result, so decode starts one NATS hop sooner
-than if the conductor relayed it.
 """
 
 from __future__ import annotations
@@ -31,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-
-import msgspec
 
 from crescent.common.cluster_config import ConfigFollower
 from crescent.common.codec import decode, encode
@@ -250,8 +243,6 @@ class PrefillWorker:
                 f"the job's blocks are {job.block_size} tokens, this instance stores "
                 f"{self.settings.block_size}-token blocks: its prefix would never be found"
             )
-        if job.decode_start is not None and not job.decode_instance:
-            raise JobRejected("the job carries a decode start but names no decode instance")
         if not self.is_vllm and unsupported(job.sampling):
             raise InvalidRequestError(
                 f"the emulated engine cannot apply {', '.join(unsupported(job.sampling))}"
@@ -316,11 +307,6 @@ class PrefillWorker:
             self._jobs.pop(job.request_id, None)
         finished = time.monotonic()
         self.recent_ttft.add(finished - enqueued)
-        if job.decode_start is not None:  # the decode's KV is committed: it can start now
-            await self._runtime.bus.publish(
-                self._runtime.subjects.decode_start(job.decode_instance),
-                msgspec.structs.replace(job.decode_start, first_token=output.first_token),
-            )
         return PrefillResult(
             request_id=job.request_id,
             first_token=output.first_token,
