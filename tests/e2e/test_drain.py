@@ -50,14 +50,19 @@ def migrations(cluster) -> float:
     )
 
 
-async def busy(cluster, role: str, field: str, timeout_s: float = 20) -> str:
-    """The first instance of `role` the conductor sees holding work."""
+async def busy(cluster, role: str, field: str, at_least: int = 1, timeout_s: float = 20) -> str:
+    """The first instance of `role` the conductor sees holding work, once the instances of
+    that role report `at_least` of it together."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         view = await asyncio.to_thread(cluster_view, cluster)
-        for instance in view["instances"]:
-            if instance["role"] == role and instance["load"] and instance["load"][field] > 0:
-                return instance["instance_id"]
+        loads = {
+            instance["instance_id"]: instance["load"][field]
+            for instance in view["instances"]
+            if instance["role"] == role and instance["load"]
+        }
+        if sum(loads.values()) >= at_least:
+            return next(instance_id for instance_id, held in loads.items() if held > 0)
         assert asyncio.get_running_loop().time() < deadline, f"no {role} instance got work: {view}"
         await asyncio.sleep(0.05)
 
@@ -81,7 +86,11 @@ async def test_draining_instances_finish_their_requests_in_place(cluster):
         tasks += [
             asyncio.create_task(complete(session, cluster.api_url, p, 1)) for p in long_prompts
         ]
-        prefill = cluster.process(await busy(cluster, "prefill", "num_queued"))
+        # Every long prompt placed before the SIGTERM: one placed after it could go to the
+        # draining instance before its telemetry says so, and be moved.
+        prefill = cluster.process(
+            await busy(cluster, "prefill", "num_queued", at_least=len(long_prompts))
+        )
         codes = asyncio.gather(asyncio.to_thread(prefill.stop), asyncio.to_thread(decode.stop))
         texts = await asyncio.gather(*tasks)
         assert await codes == [0, 0]
