@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import warnings
@@ -41,14 +42,39 @@ def start_up(port: int, workdir: Path, env: dict[str, str] | None = None) -> sub
     )
 
 
-def wait_serving(up: subprocess.Popen, port: int) -> None:
+class Output:
+    """What `crescent up` prints, read as it comes by a thread of its own."""
+
+    def __init__(self, up: subprocess.Popen) -> None:
+        self._lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, args=(up.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read(self, pipe) -> None:
+        for line in pipe:
+            self._lines.append(line)
+
+    def text(self, wait_s: float = 0.0) -> str:
+        """All said so far; `wait_s`: first wait up to that long for the pipe to close."""
+        self._reader.join(wait_s)
+        return "".join(self._lines)
+
+
+def wait_serving(up: subprocess.Popen, port: int) -> Output:
+    """Once `crescent up` says it serves (its own start is over: a SIGTERM now stops a
+    cluster that served) and the conductor sees every instance live."""
+    output = Output(up)
     deadline = time.monotonic() + 60
+    while "serving at" not in output.text():
+        assert up.poll() is None, output.text(5)
+        assert time.monotonic() < deadline, f"crescent up never said it serves: {output.text()}"
+        time.sleep(0.1)
     while True:
-        assert up.poll() is None, up.stdout.read()
+        assert up.poll() is None, output.text(5)
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
                 if json.load(response)["live_instances"] == {"prefill": 1, "decode": 1, "store": 1}:
-                    return
+                    return output
         except OSError:
             pass
         assert time.monotonic() < deadline, "crescent up did not start serving"
@@ -59,7 +85,7 @@ def test_sigterm_stops_every_process_of_the_cluster(tmp_path):
     port = free_port()
     up = start_up(port, tmp_path)
     try:
-        wait_serving(up, port)
+        output = wait_serving(up, port)
         body = json.dumps(
             {"model": "crescent-emulated", "prompt": "Hello, Crescent", "max_tokens": 4}
         ).encode()
@@ -88,7 +114,7 @@ def test_sigterm_stops_every_process_of_the_cluster(tmp_path):
         assert up.wait(60) == 0
         _, alive = psutil.wait_procs(children, timeout=5)
         assert alive == [], f"left running: {[p.cmdline() for p in alive]}"
-        assert "serving at" in up.stdout.read()
+        assert "stopping the cluster" in output.text(5)
     finally:
         if up.poll() is None:
             up.kill()
@@ -112,7 +138,7 @@ def test_sigkill_of_crescent_up_leaves_no_process_and_no_shared_memory(tmp_path)
     )
     children = []
     try:
-        wait_serving(up, port)
+        output = wait_serving(up, port)
         children = psutil.Process(up.pid).children(recursive=True)
         segments = {
             f.path
@@ -128,7 +154,7 @@ def test_sigkill_of_crescent_up_leaves_no_process_and_no_shared_memory(tmp_path)
             f"left running: {[(p.status(), p.cmdline()) for p in alive]}" + log_tails(tmp_path)
         )
         left = [path for path in segments if os.path.exists(path)]
-        assert left == [], f"left in /dev/shm: {left}; up said: {up.stdout.read()}" + log_tails(
+        assert left == [], f"left in /dev/shm: {left}; up said: {output.text(5)}" + log_tails(
             tmp_path
         )
         for log in (tmp_path / "logs").glob("*.log"):  # stopped, but a wait hung: say where
