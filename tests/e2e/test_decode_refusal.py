@@ -1,9 +1,10 @@
 """A decode reservation refused after placement, on a real cluster: two conductors that share
 no state both place a request on the one decode instance, whose KV room holds only one of
 them. The decode is paused (SIGSTOP) until both reservations are on the wire, so the race is
-certain, not a matter of timing: it answers them in order and refuses the second. The same
-race on prompts the decode computes itself (conditional disaggregation), where no reservation
-comes first: the decode admits the first start and refuses the second."""
+certain, not a matter of timing: it answers them in order and refuses the second, and the
+start the second's prefill instance sent it too. The same race on prompts the decode computes
+itself (conditional disaggregation), where no reservation comes first: the decode admits the
+first start and refuses the second."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from expected import expected_text
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.codec import decode as decode_msg
-from crescent.common.messages import DecodeStart
+from crescent.common.messages import DecodeStart, TokenChunk
 from crescent.common.naming import Subjects
 from crescent.common.ports import free_port
 
@@ -74,7 +75,13 @@ async def test_a_refused_reservation_is_placed_again_and_answered_cleanly(cluste
     reserves: list[bytes] = []
     starts: list[bytes] = []
     placed = asyncio.Queue()  # what each conductor sends the decode first
+    streamed: set[str] = set()  # the requests (attempts) of which a token was streamed
     watcher = await nats.connect(cluster.nats_url)
+
+    async def record_tokens(msg) -> None:
+        chunk = decode_msg(msg.data, TokenChunk)
+        if chunk.token_ids:
+            streamed.add(chunk.request_id)
 
     async def record(msg) -> None:
         reserves.append(msg.data)
@@ -90,6 +97,7 @@ async def test_a_refused_reservation_is_placed_again_and_answered_cleanly(cluste
     try:
         await watcher.subscribe(subjects.decode_reserve("decode-0"), cb=record)
         await watcher.subscribe(subjects.decode_start("decode-0"), cb=record_start)
+        await watcher.subscribe(subjects.tokens(">"), cb=record_tokens)
         await watcher.flush()
         async with aiohttp.ClientSession(timeout=timeout) as session:
             before = [await _refusals(session, url) for url in cluster.conductor_urls]
@@ -117,9 +125,10 @@ async def test_a_refused_reservation_is_placed_again_and_answered_cleanly(cluste
         else:  # placed again without the refusing decode: no other has room
             assert body["error"]["type"] and body["error"]["message"], body
     assert sum(after) - sum(before) == 1, (before, after)
+    assert len(streamed) == 1, f"the refused request was started where it was refused: {streamed}"
     if on_decode:  # each start was admitted or refused on arrival, with no reservation first
         assert not reserves
         assert [decode_msg(data, DecodeStart).admit for data in starts] == [True, True]
-    else:
+    else:  # each prefill instance sent its start, as its first token was out
         assert len(reserves) == 2
-        assert len(starts) == 1, "the refused request must not be started where it was refused"
+        assert all(decode_msg(data, DecodeStart).from_prefill for data in starts), starts

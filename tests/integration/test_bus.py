@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from crescent.common import tracing
-from crescent.common.bus import Bus
+from crescent.common.bus import Bus, within
 from crescent.common.codec import decode
 from crescent.common.errors import (
     NoRespondersError,
@@ -158,6 +158,49 @@ async def test_a_stream_group_routes_each_subject_to_its_stream(infra):
             await second.next(0.2)
     finally:
         await bus.drain()
+
+
+async def test_replies_to_a_request_another_service_sent_come_back_to_who_expects_them(infra):
+    """A third service publishes a request with our reply subject: the handler's answer or its
+    error comes back through our one subscription; a request nobody serves gets no answer
+    (the server tells only the sender), so its wait ends at its deadline."""
+    server, sender, waiter = (
+        await Bus.connect(infra.nats_url, "server"),
+        await Bus.connect(infra.nats_url, "sender"),
+        await Bus.connect(infra.nats_url, "waiter"),
+    )
+    try:
+
+        async def handle(cancel: DecodeCancel) -> Ack:
+            if cancel.request_id == "boom":
+                raise ValueError("exploded")
+            return Ack(request_id=cancel.request_id)
+
+        await server.serve("x.cancel", DecodeCancel, handle)
+        replies = await waiter.replies("x.started.c1.*", Ack)
+        answered = replies.expect("x.started.c1.a", "x.cancel")
+        failed = replies.expect("x.started.c1.b", "x.cancel")
+        unserved = replies.expect("x.started.c1.c", "x.nobody")
+        unanswered = replies.expect("x.started.c1.d", "x.cancel")
+        with pytest.raises(ValueError):
+            replies.expect("x.started.c1.a", "x.cancel")  # already expected
+        await sender.publish("x.cancel", DecodeCancel(request_id="a"), reply="x.started.c1.a")
+        await sender.publish("x.cancel", DecodeCancel(request_id="boom"), reply="x.started.c1.b")
+        await sender.publish("x.nobody", DecodeCancel(request_id="c"), reply="x.started.c1.c")
+        assert await within(answered, "x.cancel", 2) == Ack(request_id="a")
+        with pytest.raises(RemoteError, match="exploded"):
+            await within(failed, "x.cancel", 2)
+        with pytest.raises(RequestTimeoutError, match="x.nobody"):
+            await within(unserved, "x.nobody", 0.3)
+        with pytest.raises(RequestTimeoutError):
+            await within(unanswered, "x.cancel", 0.2)
+        # A settled or abandoned reply is no longer expected: its subject can be expected anew.
+        again = replies.expect("x.started.c1.d", "x.cancel")
+        await sender.publish("x.cancel", DecodeCancel(request_id="d"), reply="x.started.c1.d")
+        assert await within(again, "x.cancel", 2) == Ack(request_id="d")
+    finally:
+        for bus in (sender, waiter, server):
+            await bus.drain()
 
 
 async def test_trace_context_crosses_the_bus(infra, monkeypatch):

@@ -291,3 +291,31 @@ async def test_an_admitted_start_runs_and_is_acknowledged_in_telemetry(infra, cl
         assert chunk.request_id == "admitted" and chunk.token_ids
     finally:
         await stream.close()
+
+
+async def test_a_start_from_prefill_ahead_of_its_reservation_is_admitted_and_holds_room_once(
+    infra, cluster_name, decode
+):
+    """A prefill instance sends the start as its first token is out, which may overtake the
+    reservation its conductor sent: with none held, the start is admitted by a reservation's
+    rules, and the reservation that comes after it holds no room a second time."""
+    bus, start = decode
+    await start("--kv-capacity-tokens", "2000", "--emulated-time-scale", "1")
+    subject = Subjects(cluster_name).decode_start("decode-a")
+
+    def from_prefill(request_id: str, num_prompt_tokens: int) -> DecodeStart:
+        return DecodeStart(
+            request_id=request_id,
+            token_ids=[7] * num_prompt_tokens,
+            first_token=8,
+            max_tokens=200,  # seconds of emulated steps: still running when its reservation comes
+            from_prefill=True,
+        )
+
+    with pytest.raises(RemoteError) as refused:
+        await bus.request(subject, from_prefill("too-big", 1900), Ack, 5)
+    assert refused.value.code == "StartRefused" and "no KV room" in str(refused.value)
+    await bus.request(subject, from_prefill("early", 1000), Ack, 5)
+    # 17 (the warm-up) + 1,200 in use: held again, the reservation's 1,016 would not fit.
+    assert (await reserve(bus, cluster_name, "early", 1000)).accepted
+    assert (await reserve(bus, cluster_name, "other", 700)).accepted

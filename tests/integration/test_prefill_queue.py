@@ -7,14 +7,17 @@ import signal
 import sys
 import time
 
+import msgspec
+import nats
 import pytest
 
 from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.bus import Bus
+from crescent.common.codec import decode
 from crescent.common.errors import NoRespondersError, RemoteError, RequestTimeoutError
 from crescent.common.etcd import connect_etcd
 from crescent.common.hashing import block_hashes
-from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
+from crescent.common.messages import DecodeStart, InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.naming import Subjects
 from crescent.engine.settings import EngineSettings
 from crescent.storeclient.client import ClientConfig, StoreClient
@@ -220,4 +223,68 @@ async def test_telemetry_acknowledges_the_jobs_it_counts(
         assert counting[0].received == {"conductor-t": 7}
         await running
     finally:
+        prefill.stop()
+
+
+async def test_the_prefill_starts_the_decode_the_job_names_with_its_first_token(
+    infra, cluster_name, tmp_path, store_client
+):
+    """A job that carries its decode start: the prefill instance sends it to the decode
+    instance, its first token filled in, as that token is out (no conductor in between), and
+    the decode's answer goes to the conductor that reads the stream."""
+    bus, _ = store_client
+    subjects = Subjects(cluster_name)
+    starts: asyncio.Queue[tuple[DecodeStart, str]] = asyncio.Queue()
+    watcher = await nats.connect(infra.nats_url)
+
+    async def record(msg) -> None:
+        starts.put_nowait((decode(msg.data, DecodeStart), msg.reply))
+
+    await watcher.subscribe(subjects.decode_start("decode-x"), cb=record)
+    await watcher.flush()
+    prefill = start(infra, cluster_name, tmp_path, "prefill", "--block-size", str(BLOCK_SIZE))
+    prompt = [11, 12, 13, 14]
+    template = DecodeStart(
+        request_id="direct",
+        token_ids=prompt,
+        first_token=None,
+        max_tokens=8,
+        stream_owner="conductor-t",
+        from_prefill=True,
+    )
+    try:
+        await telemetry_of(bus, cluster_name, prefill)
+        result = await bus.request(
+            subjects.prefill_job("prefill-q"),
+            PrefillJob(
+                request_id="direct",
+                model=MODEL,
+                token_ids=prompt,
+                block_size=BLOCK_SIZE,
+                decode_instance="decode-x",
+                decode_node="n0",
+                decode_start=template,
+            ),
+            PrefillResult,
+            10,
+        )
+        sent, reply_to = await asyncio.wait_for(starts.get(), 5)
+        assert sent == msgspec.structs.replace(template, first_token=result.first_token)
+        assert reply_to == subjects.start_reply("direct", "conductor-t")
+        with pytest.raises(RemoteError, match="needs a decode instance"):
+            await bus.request(
+                subjects.prefill_job("prefill-q"),
+                PrefillJob(
+                    request_id="nowhere",
+                    model=MODEL,
+                    token_ids=prompt,
+                    block_size=BLOCK_SIZE,
+                    decode_start=template,
+                ),
+                PrefillResult,
+                10,
+            )
+        assert starts.empty()
+    finally:
+        await watcher.close()
         prefill.stop()

@@ -114,6 +114,53 @@ class StreamGroup:
         return stream
 
 
+class Replies:
+    """Replies to requests that another service sends on this one's behalf, through one
+    wildcard subscription: a prefill instance sends the decode its start, and the decode's
+    answer comes here. Each expected reply is a future; replies nobody expects are dropped.
+    The server's "no responders" status goes only to the sender's own subscriptions, so a
+    request nobody received is known by its deadline (`within`)."""
+
+    def __init__(self, reply_type: Any) -> None:
+        self._reply_type = reply_type
+        self._due: dict[str, tuple[asyncio.Future, str]] = {}
+
+    def expect(self, reply_subject: str, request_subject: str) -> asyncio.Future:
+        """A future for the reply that comes on `reply_subject` (which must match the
+        subscription) to a request sent on `request_subject`: it raises as Bus.request would.
+        Cancelling it stops the wait."""
+        if reply_subject in self._due:
+            raise ValueError(f"a reply on {reply_subject} is already expected")
+        due: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._due[reply_subject] = (due, request_subject)
+        due.add_done_callback(lambda _: self._due.pop(reply_subject, None))
+        return due
+
+    async def deliver(self, msg: Msg) -> None:
+        expected = self._due.get(msg.subject)
+        if expected is None or expected[0].done():
+            return
+        due, request_subject = expected
+        try:
+            reply = decode(msg.data, self._reply_type | ErrorReply)
+        except MessageError as exc:
+            due.set_exception(exc)
+            return
+        if isinstance(reply, ErrorReply):
+            due.set_exception(RemoteError(request_subject, reply.code, reply.message))
+        else:
+            due.set_result(reply)
+
+
+async def within(reply: asyncio.Future, subject: str, timeout_s: float) -> Any:
+    """`reply` (Replies.expect) within `timeout_s`, or RequestTimeoutError."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await reply
+    except TimeoutError as exc:
+        raise RequestTimeoutError(subject, timeout_s) from exc
+
+
 class Bus:
     def __init__(self, client: NatsClient) -> None:
         self._client = client
@@ -189,11 +236,14 @@ class Bus:
             raise RemoteError(subject, reply.code, reply.message)
         return reply
 
-    async def publish(self, subject: str, message: Message, *, with_trace: bool = True) -> None:
+    async def publish(
+        self, subject: str, message: Message, *, with_trace: bool = True, reply: str = ""
+    ) -> None:
         """`with_trace=False` leaves the trace context out, for streams whose reader starts no
-        span from them (token chunks): headers cost a build here and a parse at every reader."""
+        span from them (token chunks): headers cost a build here and a parse at every reader.
+        `reply`: where the handler's answer goes (another service's Replies)."""
         headers = tracing.inject_headers() if with_trace else None
-        await self._client.publish(subject, encode(message), headers=headers)
+        await self._client.publish(subject, encode(message), reply=reply, headers=headers)
 
     async def serve(
         self, subject: str, request_type: Any, handler: Handler, queue: str = ""
@@ -268,6 +318,13 @@ class Bus:
         await self._client.subscribe(wildcard_subject, cb=group.deliver)
         await self._flush()
         return group
+
+    async def replies(self, wildcard_subject: str, reply_type: Any) -> Replies:
+        """A Replies subscribed to `wildcard_subject`, confirmed by the server."""
+        replies = Replies(reply_type)
+        await self._client.subscribe(wildcard_subject, cb=replies.deliver)
+        await self._flush()
+        return replies
 
     async def _flush(self) -> None:
         """Wait until the server has our subscriptions: only then may peers be told to send.

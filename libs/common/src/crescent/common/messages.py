@@ -190,6 +190,10 @@ class PrefillJob(Message):
     # acknowledges (InstanceLoad.received); 0: not numbered.
     conductor: OptionalId = ""
     assignment: AssignmentNumber = 0
+    # The start the prefill instance sends decode_instance once its first token is out, that
+    # token filled in (DecodeStart.from_prefill); the decode answers on
+    # started.<stream_owner>.<request_id>. None: the conductor starts the decode itself.
+    decode_start: DecodeStart | None = None
 
 
 class PrefillCancel(Message):
@@ -231,7 +235,8 @@ class ReservationReply(Message):
 
 
 class DecodeStart(Message):
-    """Conductor → decode.<id>.start: generate after the prompt and its first token. Without a
+    """Conductor (or prefill, `from_prefill`) → decode.<id>.start: generate after the prompt
+    and its first token. Without a
     first token (conditional disaggregation) the decode instance computes the prompt itself and
     the first token it streams is the first output token."""
 
@@ -249,6 +254,10 @@ class DecodeStart(Message):
     admit: bool = False
     conductor: OptionalId = ""
     assignment: AssignmentNumber = 0
+    # Sent by the prefill instance as its first token is out (PrefillJob.decode_start), one hop
+    # sooner than through the conductor. It may overtake its reservation: with none held, it is
+    # admitted as `admit` is, or refused (StartRefused).
+    from_prefill: bool = False
 
 
 class DecodeCancel(Message):

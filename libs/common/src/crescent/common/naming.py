@@ -54,6 +54,14 @@ class Subjects:
     def tokens_of(self, owner: str) -> str:
         return f"{self.prefix}tokens.{owner}.*"
 
+    def start_reply(self, request_id: str, owner: str) -> str:
+        """Where the decode answers a start that a prefill instance sent for `owner`, the
+        conductor of `request_id` (PrefillJob.decode_start), which reads it (`start_replies_of`)."""
+        return f"{self.prefix}started.{owner}.{request_id}"
+
+    def start_replies_of(self, owner: str) -> str:
+        return f"{self.prefix}started.{owner}.*"
+
     def store_ctl(self, node: str) -> str:
         return f"{self.prefix}store.{node}.ctl"
 

@@ -17,7 +17,7 @@ from crescent.common.cluster_config import ConfigConflict, conflicts, publish_co
 from crescent.common.errors import RecoverableError
 from crescent.common.etcd import PrefixMirror
 from crescent.common.hf_tokenizer import HfTokenizer
-from crescent.common.messages import ClusterConfig, InstanceInfo, InstanceLoad, TokenChunk
+from crescent.common.messages import Ack, ClusterConfig, InstanceInfo, InstanceLoad, TokenChunk
 from crescent.common.service import Runtime, ServiceStatus
 from crescent.common.store_messages import ReplicateBlocks, ReplicateReply
 from crescent.common.tokenizer import ByteTokenizer
@@ -90,6 +90,9 @@ class Conductor:
         streams = await runtime.bus.stream_group(
             runtime.subjects.tokens_of(runtime.instance_id), TokenChunk
         )
+        started = await runtime.bus.replies(
+            runtime.subjects.start_replies_of(runtime.instance_id), Ack
+        )
         flow = RequestFlow(
             runtime.bus,
             runtime.subjects,
@@ -97,6 +100,7 @@ class Conductor:
             timeouts,
             self.tokenizer.eos_token_id,
             streams,
+            started,
             runtime.instance_id,
         )
         generation = self._generation = Generation(

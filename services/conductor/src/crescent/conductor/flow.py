@@ -1,7 +1,10 @@
 """One request's trip through the cluster: place → reserve decode and prefill (sent together)
-→ start decode → relay tokens; or, when the decode instance computes the prompt itself, place →
-start decode (admitted on arrival, no reservation first) → relay tokens. Every step has a
-deadline; whatever happens, the decode side is released.
+→ the prefill instance starts the decode as its first token is out → relay tokens; or, when the
+decode instance computes the prompt itself, place → start decode (admitted on arrival, no
+reservation first) → relay tokens. Every step has a deadline; whatever happens, the decode side
+is released. The decode answers a start the prefill instance sent here, as it answers one
+sent from here; a start that got no answer within its deadline (one lost on the way, which a
+NATS restart can do) moves the request, as a start of the conductor's own would.
 
 No admitted request is lost to an instance that dies (DESIGN §10). A prefill instance that is
 gone (its registry lease ended, or nobody answers on its subject) or that fails the job before
@@ -24,7 +27,7 @@ from collections.abc import AsyncIterator, Collection
 
 import msgspec
 
-from crescent.common.bus import Bus, StreamGroup
+from crescent.common.bus import Bus, Replies, StreamGroup
 from crescent.common.errors import (
     CrescentError,
     NoRespondersError,
@@ -59,6 +62,8 @@ from crescent.conductor.flow_state import (
     DecodeSide,
     FlowTimeouts,
     Gone,
+    HandedStart,
+    Prefilled,
     TokenEvent,
 )
 from crescent.conductor.policy import (
@@ -88,13 +93,16 @@ class RequestFlow:
         timeouts: FlowTimeouts,
         eos_token_id: int,
         streams: StreamGroup,
+        started: Replies,
         owner: str,
     ) -> None:
         """`streams` is subscribed to `subjects.tokens_of(owner)`: every decode this flow starts
-        streams its tokens there, on tokens.<owner>.<attempt id>."""
+        streams its tokens there, on tokens.<owner>.<attempt id>. `started` is subscribed to
+        `subjects.start_replies_of(owner)`: the decodes' answers to starts sent by prefill."""
         self._bus = bus
         self._subjects = subjects
         self._streams = streams
+        self._started = started
         self._owner = owner
         self._scheduler = scheduler
         self._view = scheduler.view
@@ -125,16 +133,15 @@ class RequestFlow:
         attempt: Attempt | None = None
         try:
             prefilled = await self._prefill(request, model, progress, decode)
-            if isinstance(prefilled, Attempt):  # the decode computes the prompt, started already
-                attempt = prefilled
-            else:
-                first_event = self._first_event(prefilled, progress, sampling)
+            attempt = prefilled.attempt
+            if prefilled.result is not None:
+                first_event = self._first_event(prefilled.result, progress, sampling)
                 if first_event is not None and first_event.finish_reason is not None:
                     yield first_event
                     return
-                # The decode starts before the first token goes to the client: the start's
-                # trip overlaps the relay's work on that token.
-                attempt = self._begin(decode, progress)
+                # Not started by the prefill instance: the decode starts before the first token
+                # goes to the client, so the start's trip overlaps the relay's work on it.
+                attempt = attempt or self._begin(decode, progress)
                 if first_event is not None:
                     yield first_event
             async for event in self._decode(request, model, progress, decode, attempt):
@@ -242,10 +249,11 @@ class RequestFlow:
 
     async def _prefill(
         self, request: ScheduleRequest, model: str, progress: Progress, decode: DecodeSide
-    ) -> PrefillResult | Attempt:
-        """The result (first token) of the first prefill instance that survives the job; or,
-        when the policy has the decode instance compute the prompt (conditional
-        disaggregation), that decode's attempt, started and acknowledged.
+    ) -> Prefilled:
+        """The result (first token) of the first prefill instance that survives the job, with
+        the decode attempt that instance started; or, when the policy has the decode instance
+        compute the prompt (conditional disaggregation), that decode's attempt, started and
+        acknowledged.
 
         The decode reservation and the prefill job go out together, so one round trip, not
         two, comes before the first token. A decode that refuses (its room went to another
@@ -262,10 +270,14 @@ class RequestFlow:
                 attempt = await self._start_on_decode(request, progress, decode)
                 if attempt is not None:
                     metrics.PREFILL_ON_DECODE.inc()
-                    return attempt
+                    return Prefilled(None, attempt)
                 self._refused(request, decision, decode, refused)
                 continue
             prefill = decision.prefill
+            # The stream and the start's answer are awaited before the job goes out: the
+            # prefill instance sends the start, and the decode's first chunk may come before
+            # the result.
+            handed = self._hand_over(progress, decode)
             job = PrefillJob(
                 request_id=request.request_id,
                 model=model,
@@ -281,6 +293,7 @@ class RequestFlow:
                 assignment=self._scheduler.assignment_number(
                     "prefill", prefill.instance_id, request.request_id
                 ),
+                decode_start=handed.start if handed is not None else None,
             )
             sent_at = self._clock()
             sent_to = self._presence.sent_to(
@@ -301,6 +314,10 @@ class RequestFlow:
             try:
                 if not await self._reserve_for(request, decode):
                     await self._drop_job(prefilling, prefill.instance_id, request.request_id)
+                    if handed is not None:  # its start may be on its way: a new attempt id
+                        await handed.drop()
+                        await self._cancel_decode(decode)
+                        decode.attempt += 1
                     self._refused(request, decision, decode, refused)
                     continue
                 result = await self._presence.wait(
@@ -311,8 +328,10 @@ class RequestFlow:
                 self._scheduler.on_prefilled(
                     request, decision, result, now - sent_at, reserve_wait_s
                 )
-                return result
+                return Prefilled(result, handed.started(self._timeouts.start_s) if handed else None)
             except MOVABLE_ERRORS as exc:
+                if handed is not None:
+                    await handed.drop()
                 if isinstance(exc, RemoteError) and exc.code == INVALID_REQUEST:
                     raise RequestRefusedError(exc.message) from exc
                 if num_moves >= MAX_MIGRATIONS:
@@ -329,8 +348,29 @@ class RequestFlow:
                 decode.attempt += 1
             except asyncio.CancelledError:
                 prefilling.cancel()
+                if handed is not None:
+                    await handed.drop()
                 await self._cancel_prefill(prefill.instance_id, request.request_id)
                 raise
+
+    def _hand_over(self, progress: Progress, decode: DecodeSide) -> HandedStart | None:
+        """The decode's start for the prefill instance to send, with its token stream and its
+        answer awaited from now on; None where the conductor starts the decode itself."""
+        start = progress.start_after_prefill(decode.attempt_id, self._owner)
+        if start is None:
+            return None
+        stream = self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
+        answer = self._started.expect(
+            self._subjects.start_reply(decode.attempt_id, self._owner),
+            self._subjects.decode_start(decode.instance_id),
+        )
+        return HandedStart(
+            start,
+            self._subjects.decode_start(decode.instance_id),
+            stream,
+            answer,
+            self._presence.sent_to("decode", decode.instance_id),
+        )
 
     async def _start_on_decode(
         self, request: ScheduleRequest, progress: Progress, decode: DecodeSide

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from crescent.common.bus import Stream
-from crescent.common.messages import TokenLogprobs
+from crescent.common.bus import Stream, within
+from crescent.common.messages import DecodeStart, PrefillResult, TokenLogprobs
 from crescent.conductor.cluster_view import ClusterView
 
 
@@ -67,6 +67,41 @@ class Attempt:
         self.starting.cancel()
         await asyncio.gather(self.starting, return_exceptions=True)
         await self.stream.close()
+
+
+@dataclass
+class HandedStart:
+    """A decode start the prefill instance sends as its first token is out
+    (PrefillJob.decode_start), and what the conductor awaits of it from before the job goes
+    out: the token stream, and the decode's answer (Replies.expect)."""
+
+    start: DecodeStart
+    subject: str  # the decode's start subject
+    stream: Stream
+    answer: asyncio.Future
+    sent_to: SentTo
+
+    def started(self, timeout_s: float) -> Attempt:
+        """The attempt once the prefill's result is in: the start went out with it, so the
+        answer is due within `timeout_s`."""
+        starting = asyncio.ensure_future(within(self.answer, self.subject, timeout_s))
+        starting.add_done_callback(lambda _: self.answer.cancel())  # closed before it ran
+        return Attempt(self.stream, self.sent_to, starting)
+
+    async def drop(self) -> None:
+        """Stop awaiting the start: the job failed or its decode refused the reservation."""
+        self.answer.cancel()
+        await self.stream.close()
+
+
+@dataclass
+class Prefilled:
+    """How a request's prompt was computed: `result` is the prefill instance's (None: the
+    decode instance computes the prompt itself); `attempt` is the decode attempt started
+    already, by the prefill instance or on decode (None: the conductor starts it)."""
+
+    result: PrefillResult | None
+    attempt: Attempt | None
 
 
 class Gone:

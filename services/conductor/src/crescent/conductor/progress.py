@@ -60,16 +60,32 @@ class Progress:
                 sampling=msgspec.structs.replace(self.sampling, prompt_logprobs=None),
                 stream_owner=stream_owner,
             )
+        return self._continued(attempt_id, stream_owner, self.generated[:-1], self.generated[-1])
+
+    def start_after_prefill(self, attempt_id: str, stream_owner: str) -> DecodeStart | None:
+        """The start a prefill instance sends the decode once its first token is out, which it
+        fills in (PrefillJob.decode_start): decode_start() as it will be after that token. None
+        where the conductor starts the decode itself: a replayed request (its decode
+        generates from the prompt), or one whose first token is its last."""
+        if self.is_replayed or self.generated or self.max_tokens <= 1:
+            return None
+        start = self._continued(attempt_id, stream_owner, [], None)
+        return msgspec.structs.replace(start, from_prefill=True)
+
+    def _continued(
+        self, attempt_id: str, stream_owner: str, earlier: list[int], last_token: int | None
+    ) -> DecodeStart:
+        """Go on after the output `earlier` + [last_token] (None: filled in by the sender)."""
         sampling = msgspec.structs.replace(
             self.sampling,
             prompt_logprobs=None,
-            min_tokens=max(0, self.sampling.min_tokens - len(self.generated)),
+            min_tokens=max(0, self.sampling.min_tokens - len(earlier) - 1),
         )
         return DecodeStart(
             request_id=attempt_id,
-            token_ids=self.prompt + self.generated[:-1],
-            first_token=self.generated[-1],
-            max_tokens=self.max_tokens - len(self.generated) + 1,
+            token_ids=self.prompt + earlier,
+            first_token=last_token,
+            max_tokens=self.max_tokens - len(earlier),
             sampling=sampling,
             stream_owner=stream_owner,
         )

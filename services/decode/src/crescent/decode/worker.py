@@ -217,6 +217,8 @@ class DecodeWorker:
         now = time.monotonic()
         # Accepted or refused, from here on load() says it: the ledger holds it or never will.
         self.received.note(reservation.conductor, reservation.assignment, now)
+        if reservation.request_id in self._generations:  # its start from prefill came first
+            return ReservationReply(request_id=reservation.request_id, accepted=True)
         refusal = self._refusal(need, reservation.num_prompt_tokens, now)
         if refusal is not None:
             return ReservationReply(
@@ -265,7 +267,8 @@ class DecodeWorker:
                 raise StartRejected(f"request {start.request_id} is already running")
             if start.request_id in self._cancelled:
                 raise StartRejected(f"request {start.request_id} was cancelled")
-            if start.admit:
+            # A start from prefill may overtake its reservation: then it is admitted the same way.
+            if start.admit or (start.from_prefill and start.request_id not in self.ledger.reserved):
                 refusal = self._refusal(need, len(start.token_ids), now)
                 if refusal is not None:
                     raise StartRefused(refusal)

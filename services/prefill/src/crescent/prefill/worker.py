@@ -19,6 +19,13 @@ it (the client left, or the request moved on) stops where it is.
 
 With the vllm engine, each job's full prompt blocks go to the store on the decode instance's
 node (and this node's, for later reuse), layer by layer while the prompt computes.
+
+A job may carry its decode's start (PrefillJob.decode_start): once the first token is out and
+the decode node holds the KV, the worker sends the start, that token filled in, to the decode
+instance in the same socket write as the result, so decoding starts one NATS hop sooner than
+if the conductor relayed it. The start's reply subject is the conductor's
+(Subjects.start_reply): the decode answers the conductor, which moves the request when no
+answer comes within its start deadline.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+
+import msgspec
 
 from crescent.common.cluster_config import ConfigFollower
 from crescent.common.codec import decode, encode
@@ -243,6 +252,9 @@ class PrefillWorker:
                 f"the job's blocks are {job.block_size} tokens, this instance stores "
                 f"{self.settings.block_size}-token blocks: its prefix would never be found"
             )
+        start = job.decode_start
+        if start is not None and not (job.decode_instance and start.stream_owner):
+            raise JobRejected("a job's decode start needs a decode instance and a stream owner")
         if not self.is_vllm and unsupported(job.sampling):
             raise InvalidRequestError(
                 f"the emulated engine cannot apply {', '.join(unsupported(job.sampling))}"
@@ -307,6 +319,12 @@ class PrefillWorker:
             self._jobs.pop(job.request_id, None)
         finished = time.monotonic()
         self.recent_ttft.add(finished - enqueued)
+        if start is not None:  # the decode's KV is in its node's store: it can start now
+            await self._runtime.bus.publish(
+                self._runtime.subjects.decode_start(job.decode_instance),
+                msgspec.structs.replace(start, first_token=output.first_token),
+                reply=self._runtime.subjects.start_reply(start.request_id, start.stream_owner),
+            )
         return PrefillResult(
             request_id=job.request_id,
             first_token=output.first_token,
