@@ -41,3 +41,32 @@ def test_control_plane_bench_writes_every_case(tmp_path):
     assert cases["1P1D"]["added_p50_ms"] == pytest.approx(
         cases["1P1D"]["p50_ms"] - cases["http-direct"]["p50_ms"], abs=1e-3
     )
+
+
+def test_control_plane_bench_compares_another_checkout_side_by_side(tmp_path):
+    """--compare runs each chosen cluster case twice at once, here from this same checkout,
+    and says which commits it compared; a directory that is no checkout is a CLI error."""
+    out = tmp_path / "cp.json"
+    crescent = str(Path(sys.executable).parent / "crescent")
+    repository = Path(__file__).resolve().parents[2]
+    argv = [crescent, "bench", "control-plane", "--json", str(out), "--requests", "40"]
+    subprocess.run(
+        [*argv, "--concurrency", "4", "--cases", "1P1D", "--compare", str(repository)],
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
+    result = json.loads(out.read_text())
+    cases = {case["case"]: case for case in result["cases"]}
+    assert set(cases) == {"http-direct", "1P1D", "parse-8000-token-ids"}
+    compared = cases["1P1D"]
+    assert compared["compare_rps"] > 0 and compared["compare_p50_ms"] > 0
+    assert compared["p50_over_compare"] == pytest.approx(
+        compared["p50_ms"] / compared["compare_p50_ms"], abs=1e-3
+    )
+    assert result["config"]["compare"]["commit"] == result["config"]["commit"] != "unknown"
+
+    for bad in (["--compare", str(tmp_path)], ["--cases", "1P1D,9P9D"]):
+        refused = subprocess.run([*argv, *bad], timeout=60, capture_output=True, text=True)
+        assert refused.returncode == 2, refused.stderr
+        assert "crescent bench control-plane: error:" in refused.stderr

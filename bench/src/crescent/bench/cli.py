@@ -24,6 +24,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--concurrency", type=int, default=16, help="requests in flight (default 16)"
     )
     control.add_argument("--max-tokens", type=int, default=8, help="tokens per request (default 8)")
+    control.add_argument(
+        "--cases",
+        type=lambda text: text.split(","),
+        help="cluster cases to run, comma-separated (default all: 1P1D,4P4D,1P1D-on-decode)",
+    )
+    control.add_argument(
+        "--compare",
+        type=Path,
+        metavar="CHECKOUT",
+        help="another checkout of this repository (a git worktree of an older commit): each "
+        "cluster case also runs from its code, beside this one's, the one-at-a-time requests "
+        "taking turns (figures under compare_*, and p50_over_compare)",
+    )
     transfer = benches.add_parser(
         "transfer", help="shm and tcp GB/s against memcpy and loopback limits"
     )
@@ -224,7 +237,13 @@ def run(args: argparse.Namespace) -> int:
     if args.bench == "control-plane":
         from crescent.bench.control_plane import run_control_plane_bench
 
-        result = run_control_plane_bench(args.requests, args.concurrency, args.max_tokens)
+        try:
+            result = run_control_plane_bench(
+                args.requests, args.concurrency, args.max_tokens, args.cases, args.compare
+            )
+        except ValueError as exc:  # an unknown case, or --compare is no checkout of this repository
+            print(f"crescent bench control-plane: error: {exc}", file=sys.stderr)
+            return 2
     elif args.bench == "store":
         from crescent.bench.store_bench import run_store_bench
 

@@ -8,6 +8,11 @@ scheduling, NATS hops, the decode batch loop and SSE/JSON relaying. Side by side
                uncached tokens itself (`--local-prefill 512`): the bench's prompt never visits
                the prefill instance, the path a short prompt takes under `--local-prefill auto`.
 Latency is measured one request at a time (no queueing); requests/s with `concurrency` in flight.
+With --compare CHECKOUT (another checkout of this repository, such as a git worktree of an
+older commit) each cluster case also runs from that checkout's code, both clusters up at once:
+the one-at-a-time requests take turns and the loaded runs go in halves, A B B A, so the
+machine's load falls on both alike and a change under a millisecond shows (each cluster's
+absolute figures are higher than alone: the other's telemetry shares the cores).
 One more case, in this process, times what the conductor does with a body whose prompt is
 8,000 token ids (strict JSON, then the OpenAI fields checked into a request) against the
 standard library's json.loads of the same bytes.
@@ -27,11 +32,12 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from crescent.bench.load import run_load
+from crescent.bench.load import LoadResult, run_load, run_turns
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import is_port_open
 from crescent.common.ports import free_port
@@ -43,6 +49,7 @@ WARMUP_REQUESTS = 20
 NUM_PROMPT_IDS = 8000
 NUM_PARSES = 200
 ON_DECODE_METRIC = "crescent_prefill_on_decode_total"
+REPOSITORY = Path(__file__).resolve().parents[4]  # bench/src/crescent/bench/<this file>
 # name, prefill and decode instances each, conductor flags, whether decode computes the prompts
 CLUSTER_CASES = (
     ("1P1D", 1, [], False),
@@ -65,29 +72,60 @@ def _num_serial(num_requests: int) -> int:
     return max(num_requests // 4, 50)
 
 
+@dataclass
+class Target:
+    """A server measured: where it answers, and the processes whose CPU time it costs."""
+
+    url: str
+    pids: list[int]
+
+
 def _measure(
-    url: str, num_requests: int, concurrency: int, max_tokens: int, pids: list[int]
-) -> dict:
+    targets: list[Target], num_requests: int, concurrency: int, max_tokens: int
+) -> list[dict]:
+    """Each target's figures. Two targets (--compare) are measured side by side: the one-at-a-
+    time requests take turns, and the loaded runs go in two halves in the order A B B A."""
     body = {
         "model": MODEL,
         "prompt": "Benchmark the control path of Crescent. " * 4,
         "max_tokens": max_tokens,
     }
-    asyncio.run(run_load(url, body, WARMUP_REQUESTS, 1))
-    serial = asyncio.run(run_load(url, body, _num_serial(num_requests), 1))
-    cpu_before = _cpu_seconds(pids)
-    loaded = asyncio.run(run_load(url, body, num_requests, concurrency))
-    cpu_s = _cpu_seconds(pids) - cpu_before
-    if serial.num_errors or loaded.num_errors:
-        raise RuntimeError(f"{url}: {serial.num_errors + loaded.num_errors} requests failed")
-    return {
-        "rps": round(loaded.requests_per_s, 1),
-        "p50_ms": round(serial.percentile_ms(50), 3),
-        "p99_ms": round(serial.percentile_ms(99), 3),
-        "loaded_p50_ms": round(loaded.percentile_ms(50), 3),
-        "loaded_p99_ms": round(loaded.percentile_ms(99), 3),
-        "cpu_ms_per_request": round(cpu_s * 1000 / num_requests, 3),
-    }
+    urls = [target.url for target in targets]
+    asyncio.run(run_turns(urls, body, WARMUP_REQUESTS))
+    serial = asyncio.run(run_turns(urls, body, _num_serial(num_requests)))
+    loaded: list[list[LoadResult]] = [[] for _ in targets]
+    cpu_s = [0.0] * len(targets)
+    order = list(range(len(targets)))
+    num_halves = 1 if len(targets) == 1 else 2
+    for k in order + order[::-1] if num_halves == 2 else order:
+        cpu_before = _cpu_seconds(targets[k].pids)
+        loaded[k].append(
+            asyncio.run(run_load(urls[k], body, num_requests // num_halves, concurrency))
+        )
+        cpu_s[k] += _cpu_seconds(targets[k].pids) - cpu_before
+    figures = []
+    for k, target in enumerate(targets):
+        num_errors = serial[k].num_errors + sum(run.num_errors for run in loaded[k])
+        if num_errors:
+            raise RuntimeError(f"{target.url}: {num_errors} requests failed")
+        num_loaded = sum(run.num_requests for run in loaded[k])
+        loaded_latencies = LoadResult(
+            num_loaded,
+            0,
+            sum(run.seconds for run in loaded[k]),
+            [latency for run in loaded[k] for latency in run.latencies_s],
+        )
+        figures.append(
+            {
+                "rps": round(loaded_latencies.requests_per_s, 1),
+                "p50_ms": round(serial[k].percentile_ms(50), 3),
+                "p99_ms": round(serial[k].percentile_ms(99), 3),
+                "loaded_p50_ms": round(loaded_latencies.percentile_ms(50), 3),
+                "loaded_p99_ms": round(loaded_latencies.percentile_ms(99), 3),
+                "cpu_ms_per_request": round(cpu_s[k] * 1000 / num_loaded, 3),
+            }
+        )
+    return figures
 
 
 def _num_prefilled_on_decode(api_url: str) -> int:
@@ -115,12 +153,11 @@ def _baseline(num_requests: int, concurrency: int, max_tokens: int) -> dict:
                 raise RuntimeError("the baseline server did not start")
             time.sleep(0.05)
         return _measure(
-            f"http://127.0.0.1:{port}/v1/completions",
+            [Target(f"http://127.0.0.1:{port}/v1/completions", [server.pid])],
             num_requests,
             concurrency,
             max_tokens,
-            [server.pid],
-        )
+        )[0]
     finally:
         server.terminate()
         server.wait(10)
@@ -133,39 +170,80 @@ def _cluster(
     max_tokens: int,
     conductor_args: list[str],
     on_decode: bool,
-) -> dict:
-    """The case's figures; it fails unless the decode instance computed every prompt when
-    `on_decode` says so and none otherwise (the conductor's own count)."""
+    compare: Path | None,
+) -> list[dict]:
+    """The case's figures, then, with `compare`, those of the same cluster run from that
+    checkout, measured side by side. It fails unless each conductor says its decode instance
+    computed every prompt when `on_decode` says so, and none otherwise."""
+    env = {"CRESCENT_LOG_LEVEL": "WARNING"}
+    envs = [env] if compare is None else [env, {**env, "PYTHONPATH": checkout_path(compare)}]
     with tempfile.TemporaryDirectory(prefix="crescent-bench-") as workdir:
-        spec = ClusterSpec(
-            workdir=Path(workdir),
-            api_port=free_port(),
-            num_prefill=num_instances,
-            num_decode=num_instances,
-            engine_args=["--emulated-time-scale", "0"],
-            env={"CRESCENT_LOG_LEVEL": "WARNING"},
-            conductor_args=conductor_args,
-        )
-        cluster = LocalCluster(spec)
-        cluster.start(timeout_s=120)
-        try:
-            result = _measure(
-                f"{cluster.api_url}/v1/completions",
-                num_requests,
-                concurrency,
-                max_tokens,
-                cluster.pids(),
+        clusters = [
+            LocalCluster(
+                ClusterSpec(
+                    workdir=Path(workdir) / str(k),
+                    api_port=free_port(),
+                    num_prefill=num_instances,
+                    num_decode=num_instances,
+                    engine_args=["--emulated-time-scale", "0"],
+                    env=cluster_env,
+                    conductor_args=conductor_args,
+                )
             )
-            num_on_decode = _num_prefilled_on_decode(cluster.api_url)
+            for k, cluster_env in enumerate(envs)
+        ]
+        try:
+            for cluster in clusters:
+                cluster.start(timeout_s=120)
+            targets = [
+                Target(f"{cluster.api_url}/v1/completions", cluster.pids()) for cluster in clusters
+            ]
+            figures = _measure(targets, num_requests, concurrency, max_tokens)
+            nums_on_decode = [_num_prefilled_on_decode(cluster.api_url) for cluster in clusters]
         finally:
-            cluster.stop()
-    num_sent = WARMUP_REQUESTS + _num_serial(num_requests) + num_requests
-    if num_on_decode != (num_sent if on_decode else 0):
-        raise RuntimeError(
-            f"the decode instance computed {num_on_decode} of {num_sent} prompts; "
-            f"expected {'all' if on_decode else 'none'}"
-        )
-    return result
+            for cluster in clusters:
+                cluster.stop()
+    num_sent = (
+        WARMUP_REQUESTS + _num_serial(num_requests) + num_requests // len(clusters) * len(clusters)
+    )
+    for num_on_decode in nums_on_decode:
+        if num_on_decode != (num_sent if on_decode else 0):
+            raise RuntimeError(
+                f"the decode instance computed {num_on_decode} of {num_sent} prompts; "
+                f"expected {'all' if on_decode else 'none'}"
+            )
+    return figures
+
+
+def checkout_path(checkout: Path) -> str:
+    """PYTHONPATH that runs the services from `checkout`, another clone or worktree of this
+    repository: its libs/*/src and services/*/src, which come before the installed packages."""
+    sources = sorted(checkout.glob("libs/*/src")) + sorted(checkout.glob("services/*/src"))
+    if not any((source / "crescent" / "conductor").is_dir() for source in sources):
+        raise ValueError(f"{checkout} is not a checkout of this repository (no services/*/src)")
+    return os.pathsep.join(str(source.resolve()) for source in sources)
+
+
+def commit_of(checkout: Path) -> str:
+    """The checkout's commit, "+dirty" when it has changes; "unknown" outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        changes = subprocess.run(
+            ["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if changes else "")
 
 
 def _median_ms(work, repeat: int) -> float:
@@ -195,20 +273,42 @@ def _token_id_body() -> dict:
 
 
 def run_control_plane_bench(
-    num_requests: int = 400, concurrency: int = 16, max_tokens: int = 8
+    num_requests: int = 400,
+    concurrency: int = 16,
+    max_tokens: int = 8,
+    case_names: list[str] | None = None,
+    compare: Path | None = None,
 ) -> dict:
+    """`case_names`: the cluster cases to run (default all); `compare`: another checkout, whose
+    cluster of each case runs beside this one's (its figures under compare_*)."""
+    known = [name for name, *_ in CLUSTER_CASES]
+    unknown = sorted(set(case_names or ()) - set(known))
+    if unknown:
+        raise ValueError(f"no cluster case {', '.join(unknown)}; the cases: {', '.join(known)}")
+    if compare is not None:
+        checkout_path(compare)  # fail before any cluster starts
     baseline = _baseline(num_requests, concurrency, max_tokens)
     cases = [{"case": "http-direct", **baseline}]
     for name, num_instances, conductor_args, on_decode in CLUSTER_CASES:
-        result = _cluster(
-            num_instances, num_requests, concurrency, max_tokens, conductor_args, on_decode
+        if case_names is not None and name not in case_names:
+            continue
+        figures = _cluster(
+            num_instances, num_requests, concurrency, max_tokens, conductor_args, on_decode, compare
         )
+        result = {"case": name, **figures[0]}
         result["added_p50_ms"] = round(result["p50_ms"] - baseline["p50_ms"], 3)
         result["added_p99_ms"] = round(result["p99_ms"] - baseline["p99_ms"], 3)
-        cases.append({"case": name, **result})
+        if compare is not None:
+            result.update({f"compare_{key}": value for key, value in figures[1].items()})
+            result["p50_over_compare"] = round(result["p50_ms"] / figures[1]["p50_ms"], 3)
+        cases.append(result)
     cases.append(_token_id_body())
-    return {
-        "bench": "control-plane",
-        "cases": cases,
-        "config": {"requests": num_requests, "concurrency": concurrency, "max_tokens": max_tokens},
+    config: dict = {
+        "requests": num_requests,
+        "concurrency": concurrency,
+        "max_tokens": max_tokens,
+        "commit": commit_of(REPOSITORY),
     }
+    if compare is not None:
+        config["compare"] = {"checkout": str(compare), "commit": commit_of(compare)}
+    return {"bench": "control-plane", "cases": cases, "config": config}

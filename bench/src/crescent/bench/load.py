@@ -4,6 +4,7 @@ soon as the previous one is answered, until `num_requests` are done."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -52,3 +53,32 @@ async def run_load(
         await asyncio.gather(*(client(session) for _ in range(concurrency)))
         seconds = time.perf_counter() - started
     return LoadResult(num_requests, errors, seconds, latencies)
+
+
+async def run_turns(
+    urls: list[str], body: dict, num_each: int, timeout_s: float = 30
+) -> list[LoadResult]:
+    """One request at a time, the targets taking turns (the order reversed every round), so
+    that a change in the machine's load falls on each of them alike; one result per url."""
+    latencies: list[list[float]] = [[] for _ in urls]
+    errors = [0] * len(urls)
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with contextlib.AsyncExitStack() as stack:
+        sessions = [
+            await stack.enter_async_context(
+                aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=1))
+            )
+            for _ in urls
+        ]
+        for round_number in range(num_each):
+            order = list(range(len(urls)))
+            for k in order if round_number % 2 == 0 else order[::-1]:
+                started = time.perf_counter()
+                async with sessions[k].post(urls[k], json=body) as response:
+                    await response.read()
+                    if response.status != 200:
+                        errors[k] += 1
+                latencies[k].append(time.perf_counter() - started)
+    return [
+        LoadResult(num_each, errors[k], sum(latencies[k]), latencies[k]) for k in range(len(urls))
+    ]
