@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import uvloop
 from aiohttp import web
 
 
@@ -37,7 +38,16 @@ def main() -> None:
     args = parser.parse_args()
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
-    web.run_app(app, host="127.0.0.1", port=args.port, access_log=None, print=None)
+    # the services' event loop (crescent.common.service), so that the baseline differs from
+    # them by the control path alone
+    web.run_app(
+        app,
+        host="127.0.0.1",
+        port=args.port,
+        access_log=None,
+        print=None,
+        loop=uvloop.new_event_loop(),
+    )
 
 
 if __name__ == "__main__":

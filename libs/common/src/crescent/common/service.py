@@ -31,6 +31,7 @@ from typing import Protocol
 import msgspec
 import nats.errors
 import prometheus_client
+import uvloop
 from aiohttp import web
 
 from crescent.common import tracing
@@ -276,13 +277,16 @@ async def _start(service: Service, runtime: Runtime) -> None:
 def run_service(
     role: str, settings: CommonSettings, build: Callable[[CommonSettings], Service]
 ) -> int:
-    """Process entry: logs, tracing, the event loop, and a clear message for fatal errors."""
+    """Process entry: logs, tracing, the event loop, and a clear message for fatal errors.
+    The loop is uvloop's: every request crosses NATS several times, and a round trip between
+    two services took about 20 % less on it than on asyncio's own loop (bench/README.md)."""
     instance_id = settings.instance_id or f"{role}-{secrets.token_hex(3)}"
     settings.instance_id = instance_id
     setup_logging(role, instance_id, settings.log_level, settings.log_format)
     provider = tracing.setup_tracing(role, instance_id)
     try:
-        return asyncio.run(serve(build(settings), settings))
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(serve(build(settings), settings))
     except (FatalError, ConfigError) as exc:
         log.error("cannot start", extra={"error": str(exc)})
         print(f"crescent-{role}: error: {exc}", file=sys.stderr)
