@@ -174,7 +174,9 @@ async def test_every_served_request_checks_its_ttft_and_tbt_predictions(dev_clus
 
     async with aiohttp.ClientSession() as session:
         before = await error_counts(session)
-        body = {"model": MODEL, "prompt": "check my predictions " * 40, "max_tokens": 8}
+        # More tokens than one chunk holds (16): decode's steps at this time scale may come
+        # faster than the chunker's delay, and a TBT is measured after the first chunk only.
+        body = {"model": MODEL, "prompt": "check my predictions " * 40, "max_tokens": 40}
         async with session.post(f"{dev_cluster.api_url}/v1/completions", json=body) as response:
             assert response.status == 200, await response.text()
         after = await error_counts(session)

@@ -280,13 +280,13 @@ async def test_an_admitted_start_runs_and_is_acknowledged_in_telemetry(infra, cl
     subjects = Subjects(cluster_name)
     stream = await bus.stream(subjects.tokens("admitted"), TokenChunk)
     try:
-        await bus.request(
-            subjects.decode_start("decode-a"), start_to_admit("admitted", 300, 43), Ack, 5
-        )
+        # Seconds of emulated steps: still running at the next telemetry report.
+        admitted = msgspec.structs.replace(start_to_admit("admitted", 300, 43), max_tokens=400)
+        await bus.request(subjects.decode_start("decode-a"), admitted, Ack, 5)
         load = await telemetry_until(
             bus, cluster_name, lambda load: load.received.get("conductor-t") == 43, 5
         )
-        assert load.num_running >= 1 and load.kv_used_tokens >= 316
+        assert load.num_running >= 1 and load.kv_used_tokens >= 700
         chunk = await stream.next(10)
         assert chunk.request_id == "admitted" and chunk.token_ids
     finally:
