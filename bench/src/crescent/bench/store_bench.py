@@ -40,6 +40,7 @@ from pathlib import Path
 
 import aetcd
 import numpy as np
+import uvloop
 
 from crescent.cluster.infra import etcd_spec, nats_spec
 from crescent.cluster.processes import ManagedProcess, ProcessError, ProcessSpec
@@ -198,8 +199,9 @@ class _CrescentSide:
         """Timings of the mapped road ("mapped") and of the data plane forced onto tcp ("tcp")."""
         with ExitStack() as stack:
             store = _start(stack, _store_spec(shape, self._urls, self._cluster), self._logs)
+            # on the loop the connector's store bridge runs its client on (engine.kv_store)
             return {
-                mode: asyncio.run(
+                mode: uvloop.run(
                     asyncio.wait_for(
                         _crescent_rounds(
                             self._urls, self._cluster, store, shape, batch_blocks, repeat, mode

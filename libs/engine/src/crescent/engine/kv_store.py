@@ -25,6 +25,8 @@ from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
+import uvloop
+
 from crescent.common.bus import Bus
 from crescent.common.errors import RecoverableError
 from crescent.common.etcd import connect_etcd
@@ -82,7 +84,7 @@ class StoreBridge:
 
     def __init__(self, config: BridgeConfig) -> None:
         self.config = config
-        self._loop = asyncio.new_event_loop()
+        self._loop = uvloop.new_event_loop()  # the services' loop (crescent.common.service)
         self._thread = threading.Thread(
             target=self._loop.run_forever, name=f"crescent-kv {config.connection_name}", daemon=True
         )
