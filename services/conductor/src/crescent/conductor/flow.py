@@ -311,11 +311,11 @@ class RequestFlow:
             )
             prefilled_at: list[float] = []  # when the result came: the reservation may be later
             prefilling.add_done_callback(lambda _, at=prefilled_at: at.append(self._clock()))
+            is_handed_over = False  # the attempt the prefill instance started is returned
             try:
                 if not await self._reserve_for(request, decode):
                     await self._drop_job(prefilling, prefill.instance_id, request.request_id)
                     if handed is not None:  # its start may be on its way: a new attempt id
-                        await handed.drop()
                         await self._cancel_decode(decode)
                         decode.attempt += 1
                     self._refused(request, decision, decode, refused)
@@ -328,10 +328,10 @@ class RequestFlow:
                 self._scheduler.on_prefilled(
                     request, decision, result, now - sent_at, reserve_wait_s
                 )
-                return Prefilled(result, handed.started(self._timeouts.start_s) if handed else None)
+                started = handed.started(self._timeouts.start_s) if handed else None
+                is_handed_over = True
+                return Prefilled(result, started)
             except MOVABLE_ERRORS as exc:
-                if handed is not None:
-                    await handed.drop()
                 if isinstance(exc, RemoteError) and exc.code == INVALID_REQUEST:
                     raise RequestRefusedError(exc.message) from exc
                 if num_moves >= MAX_MIGRATIONS:
@@ -348,10 +348,11 @@ class RequestFlow:
                 decode.attempt += 1
             except asyncio.CancelledError:
                 prefilling.cancel()
-                if handed is not None:
-                    await handed.drop()
                 await self._cancel_prefill(prefill.instance_id, request.request_id)
                 raise
+            finally:
+                if handed is not None and not is_handed_over:  # refused, moved or failed
+                    await handed.drop()
 
     def _hand_over(self, progress: Progress, decode: DecodeSide) -> HandedStart | None:
         """The decode's start for the prefill instance to send, with its token stream and its
