@@ -13,7 +13,8 @@ by side in one run, on the same model, trace and load.
 
 aiperf (`pip install aiperf`, in an environment of its own: it is not a Crescent dependency)
 replays the trace's requests at their timestamps (`--fixed-schedule`), prompts built from the
-hash ids, streaming completions; its tokenizer is the model's, which this module places in a
+hash ids, streaming completions that ignore the end-of-sequence token (every answer is as
+long as its trace row says); its tokenizer is the model's, which this module places in a
 private Hugging Face cache under a hub-style name, as aiperf's loader expects. Prompts are cut
 to `max_input_tokens` (keeping the leading hash ids) so the trace fits a small model.
 """
@@ -98,6 +99,11 @@ def run_aiperf(
         "--input-file",
         str(trace),
         "--fixed-schedule",
+        # Each answer as long as its trace row says, on every system alike: the same decode work
+        # everywhere, and no empty answer (which aiperf counts as an error) when the tiny model's
+        # first sampled token is its end of sequence.
+        "--extra-inputs",
+        "ignore_eos:true",
         "--artifact-dir",
         str(out_dir),
     ]
