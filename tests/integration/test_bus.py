@@ -27,13 +27,7 @@ async def test_request_reply_and_remote_errors(infra):
         await Bus.connect(infra.nats_url, "client"),
     )
     try:
-
-        async def handle(cancel: DecodeCancel) -> Ack:
-            if cancel.request_id == "boom":
-                raise ValueError("exploded")
-            return Ack(request_id=cancel.request_id)
-
-        await server.serve("x.cancel", DecodeCancel, handle)
+        await server.serve("x.cancel", DecodeCancel, _ack_unless_boom)
         reply = await client.request("x.cancel", DecodeCancel(request_id="r1"), Ack, timeout_s=2)
         assert reply == Ack(request_id="r1")
         with pytest.raises(RemoteError, match="exploded") as info:
@@ -67,6 +61,13 @@ async def test_malformed_message_gets_error_reply_and_service_keeps_serving(infr
 
 async def _ack(message: DecodeCancel) -> Ack:
     return Ack(request_id=message.request_id)
+
+
+async def _ack_unless_boom(message: DecodeCancel) -> Ack:
+    """An Ack, except for request "boom", whose handler fails."""
+    if message.request_id == "boom":
+        raise ValueError("exploded")
+    return await _ack(message)
 
 
 async def test_a_peer_may_send_as_soon_as_serve_returns(infra):
@@ -170,13 +171,7 @@ async def test_replies_to_a_request_another_service_sent_come_back_to_who_expect
         await Bus.connect(infra.nats_url, "waiter"),
     )
     try:
-
-        async def handle(cancel: DecodeCancel) -> Ack:
-            if cancel.request_id == "boom":
-                raise ValueError("exploded")
-            return Ack(request_id=cancel.request_id)
-
-        await server.serve("x.cancel", DecodeCancel, handle)
+        await server.serve("x.cancel", DecodeCancel, _ack_unless_boom)
         replies = await waiter.replies("x.started.c1.*", Ack)
         answered = replies.expect("x.started.c1.a", "x.cancel")
         failed = replies.expect("x.started.c1.b", "x.cancel")

@@ -142,14 +142,17 @@ class Replies:
             return
         due, request_subject = expected
         try:
-            reply = decode(msg.data, self._reply_type | ErrorReply)
-        except MessageError as exc:
+            due.set_result(_reply_of(msg.data, self._reply_type, request_subject))
+        except (MessageError, RemoteError) as exc:
             due.set_exception(exc)
-            return
-        if isinstance(reply, ErrorReply):
-            due.set_exception(RemoteError(request_subject, reply.code, reply.message))
-        else:
-            due.set_result(reply)
+
+
+def _reply_of(data: bytes, reply_type: Any, request_subject: str) -> Any:
+    """A reply decoded as `reply_type`; an ErrorReply raises RemoteError."""
+    reply = decode(data, reply_type | ErrorReply)
+    if isinstance(reply, ErrorReply):
+        raise RemoteError(request_subject, reply.code, reply.message)
+    return reply
 
 
 async def within(reply: asyncio.Future, subject: str, timeout_s: float) -> Any:
@@ -231,10 +234,7 @@ class Bus:
             raise NoRespondersError(subject) from exc
         except nats.errors.TimeoutError as exc:
             raise RequestTimeoutError(subject, timeout_s) from exc
-        reply = decode(msg.data, reply_type | ErrorReply)
-        if isinstance(reply, ErrorReply):
-            raise RemoteError(subject, reply.code, reply.message)
-        return reply
+        return _reply_of(msg.data, reply_type, subject)
 
     async def publish(
         self, subject: str, message: Message, *, with_trace: bool = True, reply: str = ""

@@ -236,9 +236,8 @@ class ReservationReply(Message):
 
 class DecodeStart(Message):
     """Conductor (or prefill, `from_prefill`) → decode.<id>.start: generate after the prompt
-    and its first token. Without a
-    first token (conditional disaggregation) the decode instance computes the prompt itself and
-    the first token it streams is the first output token."""
+    and its first token. Without a first token (conditional disaggregation) the decode instance
+    computes the prompt itself and the first token it streams is the first output token."""
 
     request_id: Id
     token_ids: TokenIds

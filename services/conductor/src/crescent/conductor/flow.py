@@ -360,17 +360,13 @@ class RequestFlow:
         start = progress.start_after_prefill(decode.attempt_id, self._owner)
         if start is None:
             return None
+        subject = self._subjects.decode_start(decode.instance_id)
         stream = self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
         answer = self._started.expect(
-            self._subjects.start_reply(decode.attempt_id, self._owner),
-            self._subjects.decode_start(decode.instance_id),
+            self._subjects.start_reply(decode.attempt_id, self._owner), subject
         )
         return HandedStart(
-            start,
-            self._subjects.decode_start(decode.instance_id),
-            stream,
-            answer,
-            self._presence.sent_to("decode", decode.instance_id),
+            start, subject, stream, answer, self._presence.sent_to("decode", decode.instance_id)
         )
 
     async def _start_on_decode(
