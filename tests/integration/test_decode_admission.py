@@ -319,3 +319,25 @@ async def test_a_start_from_prefill_ahead_of_its_reservation_is_admitted_and_hol
     # 17 (the warm-up) + 1,200 in use: held again, the reservation's 1,016 would not fit.
     assert (await reserve(bus, cluster_name, "early", 1000)).accepted
     assert (await reserve(bus, cluster_name, "other", 700)).accepted
+
+
+async def test_a_start_from_prefill_after_its_reservation_was_refused_is_refused(
+    infra, cluster_name, decode
+):
+    """A refused reservation's prefill instance may still send the start, and the room may have
+    come back by the time it lands: the start is refused all the same, for its conductor has
+    already placed the request again."""
+    bus, start = decode
+    await start("--kv-capacity-tokens", "1000", "--emulated-time-scale", "0")
+    subjects = Subjects(cluster_name)
+    assert (await reserve(bus, cluster_name, "holder", 900)).accepted
+    refused = await reserve(bus, cluster_name, "late", 500)
+    assert not refused.accepted and "no KV room" in refused.reason
+    await bus.request(subjects.decode_cancel("decode-a"), DecodeCancel(request_id="holder"), Ack, 5)
+    late_start = DecodeStart(
+        request_id="late", token_ids=[7] * 500, first_token=8, max_tokens=16, from_prefill=True
+    )
+    with pytest.raises(RemoteError) as rejected:
+        await bus.request(subjects.decode_start("decode-a"), late_start, Ack, 5)
+    assert "refused" in str(rejected.value)
+    assert (await reserve(bus, cluster_name, "after", 500)).accepted  # the room did come back

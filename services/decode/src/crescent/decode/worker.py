@@ -100,7 +100,9 @@ class DecodeWorker:
         self.chunk_limits = settings.chunk_limits()
         self.cluster_config: ConfigFollower | None = None  # its TBT SLO gates admission
         self._generations: dict[str, asyncio.Task] = {}
-        self._cancelled: dict[str, float] = {}  # request id → until when a late start is refused
+        # request id → until when a late start is refused: it was cancelled, or its reservation
+        # was refused here (its prefill instance may send the start all the same)
+        self._closed: dict[str, float] = {}
         # which of each conductor's reservations (and cancels) load() counts
         self.received = ReceivedAssignments()
         self.recent_tbt = Ewma()  # measured time between tokens of running requests
@@ -221,6 +223,7 @@ class DecodeWorker:
             return ReservationReply(request_id=reservation.request_id, accepted=True)
         refusal = self._refusal(need, reservation.num_prompt_tokens, now)
         if refusal is not None:
+            self._close(reservation.request_id, now)
             return ReservationReply(
                 request_id=reservation.request_id, accepted=False, reason=refusal
             )
@@ -265,8 +268,8 @@ class DecodeWorker:
             span.set_attribute("crescent.request_id", start.request_id)
             if start.request_id in self._generations:
                 raise StartRejected(f"request {start.request_id} is already running")
-            if start.request_id in self._cancelled:
-                raise StartRejected(f"request {start.request_id} was cancelled")
+            if start.request_id in self._closed:
+                raise StartRejected(f"request {start.request_id} was cancelled or refused here")
             # A start from prefill may overtake its reservation: then it is admitted the same way.
             if start.admit or (start.from_prefill and start.request_id not in self.ledger.reserved):
                 refusal = self._refusal(need, len(start.token_ids), now)
@@ -341,8 +344,7 @@ class DecodeWorker:
         """Start and cancel arrive on different subjects and may be handled out of order, so a
         cancel is remembered: a start that comes after it is refused instead of running."""
         now = time.monotonic()
-        self._cancelled = {rid: t for rid, t in self._cancelled.items() if t > now}
-        self._cancelled[cancel.request_id] = now + CANCEL_MEMORY_S
+        self._close(cancel.request_id, now)
         self.engine.abort(cancel.request_id)
         generation = self._generations.get(cancel.request_id)
         if generation is not None:  # it may not have reached the engine yet: stop it either way
@@ -351,6 +353,11 @@ class DecodeWorker:
             self.ledger.release(cancel.request_id)
         self.received.note(cancel.conductor, cancel.assignment, now)
         return Ack(request_id=cancel.request_id)
+
+    def _close(self, request_id: str, now: float) -> None:
+        """Refuse any start of `request_id` that comes from now on, for CANCEL_MEMORY_S."""
+        self._closed = {rid: until for rid, until in self._closed.items() if until > now}
+        self._closed[request_id] = now + CANCEL_MEMORY_S
 
     @property
     def num_inflight(self) -> int:
