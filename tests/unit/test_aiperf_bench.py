@@ -3,6 +3,7 @@
 import json
 
 from crescent.bench.aiperf_replay import cut_trace, hub_cache, summarize
+from crescent.bench.cli import format_table
 
 
 def test_cut_trace_caps_prompts_and_keeps_their_leading_hash_ids(tmp_path):
@@ -36,13 +37,20 @@ def test_summary_counts_errors_and_reports_percentiles():
     stats = {"p50": 1.23, "p90": 4.5, "p99": 9.0}
     export = {
         "request_count": {"avg": 198.0},
-        "error_summary": [{"count": 2, "error_details": {}}],
+        "error_summary": [
+            {"count": 2, "error_details": {}},
+            {"count": 1, "error_details": {"code": 500, "type": "Internal", "message": "boom"}},
+        ],
         "time_to_first_token": stats,
         "inter_token_latency": stats,
         "request_latency": stats,
     }
     row = summarize(export)
-    assert row["requests"] == 198 and row["errors"] == 2
+    assert row["requests"] == 198 and row["errors"] == 3
+    assert row["error_kinds"] == ["2 x error: ", "1 x 500 Internal: boom"]
+    table = format_table({"bench": "aiperf", "cases": [{"case": "vllm", **row}]})
+    assert "error_kinds" not in table.splitlines()[1]  # not a column
+    assert table.splitlines()[-1] == "vllm error_kinds: 1 x 500 Internal: boom"
     assert row["ttft_ms_p50"] == 1.2 and row["itl_ms_p99"] == 9.0
 
 

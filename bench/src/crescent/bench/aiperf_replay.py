@@ -38,6 +38,7 @@ from crescent.common.ports import free_port
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
 HUB_NAME = "local/tiny-llama"
 HASH_BLOCK_TOKENS = 512  # the Mooncake traces' block size
+ERROR_MESSAGE_CHARS = 200  # of each kind of error aiperf saw, in the row
 METRICS = {
     "ttft_ms": "time_to_first_token",
     "itl_ms": "inter_token_latency",
@@ -122,13 +123,24 @@ def run_aiperf(
 
 def summarize(export: dict) -> dict:
     """Requests, errors and latency percentiles from aiperf's profile_export_aiperf.json."""
-    errors = sum(int(entry.get("count", 1)) for entry in export.get("error_summary") or [])
+    summary = export.get("error_summary") or []
+    errors = sum(int(entry.get("count", 1)) for entry in summary)
     row: dict = {"requests": int(export["request_count"]["avg"]), "errors": errors}
+    if summary:  # what went wrong, as aiperf saw it: the count is not the whole story
+        row["error_kinds"] = [_error_kind(entry) for entry in summary]
     for name, key in METRICS.items():
         stats = export[key]
         for stat in ("p50", "p90", "p99"):
             row[f"{name}_{stat}"] = round(stats[stat], 1)
     return row
+
+
+def _error_kind(entry: dict) -> str:
+    details = entry.get("error_details") or {}
+    code = details.get("code")
+    label = " ".join(str(part) for part in (code, details.get("type")) if part)
+    message = str(details.get("message", ""))[:ERROR_MESSAGE_CHARS]
+    return f"{int(entry.get('count', 1))} x {label or 'error'}: {message}"
 
 
 LOCAL_PREFILL_MAX_TOKENS = (

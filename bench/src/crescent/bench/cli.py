@@ -322,8 +322,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_table(result: dict) -> str:
+    """One row per case, a column per scalar figure; lists (such as the kinds of a case's
+    errors) follow the table, a line per item."""
     cases = result["cases"]
-    metrics = list(dict.fromkeys(k for case in cases for k in case if k != "case"))
+    metrics = list(
+        dict.fromkeys(
+            k for case in cases for k, v in case.items() if k != "case" and not isinstance(v, list)
+        )
+    )
     width = max([16] + [len(case["case"]) for case in cases])
     lines = [
         f"{result['bench']}",
@@ -335,4 +341,8 @@ def format_table(result: dict) -> str:
             for m in metrics
         ]
         lines.append("  ".join([case["case"].ljust(width)] + cells))
+    for case in cases:
+        for key, value in case.items():
+            if isinstance(value, list):
+                lines.extend(f"{case['case']} {key}: {item}" for item in value)
     return "\n".join(lines)
