@@ -4,6 +4,12 @@ from crescent.common.tokenizer import ByteTokenizer
 from crescent.engine.emulated import emulated_token
 
 
+def expected_first_token(prompt: str) -> int:
+    """The emulated engine's first token for `prompt` (the prefill's)."""
+    prompt_ids = ByteTokenizer().encode(prompt)
+    return emulated_token(sum(prompt_ids), len(prompt_ids))
+
+
 def expected_text(prompt: str, max_tokens: int) -> str:
     """What the emulated engine must answer: its token function, applied as prefill + decode
     would."""

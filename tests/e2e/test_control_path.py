@@ -6,7 +6,7 @@ from __future__ import annotations
 import aiohttp
 import nats
 import pytest
-from expected import expected_text
+from expected import expected_first_token, expected_text
 
 from crescent.common.naming import Subjects
 
@@ -51,3 +51,32 @@ async def test_the_prefill_job_goes_out_before_the_decode_reservation_is_answere
     [(_, reserve_inbox)] = reserves
     answered_at = next(i for i, (subject, _) in enumerate(seen) if subject == reserve_inbox)
     assert jobs[0] < answered_at, seen
+
+
+async def test_a_first_token_that_ends_the_answer_starts_no_decode(dev_cluster):
+    """The prefill instance starts the decode only when decoding follows: a first token that is
+    one of the request's stop tokens ends the answer there, and no start goes out for it."""
+    subjects = Subjects(dev_cluster.spec.cluster)
+    watcher = await nats.connect(dev_cluster.nats_url)
+    starts: list[str] = []
+
+    async def record(msg) -> None:
+        starts.append(msg.subject)
+
+    prompt = "one token is enough: " * 2
+    stop = {"stop_token_ids": [expected_first_token(prompt)]}
+    try:
+        await watcher.subscribe(subjects.decode_start("*"), cb=record)
+        await watcher.flush()
+        async with aiohttp.ClientSession() as session:
+            for extra, finish_reason, num_starts in ((stop, "stop", 0), ({}, "length", 1)):
+                body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, **extra}
+                url = f"{dev_cluster.api_url}/v1/completions"
+                async with session.post(url, json=body) as answer:
+                    assert answer.status == 200, await answer.text()
+                    choice = (await answer.json())["choices"][0]
+                assert choice["finish_reason"] == finish_reason, choice
+                await watcher.flush()
+                assert len(starts) == num_starts, (extra, starts)
+    finally:
+        await watcher.close()

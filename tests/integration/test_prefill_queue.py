@@ -231,7 +231,8 @@ async def test_the_prefill_starts_the_decode_the_job_names_with_its_first_token(
 ):
     """A job that carries its decode start: the prefill instance sends it to the decode
     instance, its first token filled in, as that token is out (no conductor in between), and
-    the decode's answer goes to the conductor that reads the stream."""
+    the decode's answer goes to the conductor that reads the stream; unless that token ends
+    the answer."""
     bus, _ = store_client
     subjects = Subjects(cluster_name)
     starts: asyncio.Queue[tuple[DecodeStart, str]] = asyncio.Queue()
@@ -271,6 +272,26 @@ async def test_the_prefill_starts_the_decode_the_job_names_with_its_first_token(
         sent, reply_to = await asyncio.wait_for(starts.get(), 5)
         assert sent == msgspec.structs.replace(template, first_token=result.first_token)
         assert reply_to == subjects.start_reply("direct", "conductor-t")
+        # The same prompt gives the same first token: here one that ends the answer.
+        ended = await bus.request(
+            subjects.prefill_job("prefill-q"),
+            PrefillJob(
+                request_id="ended",
+                model=MODEL,
+                token_ids=prompt,
+                block_size=BLOCK_SIZE,
+                decode_instance="decode-x",
+                decode_node="n0",
+                decode_start=msgspec.structs.replace(template, request_id="ended"),
+                ends_on_first=[result.first_token + 1, result.first_token],
+            ),
+            PrefillResult,
+            10,
+        )
+        assert ended.first_token == result.first_token
+        await watcher.flush()  # a start sent before the result would be here by now
+        await asyncio.sleep(0.1)
+        assert starts.empty(), "a start was sent for an answer its first token ended"
         with pytest.raises(RemoteError, match="needs a decode instance"):
             await bus.request(
                 subjects.prefill_job("prefill-q"),

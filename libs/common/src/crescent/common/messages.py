@@ -194,6 +194,9 @@ class PrefillJob(Message):
     # token filled in (DecodeStart.from_prefill); the decode answers on
     # started.<stream_owner>.<request_id>. None: the conductor starts the decode itself.
     decode_start: DecodeStart | None = None
+    # A first token among these ends the answer (a stop token, or the end of sequence): then no
+    # decode_start is sent, as no decode follows.
+    ends_on_first: TokenIds = []
 
 
 class PrefillCancel(Message):

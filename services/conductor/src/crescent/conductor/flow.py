@@ -294,6 +294,7 @@ class RequestFlow:
                     "prefill", prefill.instance_id, request.request_id
                 ),
                 decode_start=handed.start if handed is not None else None,
+                ends_on_first=self._stop_tokens(progress.sampling) if handed is not None else [],
             )
             sent_at = self._clock()
             sent_to = self._presence.sent_to(
@@ -585,13 +586,19 @@ class RequestFlow:
         )
 
     def _finish_on_first(self, token: int, max_tokens: int, sampling: SamplingParams) -> str | None:
-        if token in sampling.stop_token_ids or (
-            token == self._eos_token_id and not sampling.ignore_eos
-        ):
+        if token in self._stop_tokens(sampling):
             return "stop"
         if max_tokens <= 1:
             return "length"
         return None
+
+    def _stop_tokens(self, sampling: SamplingParams) -> list[int]:
+        """The tokens that end the answer when generated: its stop tokens and, unless it
+        ignores it, the model's end of sequence."""
+        eos = self._eos_token_id
+        if sampling.ignore_eos or not isinstance(eos, int) or eos < 0:
+            return list(sampling.stop_token_ids)
+        return [*sampling.stop_token_ids, eos]
 
     async def _cancel_decode(self, decode: DecodeSide) -> None:
         """The cancel is numbered: until a report acknowledges it, the view takes the room off

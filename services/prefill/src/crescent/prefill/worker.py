@@ -25,7 +25,8 @@ the decode node holds the KV, the worker sends the start, that token filled in, 
 instance in the same socket write as the result, so decoding starts one NATS hop sooner than
 if the conductor relayed it. The start's reply subject is the conductor's
 (Subjects.start_reply): the decode answers the conductor, which moves the request when no
-answer comes within its start deadline.
+answer comes within its start deadline. A first token that ends the answer
+(PrefillJob.ends_on_first) sends no start: no decode follows it.
 """
 
 from __future__ import annotations
@@ -319,7 +320,8 @@ class PrefillWorker:
             self._jobs.pop(job.request_id, None)
         finished = time.monotonic()
         self.recent_ttft.add(finished - enqueued)
-        if start is not None:  # the decode's KV is in its node's store: it can start now
+        # the decode's KV is in its node's store: it can start now, unless the answer has ended
+        if start is not None and output.first_token not in job.ends_on_first:
             await self._runtime.bus.publish(
                 self._runtime.subjects.decode_start(job.decode_instance),
                 msgspec.structs.replace(start, first_token=output.first_token),
