@@ -293,6 +293,17 @@ async def test_an_admitted_start_runs_and_is_acknowledged_in_telemetry(infra, cl
         await stream.close()
 
 
+def start_from_prefill(request_id: str, num_prompt_tokens: int, max_tokens: int) -> DecodeStart:
+    """A start as a prefill instance sends it, its first token filled in."""
+    return DecodeStart(
+        request_id=request_id,
+        token_ids=[7] * num_prompt_tokens,
+        first_token=8,
+        max_tokens=max_tokens,
+        from_prefill=True,
+    )
+
+
 async def test_a_start_from_prefill_ahead_of_its_reservation_is_admitted_and_holds_room_once(
     infra, cluster_name, decode
 ):
@@ -302,20 +313,11 @@ async def test_a_start_from_prefill_ahead_of_its_reservation_is_admitted_and_hol
     bus, start = decode
     await start("--kv-capacity-tokens", "2000", "--emulated-time-scale", "1")
     subject = Subjects(cluster_name).decode_start("decode-a")
-
-    def from_prefill(request_id: str, num_prompt_tokens: int) -> DecodeStart:
-        return DecodeStart(
-            request_id=request_id,
-            token_ids=[7] * num_prompt_tokens,
-            first_token=8,
-            max_tokens=200,  # seconds of emulated steps: still running when its reservation comes
-            from_prefill=True,
-        )
-
+    # 200 tokens: seconds of emulated steps, still running when its reservation comes
     with pytest.raises(RemoteError) as refused:
-        await bus.request(subject, from_prefill("too-big", 1900), Ack, 5)
+        await bus.request(subject, start_from_prefill("too-big", 1900, 200), Ack, 5)
     assert refused.value.code == "StartRefused" and "no KV room" in str(refused.value)
-    await bus.request(subject, from_prefill("early", 1000), Ack, 5)
+    await bus.request(subject, start_from_prefill("early", 1000, 200), Ack, 5)
     # 17 (the warm-up) + 1,200 in use: held again, the reservation's 1,016 would not fit.
     assert (await reserve(bus, cluster_name, "early", 1000)).accepted
     assert (await reserve(bus, cluster_name, "other", 700)).accepted
@@ -334,10 +336,9 @@ async def test_a_start_from_prefill_after_its_reservation_was_refused_is_refused
     refused = await reserve(bus, cluster_name, "late", 500)
     assert not refused.accepted and "no KV room" in refused.reason
     await bus.request(subjects.decode_cancel("decode-a"), DecodeCancel(request_id="holder"), Ack, 5)
-    late_start = DecodeStart(
-        request_id="late", token_ids=[7] * 500, first_token=8, max_tokens=16, from_prefill=True
-    )
     with pytest.raises(RemoteError) as rejected:
-        await bus.request(subjects.decode_start("decode-a"), late_start, Ack, 5)
+        await bus.request(
+            subjects.decode_start("decode-a"), start_from_prefill("late", 500, 16), Ack, 5
+        )
     assert "refused" in str(rejected.value)
     assert (await reserve(bus, cluster_name, "after", 500)).accepted  # the room did come back

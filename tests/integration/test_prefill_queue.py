@@ -253,58 +253,33 @@ async def test_the_prefill_starts_the_decode_the_job_names_with_its_first_token(
         stream_owner="conductor-t",
         from_prefill=True,
     )
+
+    async def prefill_job(request_id: str, **fields) -> PrefillResult:
+        job = PrefillJob(
+            request_id=request_id, model=MODEL, token_ids=prompt, block_size=BLOCK_SIZE, **fields
+        )
+        return await bus.request(subjects.prefill_job("prefill-q"), job, PrefillResult, 10)
+
+    to_decode = {"decode_instance": "decode-x", "decode_node": "n0"}
     try:
         await telemetry_of(bus, cluster_name, prefill)
-        result = await bus.request(
-            subjects.prefill_job("prefill-q"),
-            PrefillJob(
-                request_id="direct",
-                model=MODEL,
-                token_ids=prompt,
-                block_size=BLOCK_SIZE,
-                decode_instance="decode-x",
-                decode_node="n0",
-                decode_start=template,
-            ),
-            PrefillResult,
-            10,
-        )
+        result = await prefill_job("direct", decode_start=template, **to_decode)
         sent, reply_to = await asyncio.wait_for(starts.get(), 5)
         assert sent == msgspec.structs.replace(template, first_token=result.first_token)
         assert reply_to == subjects.start_reply("direct", "conductor-t")
         # The same prompt gives the same first token: here one that ends the answer.
-        ended = await bus.request(
-            subjects.prefill_job("prefill-q"),
-            PrefillJob(
-                request_id="ended",
-                model=MODEL,
-                token_ids=prompt,
-                block_size=BLOCK_SIZE,
-                decode_instance="decode-x",
-                decode_node="n0",
-                decode_start=msgspec.structs.replace(template, request_id="ended"),
-                ends_on_first=[result.first_token + 1, result.first_token],
-            ),
-            PrefillResult,
-            10,
+        ended = await prefill_job(
+            "ended",
+            decode_start=msgspec.structs.replace(template, request_id="ended"),
+            ends_on_first=[result.first_token + 1, result.first_token],
+            **to_decode,
         )
         assert ended.first_token == result.first_token
         await watcher.flush()  # a start sent before the result would be here by now
         await asyncio.sleep(0.1)
         assert starts.empty(), "a start was sent for an answer its first token ended"
         with pytest.raises(RemoteError, match="needs a decode instance"):
-            await bus.request(
-                subjects.prefill_job("prefill-q"),
-                PrefillJob(
-                    request_id="nowhere",
-                    model=MODEL,
-                    token_ids=prompt,
-                    block_size=BLOCK_SIZE,
-                    decode_start=template,
-                ),
-                PrefillResult,
-                10,
-            )
+            await prefill_job("nowhere", decode_start=template)
         assert starts.empty()
     finally:
         await watcher.close()

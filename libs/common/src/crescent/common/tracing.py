@@ -23,7 +23,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 TRACER_NAME = "crescent"
 
 
-def is_exporting() -> bool:
+def _is_exporting() -> bool:
     return bool(
         os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
         or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
@@ -33,7 +33,7 @@ def is_exporting() -> bool:
 def setup_tracing(service: str, instance_id: str) -> trace.TracerProvider:
     """Install the global tracer provider for this process and return it (shut it down on exit):
     the SDK's, exporting, where a collector is configured; else one that only propagates."""
-    if not is_exporting():
+    if not _is_exporting():
         provider: trace.TracerProvider = PropagatingTracerProvider()
     else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
