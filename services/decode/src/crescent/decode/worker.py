@@ -145,9 +145,11 @@ class DecodeWorker:
             "cost profile published",
             extra={"source": self.profile.source, "decode": str(self.profile.decode)},
         )
-        await runtime.bus.serve(subjects.decode_reserve(instance_id), Reservation, self.reserve)
-        await runtime.bus.serve(subjects.decode_start(instance_id), DecodeStart, self.start_request)
+        # Reservations are served last: once one is answered, the start and cancel that may
+        # follow it have a responder too.
         await runtime.bus.serve(subjects.decode_cancel(instance_id), DecodeCancel, self.cancel)
+        await runtime.bus.serve(subjects.decode_start(instance_id), DecodeStart, self.start_request)
+        await runtime.bus.serve(subjects.decode_reserve(instance_id), Reservation, self.reserve)
 
     @property
     def is_vllm(self) -> bool:

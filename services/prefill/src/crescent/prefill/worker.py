@@ -159,11 +159,12 @@ class PrefillWorker:
             "cost profile published",
             extra={"source": self.profile.source, "prefill": str(self.profile.prefill)},
         )
-        await runtime.bus.serve(
-            runtime.subjects.prefill_job(runtime.instance_id), PrefillJob, self.run_job
-        )
+        # Jobs are served last: once one is answered, its cancel has a responder too.
         await runtime.bus.serve(
             runtime.subjects.prefill_cancel(runtime.instance_id), PrefillCancel, self.cancel
+        )
+        await runtime.bus.serve(
+            runtime.subjects.prefill_job(runtime.instance_id), PrefillJob, self.run_job
         )
 
     def instance_info(self) -> InstanceInfo:
