@@ -12,6 +12,7 @@ from policy_helpers import chain, cluster, decode, index_with, linear_predictors
 
 from crescent.common.errors import ConfigError
 from crescent.conductor.policy import CostPredictors, Decision, LocalPrefill, make_policy
+from crescent.conductor.policy.snapshot import InflightRequest
 from crescent.conductor.settings import ConductorSettings
 
 P = linear_predictors()
@@ -29,13 +30,17 @@ def _choose(
     req=None,
     prefill_queue_s: float = 0.0,
     decode_fields: dict | None = None,
+    inflight=(),
 ) -> Decision:
     rule = tokens(threshold) if isinstance(threshold, int) else threshold
     index = index_with({"node-d": PROMPT[:decode_node_blocks]}) if decode_node_blocks else None
     outcome = make_policy(policy, predictors=P, local_prefill=rule, rng=random.Random(0)).choose(
         req or request(PROMPT),
         cluster(
-            [prefill("p", queue_s=prefill_queue_s)], [decode("d", **(decode_fields or {}))], index
+            [prefill("p", queue_s=prefill_queue_s)],
+            [decode("d", **(decode_fields or {}))],
+            index,
+            inflight=inflight,
         ),
         0.0,
     )
@@ -102,6 +107,43 @@ def test_auto_sends_to_the_prefill_instance_what_it_computes_sooner():
     assert not _choose(auto(10.0), 0, decode_fields=slow_decode).prefill_on_decode
     # the prefill instance's queue makes the remote TTFT longer than the local compute
     assert _choose(auto(10.0), 0, prefill_queue_s=2.0, decode_fields=slow_decode).prefill_on_decode
+
+
+def computing_on(decode_id: str, local_prefill_s: float) -> InflightRequest:
+    """A prompt this conductor sent `decode_id` to compute, its first token not yet back."""
+    return InflightRequest(decode_id, 100, 0.0, True, local_prefill_s=local_prefill_s)
+
+
+def test_auto_says_what_it_predicts_the_decode_instance_computes():
+    assert _choose(auto(max_step_s=0.2), decode_node_blocks=0).local_prefill_s == pytest.approx(
+        0.129
+    )
+
+
+def test_auto_counts_first_what_the_decode_instance_has_yet_to_compute():
+    """A burst of short prompts: the engine may batch them into one step, so together they
+    must fit the TBT bound (129 ms each here, against 200 ms)."""
+    slow_remote = {"prefill_queue_s": 1.0}  # so only the TBT bound decides
+
+    def on_decode(*inflight: InflightRequest) -> bool:
+        return _choose(auto(0.2), 0, inflight=inflight, **slow_remote).prefill_on_decode
+
+    assert not on_decode(computing_on("d", 0.1))
+    assert on_decode(computing_on("d", 0.05))
+    assert on_decode(computing_on("other", 0.1))
+    assert on_decode(computing_on("d", 0.0))  # its first token is back
+    # the TTFT side: the queued compute runs before this prompt's
+    slow_prefill_queue = {"prefill_queue_s": 0.3}  # remote TTFT 429 ms
+    assert _choose(
+        auto(10.0), 0, inflight=[computing_on("d", 0.25)], **slow_prefill_queue
+    ).prefill_on_decode
+    assert not _choose(
+        auto(10.0), 0, inflight=[computing_on("d", 0.35)], **slow_prefill_queue
+    ).prefill_on_decode
+
+
+def test_a_token_threshold_is_kept_whatever_is_queued():
+    assert _choose(129, 0, inflight=[computing_on("d", 9.0)]).prefill_on_decode
 
 
 def corrected(base_per_token_s: float, overhead_s: float) -> CostPredictors:
