@@ -57,7 +57,7 @@ def choose(scheduler: Scheduler, request_id: str, record: bool = True) -> Decisi
 def test_a_prompt_waits_on_decode_until_its_first_token_is_back():
     scheduler = one_prefill_one_decode()
     first = choose(scheduler, "r0")
-    assert first.prefill_on_decode and first.local_prefill_s > 0
+    assert first.prefill_on_decode and first.local_prefill_added_s > 0
 
     assert not choose(scheduler, "r1", record=False).prefill_on_decode  # r0 computes there
 

@@ -109,15 +109,18 @@ def test_auto_sends_to_the_prefill_instance_what_it_computes_sooner():
     assert _choose(auto(10.0), 0, prefill_queue_s=2.0, decode_fields=slow_decode).prefill_on_decode
 
 
-def computing_on(decode_id: str, local_prefill_s: float) -> InflightRequest:
+def computing_on(decode_id: str, added_s: float) -> InflightRequest:
     """A prompt this conductor sent `decode_id` to compute, its first token not yet back."""
-    return InflightRequest(decode_id, 100, 0.0, True, local_prefill_s=local_prefill_s)
+    return InflightRequest(decode_id, 100, 0.0, True, local_prefill_added_s=added_s)
 
 
-def test_auto_says_what_it_predicts_the_decode_instance_computes():
-    assert _choose(auto(max_step_s=0.2), decode_node_blocks=0).local_prefill_s == pytest.approx(
-        0.129
-    )
+def test_auto_says_what_the_prompt_adds_to_the_decode_instances_step():
+    decision = _choose(auto(max_step_s=0.2), decode_node_blocks=0)
+    assert decision.local_prefill_added_s == pytest.approx(0.129)  # P has no fixed step cost
+    with_step_cost = {"costs": linear_predictors(prefill_per_token_s=0.001, prefill_step_s=0.05)}
+    decision = _choose(auto(max_step_s=0.2), 0, decode_fields=with_step_cost, prefill_queue_s=1.0)
+    assert decision.prefill_on_decode
+    assert decision.local_prefill_added_s == pytest.approx(0.129)  # 179 ms less the 50 shared
 
 
 def test_auto_counts_first_what_the_decode_instance_has_yet_to_compute():
@@ -140,6 +143,23 @@ def test_auto_counts_first_what_the_decode_instance_has_yet_to_compute():
     assert not _choose(
         auto(10.0), 0, inflight=[computing_on("d", 0.35)], **slow_prefill_queue
     ).prefill_on_decode
+
+
+def test_prompts_batched_into_one_step_pay_its_fixed_cost_once():
+    """50 ms a step plus 1 ms a token: this prompt 179 ms, one queued that adds 129 ms."""
+    with_step_cost = {"costs": linear_predictors(prefill_per_token_s=0.001, prefill_step_s=0.05)}
+
+    def on_decode(max_step_s: float) -> bool:
+        return _choose(
+            auto(max_step_s),
+            0,
+            decode_fields=with_step_cost,
+            prefill_queue_s=1.0,
+            inflight=[computing_on("d", 0.129)],
+        ).prefill_on_decode
+
+    assert on_decode(0.31)
+    assert not on_decode(0.30)
 
 
 def test_a_token_threshold_is_kept_whatever_is_queued():

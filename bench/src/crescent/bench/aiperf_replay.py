@@ -30,6 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from crescent.bench.conductor_metrics import num_prefilled_on_decode
 from crescent.bench.plain_vllm import bench_model, vllm_server_argv
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import ManagedProcess, ProcessSpec
@@ -165,7 +166,9 @@ def _crescent(
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=300)
     try:
-        return run(cluster.api_url)
+        row = run(cluster.api_url)
+        row["prefilled_on_decode"] = num_prefilled_on_decode(cluster.api_url)
+        return row
     finally:
         cluster.stop()
 

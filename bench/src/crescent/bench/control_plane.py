@@ -31,12 +31,10 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from crescent.bench.conductor_metrics import num_prefilled_on_decode
 from crescent.bench.load import LoadResult, run_load, run_turns
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import is_port_open
@@ -48,7 +46,6 @@ MODEL = "crescent-emulated"
 WARMUP_REQUESTS = 20
 NUM_PROMPT_IDS = 8000
 NUM_PARSES = 200
-ON_DECODE_METRIC = "crescent_prefill_on_decode_total"
 REPOSITORY = Path(__file__).resolve().parents[4]  # bench/src/crescent/bench/<this file>
 # name, prefill and decode instances each, conductor flags, whether decode computes the prompts
 CLUSTER_CASES = (
@@ -128,19 +125,6 @@ def _measure(
     return figures
 
 
-def _num_prefilled_on_decode(api_url: str) -> int:
-    with urllib.request.urlopen(f"{api_url}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return round(
-        sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == ON_DECODE_METRIC
-        )
-    )
-
-
 def _baseline(num_requests: int, concurrency: int, max_tokens: int) -> dict:
     port = free_port()
     server = subprocess.Popen(
@@ -199,7 +183,7 @@ def _cluster(
                 Target(f"{cluster.api_url}/v1/completions", cluster.pids()) for cluster in clusters
             ]
             figures = _measure(targets, num_requests, concurrency, max_tokens)
-            nums_on_decode = [_num_prefilled_on_decode(cluster.api_url) for cluster in clusters]
+            nums_on_decode = [num_prefilled_on_decode(cluster.api_url) for cluster in clusters]
         finally:
             for cluster in clusters:
                 cluster.stop()

@@ -187,7 +187,7 @@ class Scheduler:
             request.num_kv_tokens,
             now + decision.prefill.predicted_ttft_s,
             False,
-            decision.local_prefill_s,
+            decision.local_prefill_added_s,
         )
 
     def forget(self, request: ScheduleRequest, decision: Decision) -> None:
@@ -247,7 +247,7 @@ class Scheduler:
         self._count_prompt(num_prompt_tokens, num_cached_tokens)
         request = self.inflight.get(request_id)
         if request is not None:
-            self.inflight[request_id] = dataclasses.replace(request, local_prefill_s=0.0)
+            self.inflight[request_id] = dataclasses.replace(request, local_prefill_added_s=0.0)
 
     def _count_prompt(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
         """A prompt was computed, `num_cached_tokens` of it loaded: the cache hit rate's terms."""

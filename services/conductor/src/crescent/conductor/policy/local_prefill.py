@@ -9,8 +9,10 @@ instance's own cost model: the tail runs there when its compute is priced no hig
 remote prefill's predicted TTFT (which carries the remote path's learned overhead) and within
 one TBT SLO, since the running batch's next token waits for it. Under "auto" the prompts this
 conductor already sent that decode instance to compute, and whose first token has not come
-back, count first: they run before this one, and the engine may batch them all into one step,
-so a burst of short prompts cannot stall the running batch for several SLOs at once.
+back, count first: the engine batches them with this one into a step, which the running batch
+and this prompt's first token both wait for, so a burst of short prompts cannot stall the
+running batch for several SLOs at once. Each counts for what it adds to that step, its compute
+less the fixed cost of a step (the cost model's price of nothing), which they share.
 """
 
 from __future__ import annotations
@@ -47,9 +49,11 @@ class LocalPrefill:
 
 
 def queued_local_prefill_s(inflight: Sequence[InflightRequest], decode_instance_id: str) -> float:
-    """The predicted compute of the prompts `decode_instance_id` was sent to compute itself and
-    has not yet answered with a first token."""
-    return sum(r.local_prefill_s for r in inflight if r.decode_instance_id == decode_instance_id)
+    """What the prompts `decode_instance_id` was sent to compute itself, and has not yet
+    answered with a first token, add to its next step."""
+    return sum(
+        r.local_prefill_added_s for r in inflight if r.decode_instance_id == decode_instance_id
+    )
 
 
 def prefill_on_decode(
@@ -60,24 +64,26 @@ def prefill_on_decode(
     remote_ttft_s: float,
     queued_local_s: float = 0.0,
 ) -> float | None:
-    """The predicted compute when the decode instance should compute the prompt itself: the
-    rule is on, the request allows it, and the part of the prompt not cached on the decode
-    instance's node is short by the rule; None otherwise (`decode_costs`: the decode instance's
-    cost model; `remote_ttft_s`: the TTFT predicted on the prefill instance the policy picked;
-    `queued_local_s`: `queued_local_prefill_s` of that decode instance)."""
+    """When the decode instance should compute the prompt itself (the rule is on, the request
+    allows it, and the part of the prompt not cached on the decode instance's node is short by
+    the rule), what the prompt adds to that instance's step; None otherwise. `decode_costs`:
+    the decode instance's cost model; `remote_ttft_s`: the TTFT predicted on the prefill
+    instance the policy picked; `queued_local_s`: `queued_local_prefill_s` of that decode
+    instance."""
     if rule.mode == "off" or not request.may_prefill_on_decode:
         return None
     # The compute alone: the overhead the correction learned is the remote path's messaging and
     # KV hand-off (measured TTFT less queue and compute), which computing on decode saves.
+    overhead_s = decode_costs.prefill_overhead_s
     local_s = (
-        decode_costs.prefill_s(request.num_prompt_tokens, decode_node_prefix_tokens)
-        - decode_costs.prefill_overhead_s
+        decode_costs.prefill_s(request.num_prompt_tokens, decode_node_prefix_tokens) - overhead_s
     )
+    added_s = max(0.0, local_s - (decode_costs.prefill_s(0, 0) - overhead_s))
     if rule.mode == "tokens":
         is_short = request.num_prompt_tokens - decode_node_prefix_tokens <= rule.max_uncached_tokens
     else:
         is_short = queued_local_s + local_s <= min(remote_ttft_s, rule.max_step_s)
-    return local_s if is_short else None
+    return added_s if is_short else None
 
 
 OFF = LocalPrefill()

@@ -86,7 +86,7 @@ class Policy(ABC):
         if rejection is not None:
             return rejection
         self.accepted(prefill, decode)
-        local_prefill_s = prefill_on_decode(
+        local_prefill_added_s = prefill_on_decode(
             request,
             self.local_prefill,
             match.length(decodes.node_of(decode.instance_id)) * request.block_size,
@@ -94,9 +94,9 @@ class Policy(ABC):
             prefill.predicted_ttft_s,
             queued_local_prefill_s(snapshot.inflight, decode.instance_id),
         )
-        if local_prefill_s is not None:
+        if local_prefill_added_s is not None:
             return Decision(
-                prefill, decode, prefill_on_decode=True, local_prefill_s=local_prefill_s
+                prefill, decode, prefill_on_decode=True, local_prefill_added_s=local_prefill_added_s
             )
         return Decision(prefill, decode, self.replication(prefill))
 
