@@ -19,6 +19,7 @@ KEYS = [
     "p90_tbt_s",
     "effective_capacity",
     "prefill_compute_s",
+    "prefilled_on_decode",
     "max_replicas",
     "wall_s",
 ]

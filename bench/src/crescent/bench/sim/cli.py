@@ -121,6 +121,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttft-slo-s", type=float, default=DEFAULTS.ttft_slo_s)
     parser.add_argument("--tbt-slo-s", type=float, default=DEFAULTS.tbt_slo_s)
     parser.add_argument(
+        "--local-prefill",
+        default=DEFAULTS.local_prefill,
+        help="the conductor's conditional disaggregation: off, auto or a number of uncached "
+        "tokens (decode instances compute such prompts in their own steps)",
+    )
+    parser.add_argument(
         "--json", type=Path, default=None, help="write {'bench': 'sim', 'cases': [...]} here"
     )
     add_cluster_arguments(parser)
@@ -192,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
                 kvcache_balancing_threshold=args.kvcache_balancing_threshold,
                 ttft_slo_s=args.ttft_slo_s,
                 tbt_slo_s=args.tbt_slo_s,
+                local_prefill=args.local_prefill,
             )
             name = (
                 config.coupled

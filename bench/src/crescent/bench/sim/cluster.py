@@ -53,6 +53,7 @@ def conductor_settings(config: SimConfig) -> ConductorSettings:
         kv_bytes_per_block=int(TRACE_BLOCK_TOKENS * config.kv_bytes_per_token()),
         kvcache_balancing_threshold=config.kvcache_balancing_threshold,
         prefill_model=str(config.profile or ""),
+        local_prefill=config.local_prefill,
         hot_spot_period_s=config.hot_spot_period_s,
         seed=config.seed,
         emulated_layers=dims.num_layers,
@@ -312,6 +313,9 @@ class DisaggregatedCluster:
         request.decision = outcome
         request.decode_id = outcome.decode.instance_id
         request.predicted_prefill_s = outcome.prefill.prefill_s
+        if outcome.prefill_on_decode:
+            self._compute_on_decode(decode, request)
+            return
         prefill = self.prefills[outcome.prefill.instance_id]
         if (
             is_baseline
@@ -329,6 +333,18 @@ class DisaggregatedCluster:
         self._take_in("prefill", prefill, request.request_id)
         if prefill.is_idle:
             self._start_prefill(prefill)
+
+    def _compute_on_decode(self, decode: DecodeInstance, request: SimRequest) -> None:
+        """Conditional disaggregation: the decode instance computes the prompt in its next step,
+        with what its node's store holds of it, and the running batch's token waits for it."""
+        store = self.stores[decode.node]
+        request.reuse_blocks(store.prefix_run(request.blocks))
+        store.read(request.blocks[: request.num_cached_blocks])
+        request.compute_s = self.costs.prefill_s(request.num_prompt, request.cached_tokens)
+        self.scheduler.on_decode_started(request.request_id)  # the decode acknowledged it
+        decode.to_compute.append(request)
+        if not decode.is_stepping:
+            self._next_step(decode, self.loop.now)
 
     def _take_job(self, prefill: PrefillInstance, request: SimRequest) -> None:
         """What the prefill worker does when a job comes, before it queues: the planned pull,
@@ -434,27 +450,50 @@ class DisaggregatedCluster:
 
     def _step_done(self, decode: DecodeInstance) -> None:
         now = self.loop.now
-        for request in decode.batch.emit(now):
-            decode.kv_used_tokens -= decode.reserved.pop(request.request_id, 0)
-            self.scheduler.on_finished(request.request_id, True)
-            self._finish(request, Status.OK)
+        if decode.batch.num_running:
+            for request in decode.batch.emit(now):
+                decode.kv_used_tokens -= decode.reserved.pop(request.request_id, 0)
+                self.scheduler.on_finished(request.request_id, True)
+                self._finish(request, Status.OK)
+        for request in decode.computing:
+            self._computed_on_decode(decode, request)
+        decode.computing = []
         self._next_step(decode, now)
 
+    def _computed_on_decode(self, decode: DecodeInstance, request: SimRequest) -> None:
+        """A prompt the decode instance computed: its first token is out, its blocks saved to
+        the node's store, and it decodes from the next step on."""
+        now = self.loop.now
+        request.first_token_s = now
+        if self.ratio is not None:
+            self.ratio.window.add_ttft(now - request.arrival_s)
+        self.scheduler.on_computed_on_decode(
+            request.request_id, request.num_prompt, request.cached_tokens
+        )
+        self.stores[decode.node].write(request.blocks)
+        if request.num_output <= 1:
+            decode.release(request.request_id)
+            self.scheduler.on_finished(request.request_id, False)
+            self._finish(request, Status.OK)
+        else:
+            decode.joining.append(request)
+
     def _next_step(self, decode: DecodeInstance, now: float) -> None:
-        """Waiting requests join at the step boundary; an empty batch stops stepping."""
+        """Waiting requests join at the step boundary, and the prompts the instance computes
+        itself go into the step, which they make longer; with neither, stepping stops."""
         batch = decode.batch
         if decode.joining:
             for request in decode.joining:
                 batch.add(request)
                 decode.join(request.request_id)
             decode.joining.clear()
-        decode.is_stepping = batch.num_running > 0
+        decode.computing, decode.to_compute = decode.to_compute, []
+        decode.is_stepping = batch.num_running > 0 or bool(decode.computing)
         if decode.is_stepping:
-            self.loop.at(
-                now + self.decode_step_s(batch.num_running, batch.context_tokens),
-                self._step_done,
-                decode,
-            )
+            step_s = sum(request.compute_s for request in decode.computing)
+            if batch.num_running:
+                step_s += self.decode_step_s(batch.num_running, batch.context_tokens)
+            self.loop.at(now + step_s, self._step_done, decode)
 
     def _finish(self, request: SimRequest, status: Status, reason: str = "") -> None:
         request.status = status

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crescent.conductor.policy import POLICIES, PrefillTimeModel
+from crescent.conductor.policy import POLICIES, LocalPrefill, PrefillTimeModel
 from crescent.conductor.ratio import RatioConfig, RatioConfigError
 from crescent.engine.cost_model import CostModel, ModelDims
 
@@ -70,6 +70,7 @@ class SimConfig:
         None  # KV bytes per token a store holds and moves (default: the model's)
     )
     kvcache_balancing_threshold: float = 1.5
+    local_prefill: str = "off"  # the conductor's --local-prefill (conditional disaggregation)
     chunk_tokens: int = 512  # vllm-chunked: tokens per step (vLLM 0.5's default budget)
     max_num_seqs: int = 256  # coupled instances: most requests in one batch (vLLM's default)
     seed: int = 0
@@ -113,6 +114,15 @@ class SimConfig:
             )
         if not self.kvcache_balancing_threshold > 0:
             raise SimConfigError("the KV-cache balancing threshold must be > 0")
+        try:
+            rule = LocalPrefill.parse(self.local_prefill, self.tbt_slo_s)
+        except ValueError as exc:
+            raise SimConfigError(f"local prefill: {exc}") from exc
+        if rule.mode != "off" and (self.admission == "baseline" or self.coupled != "none"):
+            raise SimConfigError(
+                "local prefill needs the conductor's admission and disaggregated instances: "
+                "not --admission baseline or --coupled"
+            )
         if self.chunk_tokens < 1 or self.max_num_seqs < 1:
             raise SimConfigError("chunk tokens and max_num_seqs must be >= 1")
         if self.ratio is not None:

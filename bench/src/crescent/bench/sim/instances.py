@@ -67,6 +67,8 @@ class DecodeInstance:
         self.waiting: dict[str, int] = {}  # reserved, not yet in the batch: id → prompt tokens
         self.batch = Batch()
         self.joining: list[SimRequest] = []
+        self.to_compute: list[SimRequest] = []  # prompts it computes itself in its next step
+        self.computing: list[SimRequest] = []  # those of the step under way
         self.is_stepping = False
         self.is_draining = False  # takes no new work; leaves once what it holds is done
         self.drain_announced_s: float | None = None  # when its telemetry first said so
@@ -74,7 +76,13 @@ class DecodeInstance:
 
     @property
     def holds_work(self) -> bool:
-        return bool(self.reserved) or self.batch.num_running > 0 or bool(self.joining)
+        return (
+            bool(self.reserved)
+            or self.batch.num_running > 0
+            or bool(self.joining)
+            or bool(self.to_compute)
+            or bool(self.computing)
+        )
 
     def can_reserve(self, num_tokens: int) -> bool:
         return self.kv_used_tokens + num_tokens <= self.kv_capacity_tokens

@@ -91,6 +91,9 @@ class SimRun:
                 ((r.status is Status.OK, r.ttft_s, r.tbt_s) for r in requests), slo
             ),
             "prefill_compute_s": mean([r.compute_s for r in prefilled]),
+            "prefilled_on_decode": sum(
+                1 for r in prefilled if r.decision is not None and r.decision.prefill_on_decode
+            ),
             "max_replicas": self.cluster.max_replicas,
             "wall_s": self.wall_s,
             "rejected_after_prefill": statuses[Status.REJECTED_AFTER_PREFILL],
