@@ -12,7 +12,6 @@ from policy_helpers import chain, cluster, decode, index_with, linear_predictors
 
 from crescent.common.errors import ConfigError
 from crescent.conductor.policy import CostPredictors, Decision, LocalPrefill, make_policy
-from crescent.conductor.policy.snapshot import InflightRequest
 from crescent.conductor.settings import ConductorSettings
 
 P = linear_predictors()
@@ -30,17 +29,13 @@ def _choose(
     req=None,
     prefill_queue_s: float = 0.0,
     decode_fields: dict | None = None,
-    inflight=(),
 ) -> Decision:
     rule = tokens(threshold) if isinstance(threshold, int) else threshold
     index = index_with({"node-d": PROMPT[:decode_node_blocks]}) if decode_node_blocks else None
     outcome = make_policy(policy, predictors=P, local_prefill=rule, rng=random.Random(0)).choose(
         req or request(PROMPT),
         cluster(
-            [prefill("p", queue_s=prefill_queue_s)],
-            [decode("d", **(decode_fields or {}))],
-            index,
-            inflight=inflight,
+            [prefill("p", queue_s=prefill_queue_s)], [decode("d", **(decode_fields or {}))], index
         ),
         0.0,
     )
@@ -107,63 +102,6 @@ def test_auto_sends_to_the_prefill_instance_what_it_computes_sooner():
     assert not _choose(auto(10.0), 0, decode_fields=slow_decode).prefill_on_decode
     # the prefill instance's queue makes the remote TTFT longer than the local compute
     assert _choose(auto(10.0), 0, prefill_queue_s=2.0, decode_fields=slow_decode).prefill_on_decode
-
-
-def computing_on(decode_id: str, added_s: float) -> InflightRequest:
-    """A prompt this conductor sent `decode_id` to compute, its first token not yet back."""
-    return InflightRequest(decode_id, 100, 0.0, True, local_prefill_added_s=added_s)
-
-
-def test_auto_says_what_the_prompt_adds_to_the_decode_instances_step():
-    decision = _choose(auto(max_step_s=0.2), decode_node_blocks=0)
-    assert decision.local_prefill_added_s == pytest.approx(0.129)  # P has no fixed step cost
-    with_step_cost = {"costs": linear_predictors(prefill_per_token_s=0.001, prefill_step_s=0.05)}
-    decision = _choose(auto(max_step_s=0.2), 0, decode_fields=with_step_cost, prefill_queue_s=1.0)
-    assert decision.prefill_on_decode
-    assert decision.local_prefill_added_s == pytest.approx(0.129)  # 179 ms less the 50 shared
-
-
-def test_auto_counts_first_what_the_decode_instance_has_yet_to_compute():
-    """This prompt's first token waits for the step that computes the queued ones too: 129 ms
-    here, against a remote TTFT of 300 ms queue + 129 ms."""
-
-    def on_decode(*inflight: InflightRequest) -> bool:
-        return _choose(auto(10.0), 0, inflight=inflight, prefill_queue_s=0.3).prefill_on_decode
-
-    assert on_decode(computing_on("d", 0.25))
-    assert not on_decode(computing_on("d", 0.35))
-    assert on_decode(computing_on("other", 0.35))
-    assert on_decode(computing_on("d", 0.0))  # its first token is back
-
-
-def test_the_tbt_bound_is_per_prompt():
-    """A burst lengthens one step of the running batch, not every one: the queued compute does
-    not count against the TBT SLO (129 ms here, against 200 ms)."""
-    slow_remote = {"prefill_queue_s": 1.0}  # so only the TBT bound decides
-    assert _choose(auto(0.2), 0, inflight=[computing_on("d", 0.5)], **slow_remote).prefill_on_decode
-    assert not _choose(auto(0.1), 0, **slow_remote).prefill_on_decode
-
-
-def test_prompts_batched_into_one_step_pay_its_fixed_cost_once():
-    """50 ms a step plus 1 ms a token on decode: this prompt 179 ms, with one queued that adds
-    129 ms its first token comes at 308 ms; remote, at the queue + 129 ms."""
-    with_step_cost = {"costs": linear_predictors(prefill_per_token_s=0.001, prefill_step_s=0.05)}
-
-    def on_decode(prefill_queue_s: float) -> bool:
-        return _choose(
-            auto(10.0),
-            0,
-            decode_fields=with_step_cost,
-            prefill_queue_s=prefill_queue_s,
-            inflight=[computing_on("d", 0.129)],
-        ).prefill_on_decode
-
-    assert on_decode(0.18)
-    assert not on_decode(0.17)
-
-
-def test_a_token_threshold_is_kept_whatever_is_queued():
-    assert _choose(129, 0, inflight=[computing_on("d", 9.0)]).prefill_on_decode
 
 
 def corrected(base_per_token_s: float, overhead_s: float) -> CostPredictors:

@@ -42,12 +42,7 @@ from crescent.conductor.policy.decode_load import (
 )
 from crescent.conductor.policy.decode_time import DecodeTimeEstimator
 from crescent.conductor.policy.eligibility import eligible_decode, eligible_prefill
-from crescent.conductor.policy.local_prefill import (
-    OFF,
-    LocalPrefill,
-    prefill_on_decode,
-    queued_local_prefill_s,
-)
+from crescent.conductor.policy.local_prefill import OFF, LocalPrefill, prefill_on_decode
 from crescent.conductor.policy.replication import on_demand_order
 from crescent.conductor.policy.snapshot import ClusterSnapshot, InstanceSnapshot
 
@@ -86,18 +81,14 @@ class Policy(ABC):
         if rejection is not None:
             return rejection
         self.accepted(prefill, decode)
-        local_prefill_added_s = prefill_on_decode(
+        if prefill_on_decode(
             request,
             self.local_prefill,
             match.length(decodes.node_of(decode.instance_id)) * request.block_size,
             decodes.costs_for(decode.instance_id) or self.predictors,
             prefill.predicted_ttft_s,
-            queued_local_prefill_s(snapshot.inflight, decode.instance_id),
-        )
-        if local_prefill_added_s is not None:
-            return Decision(
-                prefill, decode, prefill_on_decode=True, local_prefill_added_s=local_prefill_added_s
-            )
+        ):
+            return Decision(prefill, decode, prefill_on_decode=True)
         return Decision(prefill, decode, self.replication(prefill))
 
     def choose_new_decode(
