@@ -33,8 +33,8 @@ def test_a_short_prompt_is_computed_in_the_decode_instances_step():
 
 
 def test_auto_prices_it_with_the_cost_model():
-    assert run("auto").requests[1].decision.prefill_on_decode
-    assert not run("auto").requests[0].decision.prefill_on_decode
+    long_decode, short = run("auto").requests
+    assert short.decision.prefill_on_decode and not long_decode.decision.prefill_on_decode
 
 
 @pytest.mark.parametrize(

@@ -394,11 +394,7 @@ class DisaggregatedCluster:
         self.stores[prefill.node].write(request.blocks)
         decode = self.decodes[request.decode_id]
         if request.num_output <= 1:
-            decode.release(request.request_id)
-            self.scheduler.on_finished(
-                request.request_id, False
-            )  # as flow.py: finished on the first token
-            self._finish(request, Status.OK)
+            self._finish_on_first_token(decode, request)
         elif self.config.admission == "baseline" and not self._decode_admits(decode, request):
             self.scheduler.on_finished(request.request_id, False)
             self._finish(request, Status.REJECTED_AFTER_PREFILL, "decode-load")
@@ -470,11 +466,16 @@ class DisaggregatedCluster:
         self.scheduler.on_computed_on_decode(request.num_prompt, request.cached_tokens)
         self.stores[decode.node].write(request.blocks)
         if request.num_output <= 1:
-            decode.release(request.request_id)
-            self.scheduler.on_finished(request.request_id, False)
-            self._finish(request, Status.OK)
+            self._finish_on_first_token(decode, request)
         else:
             decode.joining.append(request)
+
+    def _finish_on_first_token(self, decode: DecodeInstance, request: SimRequest) -> None:
+        """An answer of one token: its decode room goes back and, as in flow.py, the request
+        ends there without a decode time to learn from."""
+        decode.release(request.request_id)
+        self.scheduler.on_finished(request.request_id, False)
+        self._finish(request, Status.OK)
 
     def _next_step(self, decode: DecodeInstance, now: float) -> None:
         """Waiting requests join at the step boundary, and the prompts the instance computes

@@ -67,8 +67,10 @@ class DecodeInstance:
         self.waiting: dict[str, int] = {}  # reserved, not yet in the batch: id → prompt tokens
         self.batch = Batch()
         self.joining: list[SimRequest] = []
-        self.to_compute: list[SimRequest] = []  # prompts it computes itself in its next step
-        self.computing: list[SimRequest] = []  # those of the step under way
+        # Prompts it computes itself in its next step, and those of the step under way (both
+        # reserved here, so `holds_work` counts them).
+        self.to_compute: list[SimRequest] = []
+        self.computing: list[SimRequest] = []
         self.is_stepping = False
         self.is_draining = False  # takes no new work; leaves once what it holds is done
         self.drain_announced_s: float | None = None  # when its telemetry first said so
@@ -76,13 +78,7 @@ class DecodeInstance:
 
     @property
     def holds_work(self) -> bool:
-        return (
-            bool(self.reserved)
-            or self.batch.num_running > 0
-            or bool(self.joining)
-            or bool(self.to_compute)
-            or bool(self.computing)
-        )
+        return bool(self.reserved) or self.batch.num_running > 0 or bool(self.joining)
 
     def can_reserve(self, num_tokens: int) -> bool:
         return self.kv_used_tokens + num_tokens <= self.kv_capacity_tokens
