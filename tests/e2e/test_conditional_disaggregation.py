@@ -1,7 +1,8 @@
 """Conditional disaggregation on an emulated 1P1D cluster: with --local-prefill N, a prompt
 that short is computed by the decode instance (no prefill job, the decision on the trace), a
 longer one still goes to the prefill instance, and both answer what prefill + decode would;
-with --local-prefill auto, the decode instance's published cost model draws the line."""
+with --local-prefill auto, the decode instance's published cost model draws the line, counting
+the prompts it is already computing against the TBT SLO."""
 
 import asyncio
 import json
@@ -111,16 +112,22 @@ async def test_a_one_token_answer_comes_from_decode(cluster):
     assert text == expected_text(prompt, 1)
 
 
-async def test_auto_has_decode_compute_what_its_cost_model_prices_within_the_tbt_slo(tmp_path):
-    """The emulated engine at full time scale prices 8 tokens at well under a millisecond and
-    4,000 at about 0.2 s: past the 0.1 s TBT SLO, so that prompt goes to the prefill instance."""
+def auto_cluster(workdir) -> LocalCluster:
+    """`--local-prefill auto` at full time scale: the emulated engine prices 8 tokens at well
+    under a millisecond, 2,000 at about 0.26 s and 4,000 at about 0.56 s, against a 0.3 s TBT
+    SLO."""
     spec = ClusterSpec(
-        workdir=tmp_path,
+        workdir=workdir,
         api_port=free_port(),
-        conductor_args=["--local-prefill", "auto", "--tbt-slo-s", "0.1"],
+        conductor_args=["--local-prefill", "auto", "--tbt-slo-s", "0.3"],
     )
-    auto = LocalCluster(spec)
-    auto.start(timeout_s=60)
+    cluster = LocalCluster(spec)
+    cluster.start(timeout_s=60)
+    return cluster
+
+
+async def test_auto_has_decode_compute_what_its_cost_model_prices_within_the_tbt_slo(tmp_path):
+    auto = auto_cluster(tmp_path)
     try:
         short, long = "short it", "x" * 4000
         _, text = await complete(auto, short, 4)
@@ -128,6 +135,21 @@ async def test_auto_has_decode_compute_what_its_cost_model_prices_within_the_tbt
         assert local_prefills(auto) == 1
         _, text = await complete(auto, long, 4)
         assert text == expected_text(long, 4)
+        assert local_prefills(auto) == 1
+    finally:
+        auto.stop()
+
+
+async def test_auto_sends_a_bursts_later_prompts_where_they_wait_less(tmp_path):
+    """Two 2,000-token prompts at once on a fresh cluster (no remote overhead learned yet, so
+    about 0.26 s on either instance): the first is computed on decode; the second would make
+    that step twice the 0.3 s TBT SLO, while the idle prefill instance answers it well within
+    a tenth of the 30 s TTFT SLO."""
+    auto = auto_cluster(tmp_path)
+    try:
+        prompts = [f"{i}" + "y" * 1999 for i in range(2)]
+        answers = await asyncio.gather(*(complete(auto, prompt, 4) for prompt in prompts))
+        assert [text for _, text in answers] == [expected_text(prompt, 4) for prompt in prompts]
         assert local_prefills(auto) == 1
     finally:
         auto.stop()

@@ -59,6 +59,6 @@ def test_a_prompt_computed_on_decode_counts_in_the_hit_rate():
     scheduler = Scheduler(
         ConductorSettings(block_size=512), ClusterView(clock=lambda: 0.0), lambda: 0.0
     )
-    scheduler.on_computed_on_decode(num_prompt_tokens=1100, num_cached_tokens=1024)
-    scheduler.on_computed_on_decode(num_prompt_tokens=100, num_cached_tokens=0)
+    scheduler.on_computed_on_decode("r1", num_prompt_tokens=1100, num_cached_tokens=1024)
+    scheduler.on_computed_on_decode("r2", num_prompt_tokens=100, num_cached_tokens=0)
     assert scheduler.cache_hit_rate == 1024 / 1200

@@ -30,10 +30,12 @@ def linear_predictors(
     step_base_s: float = 0.01,
     step_per_request_s: float = 0.002,
     step_per_context_token_s: float = 1e-6,
+    prefill_step_s: float = 0.0,
 ) -> CostPredictors:
-    """T_prefill = (n − p)·rate; TBT = base + batch·a + context·b: easy to check by hand."""
+    """T_prefill = step + (n − p)·rate; TBT = base + batch·a + context·b: easy to check by
+    hand."""
     return CostPredictors(
-        prefill_s=lambda n, p: (n - p) * prefill_per_token_s,
+        prefill_s=lambda n, p: prefill_step_s + (n - p) * prefill_per_token_s,
         decode_step_s=lambda batch, ctx: (
             step_base_s + batch * step_per_request_s + ctx * step_per_context_token_s
         ),

@@ -12,6 +12,7 @@ from policy_helpers import chain, cluster, decode, index_with, linear_predictors
 
 from crescent.common.errors import ConfigError
 from crescent.conductor.policy import CostPredictors, Decision, LocalPrefill, make_policy
+from crescent.conductor.policy.snapshot import InflightRequest
 from crescent.conductor.settings import ConductorSettings
 
 P = linear_predictors()
@@ -29,13 +30,17 @@ def _choose(
     req=None,
     prefill_queue_s: float = 0.0,
     decode_fields: dict | None = None,
+    inflight=(),
 ) -> Decision:
     rule = tokens(threshold) if isinstance(threshold, int) else threshold
     index = index_with({"node-d": PROMPT[:decode_node_blocks]}) if decode_node_blocks else None
     outcome = make_policy(policy, predictors=P, local_prefill=rule, rng=random.Random(0)).choose(
         req or request(PROMPT),
         cluster(
-            [prefill("p", queue_s=prefill_queue_s)], [decode("d", **(decode_fields or {}))], index
+            [prefill("p", queue_s=prefill_queue_s)],
+            [decode("d", **(decode_fields or {}))],
+            index,
+            inflight=inflight,
         ),
         0.0,
     )
@@ -85,8 +90,8 @@ def test_a_local_prefill_orders_no_replication():
     assert _choose(threshold=10_000, decode_node_blocks=0).replication == ()
 
 
-def auto(max_step_s: float) -> LocalPrefill:
-    return LocalPrefill("auto", max_step_s=max_step_s)
+def auto(max_step_s: float, overrun_after_s: float = 3.0) -> LocalPrefill:
+    return LocalPrefill("auto", max_step_s=max_step_s, overrun_after_s=overrun_after_s)
 
 
 def test_auto_computes_on_decode_what_its_cost_model_prices_within_the_tbt_slo():
@@ -102,6 +107,66 @@ def test_auto_sends_to_the_prefill_instance_what_it_computes_sooner():
     assert not _choose(auto(10.0), 0, decode_fields=slow_decode).prefill_on_decode
     # the prefill instance's queue makes the remote TTFT longer than the local compute
     assert _choose(auto(10.0), 0, prefill_queue_s=2.0, decode_fields=slow_decode).prefill_on_decode
+
+
+def computing_on(decode_id: str, added_s: float) -> InflightRequest:
+    """A prompt this conductor sent `decode_id` to compute, its first token not yet back."""
+    return InflightRequest(decode_id, 100, 0.0, True, local_prefill_added_s=added_s)
+
+
+def test_auto_says_what_the_prompt_adds_to_the_decode_instances_step():
+    decision = _choose(auto(max_step_s=0.2), decode_node_blocks=0)
+    assert decision.local_prefill_added_s == pytest.approx(0.129)  # P has no fixed step cost
+    with_step_cost = {"costs": linear_predictors(prefill_per_token_s=0.001, prefill_step_s=0.05)}
+    decision = _choose(auto(max_step_s=0.2), 0, decode_fields=with_step_cost, prefill_queue_s=1.0)
+    assert decision.prefill_on_decode
+    assert decision.local_prefill_added_s == pytest.approx(0.129)  # 179 ms less the 50 shared
+
+
+def test_prompts_queued_on_decode_share_one_tbt_slo_with_this_one():
+    """The engine computes them in one step, which the running batch waits for: 129 ms here
+    plus what is queued, against 200 ms, while the prefill instance answers in 129 ms."""
+
+    def on_decode(*inflight: InflightRequest) -> bool:
+        return _choose(auto(0.2), 0, inflight=inflight).prefill_on_decode
+
+    assert on_decode(computing_on("d", 0.06))
+    assert not on_decode(computing_on("d", 0.08))
+    assert not on_decode(computing_on("d", 0.04), computing_on("d", 0.04))
+    assert on_decode(computing_on("other", 0.5))
+    assert on_decode(computing_on("d", 0.0))  # its first token is back
+
+
+def test_a_slow_remote_prefill_lets_the_step_run_over_the_tbt_slo():
+    """Past `overrun_after_s` of remote TTFT (a tenth of the TTFT SLO from the setting), the
+    prompt's TTFT is the larger risk: it joins the step however much is queued, but a prompt
+    that alone takes longer than one TBT SLO still goes to the prefill instance."""
+    queued = [computing_on("d", 0.5)]
+    assert not _choose(auto(0.2), 0, inflight=queued, prefill_queue_s=2.8).prefill_on_decode
+    assert _choose(auto(0.2), 0, inflight=queued, prefill_queue_s=3.0).prefill_on_decode
+    assert not _choose(auto(0.1), 0, prefill_queue_s=10.0).prefill_on_decode
+
+
+def test_prompts_batched_into_one_step_pay_its_fixed_cost_once():
+    """50 ms a step plus 1 ms a token on decode: this prompt 179 ms, with one queued that adds
+    129 ms the step takes 308 ms (counting the fixed cost twice would make it 358)."""
+    with_step_cost = {"costs": linear_predictors(prefill_per_token_s=0.001, prefill_step_s=0.05)}
+
+    def on_decode(max_step_s: float) -> bool:
+        return _choose(
+            auto(max_step_s),
+            0,
+            decode_fields=with_step_cost,
+            prefill_queue_s=1.0,
+            inflight=[computing_on("d", 0.129)],
+        ).prefill_on_decode
+
+    assert on_decode(0.31)
+    assert not on_decode(0.30)
+
+
+def test_a_token_threshold_is_kept_whatever_is_queued():
+    assert _choose(129, 0, inflight=[computing_on("d", 9.0)]).prefill_on_decode
 
 
 def corrected(base_per_token_s: float, overhead_s: float) -> CostPredictors:
@@ -136,11 +201,12 @@ def test_auto_counts_the_learned_overhead_against_the_remote_path_only():
         ("off", LocalPrefill()),
         ("0", LocalPrefill()),
         ("512", tokens(512)),
-        ("AUTO", auto(0.25)),
+        ("AUTO", auto(0.25, overrun_after_s=2.0)),
     ],
 )
 def test_the_setting_reads_off_a_threshold_or_auto(text, rule):
-    assert ConductorSettings(local_prefill=text, tbt_slo_s=0.25).local_prefill_rule() == rule
+    settings = ConductorSettings(local_prefill=text, tbt_slo_s=0.25, ttft_slo_s=20.0)
+    assert settings.local_prefill_rule() == rule
 
 
 @pytest.mark.parametrize("text", ["on", "-5", "1.5", ""])

@@ -463,7 +463,9 @@ class DisaggregatedCluster:
         request.first_token_s = now
         if self.ratio is not None:
             self.ratio.window.add_ttft(now - request.arrival_s)
-        self.scheduler.on_computed_on_decode(request.num_prompt, request.cached_tokens)
+        self.scheduler.on_computed_on_decode(
+            request.request_id, request.num_prompt, request.cached_tokens
+        )
         self.stores[decode.node].write(request.blocks)
         if request.num_output <= 1:
             self._finish_on_first_token(decode, request)

@@ -115,7 +115,7 @@ class SimConfig:
         if not self.kvcache_balancing_threshold > 0:
             raise SimConfigError("the KV-cache balancing threshold must be > 0")
         try:
-            rule = LocalPrefill.parse(self.local_prefill, self.tbt_slo_s)
+            rule = LocalPrefill.parse(self.local_prefill, self.tbt_slo_s, self.ttft_slo_s)
         except ValueError as exc:
             raise SimConfigError(f"local prefill: {exc}") from exc
         if rule.mode != "off" and (self.admission == "baseline" or self.coupled != "none"):

@@ -507,7 +507,9 @@ class RequestFlow:
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
             expected_seq += 1
             if chunk.num_cached_tokens is not None:  # the decode computed the prompt
-                self._scheduler.on_computed_on_decode(len(progress.prompt), chunk.num_cached_tokens)
+                self._scheduler.on_computed_on_decode(
+                    decode.request_id, len(progress.prompt), chunk.num_cached_tokens
+                )
             num_decoded_tokens += len(chunk.token_ids)
             steady.on_chunk(len(chunk.token_ids), chunk.step_at)
             token_ids, logprobs = replay.new_part(chunk.token_ids, chunk.logprobs, chunk.is_final)

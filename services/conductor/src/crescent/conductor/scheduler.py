@@ -187,6 +187,7 @@ class Scheduler:
             request.num_kv_tokens,
             now + decision.prefill.predicted_ttft_s,
             False,
+            decision.local_prefill_added_s,
         )
 
     def forget(self, request: ScheduleRequest, decision: Decision) -> None:
@@ -237,11 +238,16 @@ class Scheduler:
             metrics.REPLICATION_ORDERS.labels(order.reason.value, "planned").inc()
             metrics.REPLICATED_BLOCKS.labels(order.reason.value).inc(len(order.hashes))
 
-    def on_computed_on_decode(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+    def on_computed_on_decode(
+        self, request_id: str, num_prompt_tokens: int, num_cached_tokens: int
+    ) -> None:
         """Conditional disaggregation: the decode instance computed the prompt, loading
         `num_cached_tokens` of it from its node's store (its first token chunk says so). The
-        hit rate counts it as it counts a prefill's."""
+        hit rate counts it as it counts a prefill's, and its compute no longer waits there."""
         self._count_prompt(num_prompt_tokens, num_cached_tokens)
+        request = self.inflight.get(request_id)
+        if request is not None:
+            self.inflight[request_id] = dataclasses.replace(request, local_prefill_added_s=0.0)
 
     def _count_prompt(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
         """A prompt was computed, `num_cached_tokens` of it loaded: the cache hit rate's terms."""

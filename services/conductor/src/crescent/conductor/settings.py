@@ -126,7 +126,7 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
         )
 
     def local_prefill_rule(self) -> LocalPrefill:
-        return LocalPrefill.parse(self.local_prefill, self.tbt_slo_s)
+        return LocalPrefill.parse(self.local_prefill, self.tbt_slo_s, self.ttft_slo_s)
 
     @property
     def model_name(self) -> str:

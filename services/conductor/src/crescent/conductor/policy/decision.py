@@ -122,8 +122,10 @@ class Decision:
     prefill: PrefillChoice
     decode: DecodeChoice
     replication: tuple[ReplicationOrder, ...] = ()
-    # conditional disaggregation: the decode instance computes the prompt; `prefill` is unused
+    # conditional disaggregation: the decode instance computes the prompt, predicted to add
+    # `local_prefill_added_s` to its step; `prefill` is unused
     prefill_on_decode: bool = False
+    local_prefill_added_s: float = 0.0
 
 
 class RejectReason(enum.Enum):

@@ -81,14 +81,19 @@ class Policy(ABC):
         if rejection is not None:
             return rejection
         self.accepted(prefill, decode)
-        if prefill_on_decode(
+        local_prefill_added_s = prefill_on_decode(
             request,
             self.local_prefill,
             match.length(decodes.node_of(decode.instance_id)) * request.block_size,
             decodes.costs_for(decode.instance_id) or self.predictors,
             prefill.predicted_ttft_s,
-        ):
-            return Decision(prefill, decode, prefill_on_decode=True)
+            decode,
+            snapshot.inflight,
+        )
+        if local_prefill_added_s is not None:
+            return Decision(
+                prefill, decode, prefill_on_decode=True, local_prefill_added_s=local_prefill_added_s
+            )
         return Decision(prefill, decode, self.replication(prefill))
 
     def choose_new_decode(

@@ -63,13 +63,16 @@ class InflightRequest:
     """A request this conductor placed and has not yet seen finish, for predictive admission.
 
     `decode_start_s` is when its decode began if `is_decoding`, else the predicted end of its
-    prefill (when it will join its decode instance's batch).
+    prefill (when it will join its decode instance's batch). `local_prefill_added_s` is what a
+    prompt its decode instance computes itself is predicted to add to that instance's step,
+    until the first token comes back.
     """
 
     decode_instance_id: str
     num_context_tokens: int
     decode_start_s: float
     is_decoding: bool
+    local_prefill_added_s: float = 0.0
 
 
 @dataclass(frozen=True)
