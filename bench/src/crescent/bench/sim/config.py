@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crescent.common.local_prefill import parse_local_prefill
 from crescent.conductor.policy import POLICIES, LocalPrefill, PrefillTimeModel
 from crescent.conductor.ratio import RatioConfig, RatioConfigError
 from crescent.engine.cost_model import CostModel, ModelDims
@@ -115,7 +116,9 @@ class SimConfig:
         if not self.kvcache_balancing_threshold > 0:
             raise SimConfigError("the KV-cache balancing threshold must be > 0")
         try:
-            rule = LocalPrefill.parse(self.local_prefill, self.tbt_slo_s, self.ttft_slo_s)
+            rule = LocalPrefill.of(
+                *parse_local_prefill(self.local_prefill), self.tbt_slo_s, self.ttft_slo_s
+            )
         except ValueError as exc:
             raise SimConfigError(f"local prefill: {exc}") from exc
         if rule.mode != "off" and (self.admission == "baseline" or self.coupled != "none"):

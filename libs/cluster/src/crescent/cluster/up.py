@@ -11,6 +11,7 @@ from pathlib import Path
 from crescent.cluster.autoscale import Autoscaler, WorkerBounds
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.errors import FatalError
+from crescent.common.local_prefill import parse_local_prefill
 
 
 class StartInterrupted(Exception):
@@ -35,6 +36,15 @@ class StopSignals:
         self.stop.set()
         if self.is_starting and is_first:
             raise StartInterrupted(signal.Signals(signum).name)
+
+
+def local_prefill_setting(text: str) -> str:
+    """--local-prefill as the conductor takes it, checked before anything starts."""
+    try:
+        parse_local_prefill(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--local-prefill",
         default="auto",
+        type=local_prefill_setting,
         metavar="off|auto|N",
         help="conditional disaggregation (the conductor's --local-prefill; default auto: the "
         "decode instance computes a prompt when its cost model prices the uncached part within "
@@ -156,14 +167,6 @@ def autoscale_flags(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def local_prefill(value: str) -> str:
-    """--local-prefill as the conductor takes it (checked here too, so a typo is a CLI error, not
-    a conductor that stops while the cluster starts)."""
-    if value.strip().lower() in ("off", "auto") or value.strip().isdigit():
-        return value
-    raise ValueError(f"--local-prefill takes off, auto or a number of tokens, not {value!r}")
-
-
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s crescent-up %(message)s", datefmt="%H:%M:%S"
@@ -171,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         conductor_args = [
             "--local-prefill",
-            local_prefill(args.local_prefill),
+            args.local_prefill,
             *(autoscale_flags(args) if args.autoscale else []),
             *args.conductor_arg,
         ]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from crescent.common.config import CommonSettings, setting
 from crescent.common.errors import ConfigError
+from crescent.common.local_prefill import parse_local_prefill
 from crescent.conductor.policy import POLICIES
 from crescent.conductor.policy.admission import ADMISSIONS
 from crescent.conductor.policy.local_prefill import LocalPrefill
@@ -49,7 +50,8 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
         "(every prompt goes to a prefill instance), a number N (when at most N of its tokens "
         "are not cached on the decode node), or auto (when the decode instance's published "
         "cost model prices that part's compute no higher than the prefill's predicted TTFT and "
-        "within the TBT SLO)",
+        "within the TBT SLO, which the prompts it is already computing share unless the "
+        "prefill would answer later than a tenth of the TTFT SLO)",
     )
     prefill_model: str = setting(
         "",
@@ -126,7 +128,9 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
         )
 
     def local_prefill_rule(self) -> LocalPrefill:
-        return LocalPrefill.parse(self.local_prefill, self.tbt_slo_s, self.ttft_slo_s)
+        return LocalPrefill.of(
+            *parse_local_prefill(self.local_prefill), self.tbt_slo_s, self.ttft_slo_s
+        )
 
     @property
     def model_name(self) -> str:

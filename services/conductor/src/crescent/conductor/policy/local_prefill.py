@@ -29,7 +29,7 @@ from typing import Literal
 from crescent.conductor.policy.decision import CostPredictors, DecodeChoice, ScheduleRequest
 from crescent.conductor.policy.snapshot import InflightRequest
 
-LocalPrefillMode = Literal["off", "tokens", "auto"]
+LocalPrefillMode = Literal["off", "tokens", "auto"]  # as crescent.common.local_prefill parses them
 
 
 # The share of the TTFT SLO past which a prompt's remote TTFT lets it stretch a decode
@@ -47,18 +47,17 @@ class LocalPrefill:
     overrun_after_s: float = 0.0  # "auto": the remote TTFT past which the step may run over
 
     @classmethod
-    def parse(cls, text: str, tbt_slo_s: float, ttft_slo_s: float) -> LocalPrefill:
-        """`off` (or 0), `auto`, or a number of uncached tokens."""
-        value = text.strip().lower()
-        if value in ("off", "0"):
-            return cls()
-        if value == "auto":
+    def of(
+        cls, mode: LocalPrefillMode, threshold: int, tbt_slo_s: float, ttft_slo_s: float
+    ) -> LocalPrefill:
+        """The rule of a parsed setting (crescent.common.local_prefill) under these SLOs."""
+        if mode == "auto":
             return cls(
                 "auto", max_step_s=tbt_slo_s, overrun_after_s=OVERRUN_TTFT_SHARE * ttft_slo_s
             )
-        if value.isdigit():
-            return cls("tokens", max_uncached_tokens=int(value))
-        raise ValueError(f"expected off, auto or a number of tokens, got {text!r}")
+        if mode == "tokens":
+            return cls("tokens", max_uncached_tokens=threshold)
+        return cls()
 
 
 def queued_local_prefill_s(inflight: Sequence[InflightRequest], decode_instance_id: str) -> float:
