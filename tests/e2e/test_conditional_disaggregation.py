@@ -140,7 +140,7 @@ async def test_auto_has_decode_compute_what_its_cost_model_prices_within_the_tbt
         auto.stop()
 
 
-async def test_auto_sends_a_bursts_later_prompts_where_they_wait_less(tmp_path):
+async def test_auto_keeps_a_bursts_prompts_on_decode_within_one_tbt_slo(tmp_path):
     """Two 2,000-token prompts at once on a fresh cluster (no remote overhead learned yet, so
     about 0.26 s on either instance): the first is computed on decode; the second would make
     that step twice the 0.3 s TBT SLO, while the idle prefill instance answers it well within
