@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crescent.common.local_prefill import parse_local_prefill
-from crescent.conductor.policy import POLICIES, LocalPrefill, PrefillTimeModel
+from crescent.conductor.policy import POLICIES, PrefillTimeModel
 from crescent.conductor.ratio import RatioConfig, RatioConfigError
 from crescent.engine.cost_model import CostModel, ModelDims
 
@@ -116,12 +116,10 @@ class SimConfig:
         if not self.kvcache_balancing_threshold > 0:
             raise SimConfigError("the KV-cache balancing threshold must be > 0")
         try:
-            rule = LocalPrefill.of(
-                *parse_local_prefill(self.local_prefill), self.tbt_slo_s, self.ttft_slo_s
-            )
+            local_prefill_mode, _ = parse_local_prefill(self.local_prefill)
         except ValueError as exc:
             raise SimConfigError(f"local prefill: {exc}") from exc
-        if rule.mode != "off" and (self.admission == "baseline" or self.coupled != "none"):
+        if local_prefill_mode != "off" and (self.admission == "baseline" or self.coupled != "none"):
             raise SimConfigError(
                 "local prefill needs the conductor's admission and disaggregated instances: "
                 "not --admission baseline or --coupled"

@@ -95,13 +95,14 @@ def prefill_on_decode(
     if rule.mode == "tokens":
         is_short = request.num_prompt_tokens - decode_node_prefix_tokens <= rule.max_uncached_tokens
     else:
-        step_fits = (
-            queued_local_prefill_s(inflight, decode.instance_id) + local_s <= rule.max_step_s
-        )
+        # The queue is summed over this conductor's requests in flight: only when it decides.
         is_short = (
             local_s <= remote_ttft_s
             and local_s <= rule.max_step_s
-            and (step_fits or remote_ttft_s > rule.overrun_after_s)
+            and (
+                remote_ttft_s > rule.overrun_after_s
+                or queued_local_prefill_s(inflight, decode.instance_id) + local_s <= rule.max_step_s
+            )
         )
     return added_s if is_short else None
 
