@@ -187,7 +187,7 @@ class Scheduler:
             request.num_kv_tokens,
             now + decision.prefill.predicted_ttft_s,
             False,
-            decision.local_prefill_added_s,
+            decision.local_prefill_added_s or 0.0,
         )
 
     def forget(self, request: ScheduleRequest, decision: Decision) -> None:

@@ -122,10 +122,13 @@ class Decision:
     prefill: PrefillChoice
     decode: DecodeChoice
     replication: tuple[ReplicationOrder, ...] = ()
-    # conditional disaggregation: the decode instance computes the prompt, predicted to add
-    # `local_prefill_added_s` to its step; `prefill` is unused
-    prefill_on_decode: bool = False
-    local_prefill_added_s: float = 0.0
+    # conditional disaggregation: the decode instance computes the prompt, predicted to add this
+    # much to its step, and `prefill` is unused; None: the prefill instance computes it
+    local_prefill_added_s: float | None = None
+
+    @property
+    def prefill_on_decode(self) -> bool:
+        return self.local_prefill_added_s is not None
 
 
 class RejectReason(enum.Enum):

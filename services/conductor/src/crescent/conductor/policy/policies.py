@@ -91,9 +91,7 @@ class Policy(ABC):
             snapshot.inflight,
         )
         if local_prefill_added_s is not None:
-            return Decision(
-                prefill, decode, prefill_on_decode=True, local_prefill_added_s=local_prefill_added_s
-            )
+            return Decision(prefill, decode, local_prefill_added_s=local_prefill_added_s)
         return Decision(prefill, decode, self.replication(prefill))
 
     def choose_new_decode(
