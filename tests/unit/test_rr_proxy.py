@@ -53,3 +53,25 @@ async def test_requests_alternate_between_backends_and_streams_pass_through():
         await proxy.close()
         await one.close()
         await two.close()
+
+
+async def test_a_backend_that_cannot_be_reached_is_a_502_with_an_error_body():
+    one = TestServer(backend("one"))
+    await one.start_server()
+    gone = TestServer(backend("gone"))
+    await gone.start_server()
+    gone_url = str(gone.make_url("")).rstrip("/")
+    await gone.close()  # its port now refuses connections
+    proxy = TestServer(build_app([gone_url, str(one.make_url("")).rstrip("/")]))
+    await proxy.start_server()
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.post(proxy.make_url("/v1/completions"), json={"n": 0}) as response:
+                assert response.status == 502
+                error = (await response.json())["error"]
+                assert error["code"] == 502 and gone_url in error["message"]
+            async with session.post(proxy.make_url("/v1/completions"), json={"n": 1}) as response:
+                assert response.status == 200 and "one-1-a" in await response.text()
+    finally:
+        await proxy.close()
+        await one.close()

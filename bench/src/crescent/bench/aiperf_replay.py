@@ -10,6 +10,12 @@ by side in one run, on the same model, trace and load.
   vllm                 one plain vLLM OpenAI server (prefix cache on, its default)
   vllm-2x-rr           two plain vLLM servers behind a round-robin proxy (rr_proxy.py): what a user
                        of two engines would otherwise run
+  crescent-2p2d-faults two prefill and two decode instances (--local-prefill auto) while, during
+                       the replay, a decode instance is stopped (SIGSTOP) for 10 s, then a
+                       prefill and the other decode instance are killed (SIGKILL) and restarted
+                       as `crescent up` restarts them (CRESCENT_FAULTS)
+  vllm-2x-rr-faults    vllm-2x-rr while one server is stopped for 10 s and the other killed and
+                       restarted (VLLM_FAULTS)
 
 aiperf (`pip install aiperf`, in an environment of its own: it is not a Crescent dependency)
 replays the trace's requests at their timestamps (`--fixed-schedule`), prompts built from the
@@ -32,8 +38,10 @@ from pathlib import Path
 
 from crescent.bench.conductor_metrics import num_prefilled_on_decode
 from crescent.bench.plain_vllm import bench_model, vllm_server_argv
+from crescent.bench.replay_faults import Fault, run_with_faults
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import ManagedProcess, ProcessSpec
+from crescent.cluster.processes import ManagedProcess, ProcessSpec, restart_exited
+from crescent.cluster.restarts import Backoff, RestartSchedule
 from crescent.common.ports import free_port
 
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
@@ -147,15 +155,38 @@ def _error_kind(entry: dict) -> str:
 LOCAL_PREFILL_MAX_TOKENS = (
     512  # crescent-1p1d-cond: prompts with this few uncached tokens stay on decode
 )
-CASES = ("crescent-1p1d", "crescent-1p1d-cond", "crescent-1p1d-auto", "vllm", "vllm-2x-rr")
+CASES = (
+    "crescent-1p1d",
+    "crescent-1p1d-cond",
+    "crescent-1p1d-auto",
+    "vllm",
+    "vllm-2x-rr",
+    "crescent-2p2d-faults",
+    "vllm-2x-rr-faults",
+)
+# Within the first 30 s of the replay, which the default trace's 200 requests span.
+CRESCENT_FAULTS = (
+    Fault(10.0, "pause", "decode-0", pause_s=10.0),
+    Fault(23.0, "kill", "prefill-1"),
+    Fault(28.0, "kill", "decode-1"),
+)
+VLLM_FAULTS = (Fault(10.0, "pause", "vllm-0", pause_s=10.0), Fault(23.0, "kill", "vllm-1"))
 
 
 def _crescent(
-    model_dir: Path, workdir: Path, run: callable, conductor_args: tuple[str, ...] = ()
+    model_dir: Path,
+    workdir: Path,
+    run: callable,
+    conductor_args: tuple[str, ...] = (),
+    num_workers: int = 1,
+    faults: tuple[Fault, ...] = (),
 ) -> dict:
+    """`num_workers` prefill and as many decode instances; `faults` injected while `run` runs."""
     spec = ClusterSpec(
         workdir=workdir,
         api_port=free_port(),
+        num_prefill=num_workers,
+        num_decode=num_workers,
         engine="vllm",
         model_dir=model_dir,
         env=ENV,
@@ -166,7 +197,9 @@ def _crescent(
     cluster = LocalCluster(spec)
     cluster.start(timeout_s=300)
     try:
-        row = run(cluster.api_url)
+        row = run_with_faults(
+            lambda: run(cluster.api_url), faults, cluster.process, cluster.supervise
+        )
         row["prefilled_on_decode"] = num_prefilled_on_decode(cluster.api_url)
         return row
     finally:
@@ -183,8 +216,15 @@ def _vllm_server(model_dir: Path, workdir: Path, name: str) -> tuple[ManagedProc
     return server, f"http://127.0.0.1:{port}"
 
 
-def _plain_vllm(model_dir: Path, workdir: Path, run: callable, num_servers: int = 1) -> dict:
-    """One plain vLLM server, or `num_servers` behind the round-robin proxy."""
+def _plain_vllm(
+    model_dir: Path,
+    workdir: Path,
+    run: callable,
+    num_servers: int = 1,
+    faults: tuple[Fault, ...] = (),
+) -> dict:
+    """One plain vLLM server, or `num_servers` behind the round-robin proxy; `faults` injected
+    while `run` runs, a killed server restarted as a supervisor (systemd, Kubernetes) would."""
     servers = [_vllm_server(model_dir, workdir, f"vllm-{i}") for i in range(num_servers)]
     processes = [server for server, _ in servers]
     url = servers[0][1]
@@ -209,7 +249,14 @@ def _plain_vllm(model_dir: Path, workdir: Path, run: callable, num_servers: int 
             process.start()
         for process in processes:
             process.wait_ready(300)
-        return run(url)
+        by_name = {process.spec.name: process for process in processes}
+        restarts = RestartSchedule(Backoff())
+        return run_with_faults(
+            lambda: run(url),
+            faults,
+            by_name.__getitem__,
+            lambda: restart_exited(processes, restarts),
+        )
     finally:
         for process in reversed(processes):
             process.stop()
@@ -269,6 +316,21 @@ def run_aiperf_bench(
             "vllm": lambda: _plain_vllm(model_dir, workdir, replay("vllm")),
             "vllm-2x-rr": lambda: _plain_vllm(
                 model_dir, workdir, replay("vllm-2x-rr"), num_servers=2
+            ),
+            "crescent-2p2d-faults": lambda: _crescent(
+                model_dir,
+                workdir / "crescent-faults",
+                replay("crescent-2p2d-faults"),
+                ("--local-prefill", "auto"),
+                num_workers=2,
+                faults=CRESCENT_FAULTS,
+            ),
+            "vllm-2x-rr-faults": lambda: _plain_vllm(
+                model_dir,
+                workdir / "vllm-faults",
+                replay("vllm-2x-rr-faults"),
+                num_servers=2,
+                faults=VLLM_FAULTS,
             ),
         }
         rows = {name: runners[name]() for name in cases}

@@ -110,7 +110,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the cluster's logs here (default: a temporary directory)",
     )
     aiperf = benches.add_parser(
-        "aiperf", help="aiperf's Mooncake trace replay: Crescent 1P1D vs plain vLLM (tiny model)"
+        "aiperf",
+        help="aiperf's Mooncake trace replay: Crescent vs plain vLLM, also under faults",
     )
     aiperf.add_argument(
         "--trace",

@@ -1,8 +1,10 @@
 """A round-robin HTTP proxy: what a user of several plain engines would put in front of them.
 
 Each request goes to the next backend in turn, body and headers passed through, a streamed
-response relayed chunk by chunk; `/health` answers once every backend does. Used by
-`crescent bench aiperf` as the two-engine baseline.
+response relayed chunk by chunk; `/health` answers once every backend does. A backend that
+cannot be reached gets its request a 502 with an OpenAI-style error body, as a gateway answers;
+one that fails mid-stream cuts the client's stream. No retries and no health-based routing:
+a plain proxy. Used by `crescent bench aiperf` as the two-engine baseline.
 
   python -m crescent.bench.rr_proxy --port 8000 --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002
 """
@@ -16,6 +18,7 @@ import aiohttp
 from aiohttp import web
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
+SESSION = web.AppKey("session", aiohttp.ClientSession)
 
 
 def build_app(backends: list[str]) -> web.Application:
@@ -23,16 +26,16 @@ def build_app(backends: list[str]) -> web.Application:
     app = web.Application(client_max_size=64 << 20)
 
     async def start_session(app: web.Application):
-        app["session"] = aiohttp.ClientSession(
+        app[SESSION] = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)
         )
         yield
-        await app["session"].close()
+        await app[SESSION].close()
 
     async def health(_: web.Request) -> web.Response:
         for backend in backends:
             try:
-                async with app["session"].get(
+                async with app[SESSION].get(
                     f"{backend}/health", timeout=aiohttp.ClientTimeout(total=5)
                 ) as r:
                     if r.status != 200:
@@ -44,12 +47,17 @@ def build_app(backends: list[str]) -> web.Application:
     async def forward(request: web.Request) -> web.StreamResponse:
         backend = next(turns)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        async with app["session"].request(
-            request.method,
-            f"{backend}{request.rel_url}",
-            headers=headers,
-            data=await request.read(),
-        ) as upstream:
+        body = await request.read()
+        try:
+            upstream = await app[SESSION].request(
+                request.method, f"{backend}{request.rel_url}", headers=headers, data=body
+            )
+        except aiohttp.ClientError as exc:
+            return web.json_response(
+                {"error": {"message": f"{backend}: {exc}", "type": "bad_gateway", "code": 502}},
+                status=502,
+            )
+        async with upstream:
             response = web.StreamResponse(
                 status=upstream.status,
                 headers={k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP},

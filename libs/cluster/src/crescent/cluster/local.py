@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crescent.cluster.infra import etcd_spec, nats_spec
-from crescent.cluster.processes import ManagedProcess, ProcessError, ProcessSpec
+from crescent.cluster.processes import ManagedProcess, ProcessError, ProcessSpec, restart_exited
 from crescent.cluster.restarts import Backoff, RestartSchedule
 from crescent.common.ports import free_port
 from crescent.transfer import sweep_orphans
@@ -273,24 +273,17 @@ class LocalCluster:
         """Restart every process that exited without being stopped, after a backoff that grows
         with each crash in a row, and sweep the shared memory it left. Call this periodically,
         from the main thread (see ManagedProcess.start)."""
-        now = time.monotonic()
-        for process in self.processes:
-            name = process.spec.name
-            if process.is_running or process.is_stopped:
-                self._restarts.forget(name)  # restarted or stopped by hand meanwhile
-            elif not self._restarts.is_pending(name):
-                delay_s = self._restarts.add_crash(name, now - process.started_at, now)
-                log.warning(
-                    "%s exited with code %s; restarting in %.1fs (crash %d in a row)",
-                    name,
-                    process.popen.returncode,
-                    delay_s,
-                    self._restarts.num_crashes(name),
-                )
-                self._sweep_shared_memory()
-            elif self._restarts.take_due(name, now):
-                log.info("restarting %s", name)
-                process.start()
+        restart_exited(self.processes, self._restarts, self._crashed)
+
+    def _crashed(self, process: ManagedProcess, delay_s: float) -> None:
+        log.warning(
+            "%s exited with code %s; restarting in %.1fs (crash %d in a row)",
+            process.spec.name,
+            process.popen.returncode,
+            delay_s,
+            self._restarts.num_crashes(process.spec.name),
+        )
+        self._sweep_shared_memory()
 
     def stop(self) -> None:
         """Services first (conductors before workers), then etcd, then NATS; then sweep the shared

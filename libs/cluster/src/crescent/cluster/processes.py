@@ -9,6 +9,7 @@ clean stop, and unlink their shared memory on the way out.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -16,10 +17,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crescent.cluster.restarts import RestartSchedule
 from crescent.common.errors import FatalError
+
+log = logging.getLogger(__name__)
 
 
 class ProcessError(FatalError):
@@ -140,3 +145,23 @@ class ManagedProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-num_lines:])
         except FileNotFoundError:
             return ""
+
+
+def restart_exited(
+    processes: Iterable[ManagedProcess],
+    restarts: RestartSchedule,
+    on_crash: Callable[[ManagedProcess, float], None] = lambda process, delay_s: None,
+) -> None:
+    """Restart every process that exited without being stopped, after the schedule's backoff
+    (`on_crash` hears of each crash once, with that delay). Call this periodically, from the
+    main thread (see ManagedProcess.start)."""
+    now = time.monotonic()
+    for process in processes:
+        name = process.spec.name
+        if process.is_running or process.is_stopped:
+            restarts.forget(name)  # restarted or stopped by hand meanwhile
+        elif not restarts.is_pending(name):
+            on_crash(process, restarts.add_crash(name, now - process.started_at, now))
+        elif restarts.take_due(name, now):
+            log.info("restarting %s", name)
+            process.start()
