@@ -75,6 +75,7 @@ async def reserve(
     num_prompt_tokens: int,
     wait_s: float = 5,
     process: ManagedProcess | None = None,
+    is_moved: bool = False,
 ) -> ReservationReply:
     """Reserve on decode-a, waiting up to `wait_s` for it to serve."""
     deadline = time.monotonic() + wait_s
@@ -83,7 +84,10 @@ async def reserve(
             return await bus.request(
                 Subjects(cluster).decode_reserve("decode-a"),
                 Reservation(
-                    request_id=request_id, num_prompt_tokens=num_prompt_tokens, max_tokens=16
+                    request_id=request_id,
+                    num_prompt_tokens=num_prompt_tokens,
+                    max_tokens=16,
+                    is_moved=is_moved,
                 ),
                 ReservationReply,
                 5,
@@ -126,6 +130,23 @@ async def test_reservation_is_refused_when_the_predicted_tbt_exceeds_the_cluster
     while not (await reserve(bus, cluster_name, f"loose-{time.monotonic_ns()}", 4000)).accepted:
         assert time.monotonic() < deadline, "the looser TBT SLO never applied"
         await asyncio.sleep(0.05)
+
+
+async def test_a_moved_request_is_held_on_kv_room_alone(infra, cluster_name, decode):
+    """A request whose decode instance failed mid-answer was admitted already: a predicted TBT
+    over the SLO must not fail it, but it still needs room."""
+    bus, start = decode
+    await start("--kv-capacity-tokens", "10000")
+    await put_config(infra, cluster_name, tbt_slo_s=0.001)
+    deadline = time.monotonic() + 5
+    # ~9 ms a step (the test above) is over the SLO with a 1-token prompt too, and holds little
+    while (await reserve(bus, cluster_name, f"new-{time.monotonic_ns()}", 1)).accepted:
+        assert time.monotonic() < deadline, "the TBT SLO never applied"
+        await asyncio.sleep(0.05)
+
+    assert (await reserve(bus, cluster_name, "moved", 4000, is_moved=True)).accepted
+    too_big = await reserve(bus, cluster_name, "moved-too-big", 9000, is_moved=True)
+    assert not too_big.accepted and "no KV room" in too_big.reason
 
 
 async def telemetry_until(bus: Bus, cluster: str, predicate, timeout_s: float) -> InstanceLoad:

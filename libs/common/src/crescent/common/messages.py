@@ -229,6 +229,9 @@ class Reservation(Message):
     ttl_s: Ttl = 30.0
     conductor: OptionalId = ""  # as in PrefillJob: acknowledged by InstanceLoad.received
     assignment: AssignmentNumber = 0
+    # The request was admitted and ran elsewhere until its decode instance failed: held on KV
+    # room alone, not refused for the predicted TBT, which would fail an answer under way.
+    is_moved: bool = False
 
 
 class ReservationReply(Message):

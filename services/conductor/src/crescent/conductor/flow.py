@@ -225,6 +225,7 @@ class RequestFlow:
         num_prompt_tokens: int,
         max_tokens: int,
         assignment: int,
+        is_moved: bool = False,
     ) -> bool:
         reservation = Reservation(
             request_id=attempt_id,
@@ -232,6 +233,7 @@ class RequestFlow:
             max_tokens=max_tokens,
             conductor=self._owner,
             assignment=assignment,
+            is_moved=is_moved,
         )
         try:
             reply = await self._bus.request(
@@ -554,6 +556,7 @@ class RequestFlow:
                     len(start.token_ids) + 1,
                     start.max_tokens - 1,
                     number,
+                    is_moved=True,
                 ):
                     break
                 excluded.add(choice.instance_id)

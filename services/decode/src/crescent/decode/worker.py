@@ -223,7 +223,9 @@ class DecodeWorker:
         self.received.note(reservation.conductor, reservation.assignment, now)
         if reservation.request_id in self._generations:  # its start from prefill came first
             return ReservationReply(request_id=reservation.request_id, accepted=True)
-        refusal = self._refusal(need, reservation.num_prompt_tokens, now)
+        refusal = self._refusal(
+            need, reservation.num_prompt_tokens, now, checks_tbt=not reservation.is_moved
+        )
         if refusal is not None:
             self._close(reservation.request_id, now)
             return ReservationReply(
@@ -234,9 +236,12 @@ class DecodeWorker:
         )
         return ReservationReply(request_id=reservation.request_id, accepted=True)
 
-    def _refusal(self, need: int, num_prompt_tokens: int, now: float) -> str | None:
-        """Why a new request of `need` tokens of KV (`num_prompt_tokens` of them its prompt)
-        cannot be admitted now; None when it can."""
+    def _refusal(
+        self, need: int, num_prompt_tokens: int, now: float, checks_tbt: bool = True
+    ) -> str | None:
+        """Why a request of `need` tokens of KV (`num_prompt_tokens` of them its prompt) cannot
+        be admitted now; None when it can. `checks_tbt`: False for a request admitted before
+        (Reservation.is_moved), which only needs room."""
         if self._is_draining:
             return f"decode {self._runtime.instance_id} is draining"
         if need > self.max_model_len:
@@ -247,7 +252,7 @@ class DecodeWorker:
                 f"{self.ledger.capacity_tokens} tokens in use"
             )
         slo_s = self.tbt_slo_s
-        if slo_s is not None:
+        if slo_s is not None and checks_tbt:
             tbt_s = self.tbt.predicted_tbt_s(
                 self.engine.num_running,
                 self.engine.num_context_tokens,
