@@ -4,7 +4,7 @@ them. The decode is paused (SIGSTOP) until both reservations are on the wire, so
 certain, not a matter of timing: it answers them in order and refuses the second, and the
 start the second's prefill instance sent it too. The same race on prompts the decode computes
 itself (conditional disaggregation), where no reservation comes first: the decode admits the
-first start and refuses the second."""
+first start and refuses the second. The second's 429 says which instance refused it and why."""
 
 from __future__ import annotations
 
@@ -123,7 +123,8 @@ async def test_a_refused_reservation_is_placed_again_and_answered_cleanly(cluste
         if status == 200:
             assert body["choices"][0]["text"] == expected_text(prompt, MAX_TOKENS)
         else:  # placed again without the refusing decode: no other has room
-            assert body["error"]["type"] and body["error"]["message"], body
+            message = body["error"]["message"]
+            assert "decode-0 refused it:" in message and "no KV room" in message, body
     assert sum(after) - sum(before) == 1, (before, after)
     assert len(streamed) == 1, f"the refused request was started where it was refused: {streamed}"
     if on_decode:  # each start was admitted or refused on arrival, with no reservation first

@@ -22,8 +22,9 @@ streamed, which are checked and skipped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Mapping
 
 import msgspec
 
@@ -183,10 +184,12 @@ class RequestFlow:
         request: ScheduleRequest,
         model: str,
         exclude: Collection[str] = (),
+        refusals: Mapping[str, str] | None = None,
     ) -> Decision:
         """Ask the policy and account for its choice; the decode reservation is the caller's.
         While the model has registered instances but none live (a NATS outage, a restart), the
-        request waits up to placement_wait_s instead of failing."""
+        request waits up to placement_wait_s instead of failing. `refusals`: the decode
+        instances that refused this request, and why (they are among `exclude`)."""
         with tracer().start_as_current_span("conductor.schedule") as span:
             deadline = self._clock() + self._timeouts.placement_wait_s
             while True:
@@ -197,7 +200,7 @@ class RequestFlow:
                     await asyncio.sleep(PLACEMENT_RETRY_S)
                     continue
                 span.set_attribute("crescent.rejected", outcome.reason.value)
-                raise RejectedError(outcome)
+                raise RejectedError(with_refusals(outcome, refusals or {}))
             self._scheduler.record(request, outcome, model)
             span.set_attribute("crescent.prefill", outcome.prefill.instance_id)
             span.set_attribute("crescent.decode", outcome.decode.instance_id)
@@ -226,7 +229,8 @@ class RequestFlow:
         max_tokens: int,
         assignment: int,
         is_moved: bool = False,
-    ) -> bool:
+    ) -> str | None:
+        """None once `decode_id` holds room for the attempt; otherwise why it does not."""
         reservation = Reservation(
             request_id=attempt_id,
             num_prompt_tokens=num_prompt_tokens,
@@ -244,10 +248,11 @@ class RequestFlow:
             )
         except RecoverableError as exc:
             log.warning("reserve failed", extra={"decode": decode_id, "error": str(exc)})
-            return False
-        if not reply.accepted:
-            log.info("reserve refused", extra={"decode": decode_id, "reason": reply.reason})
-        return reply.accepted
+            return str(exc)
+        if reply.accepted:
+            return None
+        log.info("reserve refused", extra={"decode": decode_id, "reason": reply.reason})
+        return reply.reason or "refused"
 
     async def _prefill(
         self, request: ScheduleRequest, model: str, progress: Progress, decode: DecodeSide
@@ -263,18 +268,18 @@ class RequestFlow:
         asked again: a refusal costs one wasted prefill, a rare event, where waiting for every
         reservation first cost every request a round trip."""
         gone = Gone(self._view, "prefill")
-        refused: set[str] = set()  # decode instances that refused this request's reservation
+        refused: dict[str, str] = {}  # decode instance → why it refused this request
         num_moves = 0
         while True:
-            decision = await self.place(request, model, gone.ids() | refused)
+            decision = await self.place(request, model, gone.ids() | refused.keys(), refused)
             decode.instance_id = decision.decode.instance_id
             if decision.prefill_on_decode:
-                attempt = await self._start_on_decode(request, progress, decode)
-                if attempt is not None:
-                    metrics.PREFILL_ON_DECODE.inc()
-                    return Prefilled(None, attempt)
-                self._refused(request, decision, decode, refused)
-                continue
+                started = await self._start_on_decode(request, progress, decode)
+                if isinstance(started, str):
+                    self._refused(request, decision, decode, refused, started)
+                    continue
+                metrics.PREFILL_ON_DECODE.inc()
+                return Prefilled(None, started)
             prefill = decision.prefill
             # The stream and the start's answer are awaited before the job goes out: the
             # prefill instance sends the start, and the decode's first chunk may come before
@@ -316,12 +321,13 @@ class RequestFlow:
             prefilling.add_done_callback(lambda _, at=prefilled_at: at.append(self._clock()))
             is_handed_over = False  # the attempt the prefill instance started is returned
             try:
-                if not await self._reserve_for(request, decode):
+                why_not = await self._reserve_for(request, decode)
+                if why_not is not None:
                     await self._drop_job(prefilling, prefill.instance_id, request.request_id)
                     if handed is not None:  # its start may be on its way: a new attempt id
                         await self._cancel_decode(decode)
                         decode.attempt += 1
-                    self._refused(request, decision, decode, refused)
+                    self._refused(request, decision, decode, refused, why_not)
                     continue
                 result = await self._presence.wait(
                     "prefill", prefill.instance_id, prefilling, sent_to
@@ -374,9 +380,9 @@ class RequestFlow:
 
     async def _start_on_decode(
         self, request: ScheduleRequest, progress: Progress, decode: DecodeSide
-    ) -> Attempt | None:
+    ) -> Attempt | str:
         """Start the decode on a prompt it computes itself, admitted on arrival as a
-        reservation would be; None when it refused or did not answer. One that did not
+        reservation would be; why not, when it refused or did not answer. One that did not
         answer may have started: it is cancelled, and the request's next attempt streams
         under a new id."""
         number = self._scheduler.assignment_number("decode", decode.instance_id, request.request_id)
@@ -393,13 +399,13 @@ class RequestFlow:
                 log.warning("start failed", extra={"decode": decode.instance_id, "error": str(exc)})
                 await self._cancel_decode(decode)
                 decode.attempt += 1
-            return None
+            return str(exc)
         except asyncio.CancelledError:
             await attempt.close()
             raise
         return attempt
 
-    async def _reserve_for(self, request: ScheduleRequest, decode: DecodeSide) -> bool:
+    async def _reserve_for(self, request: ScheduleRequest, decode: DecodeSide) -> str | None:
         return await self._reserve(
             decode.instance_id,
             decode.attempt_id,
@@ -409,13 +415,18 @@ class RequestFlow:
         )
 
     def _refused(
-        self, request: ScheduleRequest, decision: Decision, decode: DecodeSide, refused: set[str]
+        self,
+        request: ScheduleRequest,
+        decision: Decision,
+        decode: DecodeSide,
+        refused: dict[str, str],
+        reason: str,
     ) -> None:
-        """The decode instance of `decision` holds no room for the request: place it again
-        without that instance."""
+        """The decode instance of `decision` did not take the request, for `reason`: place it
+        again without that instance."""
         metrics.DECODE_REFUSALS.inc()
         self._scheduler.forget(request, decision)
-        refused.add(decode.instance_id)
+        refused[decode.instance_id] = reason
         decode.instance_id = ""
 
     async def _drop_job(
@@ -545,27 +556,31 @@ class RequestFlow:
         decode.attempt += 1
         start = progress.decode_start(decode.attempt_id)
         excluded = lost.ids()
+        refused: dict[str, str] = {}  # since the last retry
         deadline = self._clock() + self._timeouts.placement_wait_s
         while True:
             choice = self._scheduler.schedule_decode(request, model, excluded)
             if isinstance(choice, DecodeChoice):
                 number = self._view.next_number()
-                if await self._reserve(
+                why_not = await self._reserve(
                     choice.instance_id,
                     decode.attempt_id,
                     len(start.token_ids) + 1,
                     start.max_tokens - 1,
                     number,
                     is_moved=True,
-                ):
+                )
+                if why_not is None:
                     break
                 excluded.add(choice.instance_id)
+                refused[choice.instance_id] = why_not
             elif self._clock() >= deadline:
                 decode.instance_id = ""
-                raise RejectedError(choice)
+                raise RejectedError(with_refusals(choice, refused))
             else:
                 await asyncio.sleep(PLACEMENT_RETRY_S)
                 excluded = lost.ids()
+                refused = {}
         decode.instance_id = choice.instance_id
         decode.is_moved = True
         self._scheduler.move_decode(request, old_id, choice.instance_id, number)
@@ -628,3 +643,12 @@ class RequestFlow:
             log.warning("cancel not sent", extra={"subject": subject, "error": str(exc)})
         except Exception as exc:  # the connection may be closing during shutdown
             log.warning("cancel not sent", extra={"subject": subject, "error": repr(exc)})
+
+
+def with_refusals(rejection: Rejection, refusals: Mapping[str, str]) -> Rejection:
+    """A rejection for want of a decode instance, saying why those that were asked refused:
+    the policy saw only the others, and "no room" alone would misname a refusal for TBT."""
+    if rejection.reason is not RejectReason.NO_DECODE or not refusals:
+        return rejection
+    why = "; ".join(f"{instance} refused it: {reason}" for instance, reason in refusals.items())
+    return dataclasses.replace(rejection, detail=f"{why}; {rejection.detail} among the others")
