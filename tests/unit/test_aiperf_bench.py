@@ -71,3 +71,15 @@ def test_an_unknown_case_is_refused_before_anything_starts(tmp_path):
 
     with pytest.raises(AiperfError, match="unknown cases vllm-3x"):
         run_aiperf_bench(tmp_path / "t.jsonl", cases=("vllm-3x",), workdir=tmp_path)
+
+
+def test_conductor_outcomes_are_summed_over_endpoints():
+    from crescent.bench.conductor_metrics import outcomes_of
+
+    page = """# TYPE crescent_requests counter
+crescent_requests_total{endpoint="completions",outcome="ok"} 7.0
+crescent_requests_total{endpoint="chat",outcome="ok"} 2.0
+crescent_requests_total{endpoint="completions",outcome="error"} 1.0
+crescent_requests_created{endpoint="completions",outcome="ok"} 1.7e9
+"""
+    assert outcomes_of(page) == {"ok": 9, "rejected": 0, "error": 1}

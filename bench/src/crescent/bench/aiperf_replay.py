@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from crescent.bench.conductor_metrics import num_prefilled_on_decode
+from crescent.bench.conductor_metrics import num_prefilled_on_decode, request_outcomes
 from crescent.bench.plain_vllm import bench_model, vllm_server_argv
 from crescent.bench.replay_faults import Fault, run_with_faults
 from crescent.cluster.local import ClusterSpec, LocalCluster
@@ -201,6 +201,9 @@ def _crescent(
             lambda: run(cluster.api_url), faults, cluster.process, cluster.supervise
         )
         row["prefilled_on_decode"] = num_prefilled_on_decode(cluster.api_url)
+        # aiperf counts a stream that ended with an error event as served; the conductor does not
+        outcomes = request_outcomes(cluster.api_url)
+        row.update({f"conductor_{outcome}": count for outcome, count in outcomes.items()})
         return row
     finally:
         cluster.stop()

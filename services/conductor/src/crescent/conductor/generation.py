@@ -213,7 +213,8 @@ class Generation:
                     response = await relay.stream(request, streams)
                 else:
                     response = await relay.collect(streams)
-                outcome = "ok"
+                # a stream that ended with an error event was a 200, and is still an error
+                outcome = "ok" if relay.failed_midway is None else "error"
                 return response
         except RejectedError as exc:
             outcome = "rejected"

@@ -163,6 +163,8 @@ class Relay:
         self._collected = [Collected(c.index) for c in choices]
         self._has_sent = [False] * len(choices)
         self._num_cached = 0
+        # Why a stream already under way ended with an error event (its status was sent: 200)
+        self.failed_midway: str | None = None
 
     @property
     def counts(self) -> TokenUsage:
@@ -236,6 +238,7 @@ class Relay:
             log.warning(
                 "stream failed midway", extra={"request_id": self.request_id, "error": str(exc)}
             )
+            self.failed_midway = str(exc)
             await _send(response, self.renderer.stream_error(str(exc)))
         await response.write_eof()
         return response
