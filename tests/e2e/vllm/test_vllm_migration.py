@@ -1,12 +1,15 @@
 """Decode killed mid-stream on the real model: the stream moves to the other decode instance,
 which recomputes the prompt and the tokens already streamed, and goes on; under greedy
-sampling the client gets exactly plain vLLM's tokens."""
+sampling the client gets exactly plain vLLM's tokens. The worker process alone is killed, as
+the OOM killer does: vLLM's engine core, its child, must not outlive it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import time
 
 import aiohttp
 import pytest
@@ -82,9 +85,8 @@ async def test_decode_killed_mid_stream_goes_on_elsewhere_with_plain_vllms_token
                 pieces.append(event["choices"][0]["text"])
                 if len(pieces) == 5 and not killed:
                     killed = await busy_decode(session, url)
-                    next(p for p in two_decode_cluster.processes if p.spec.name == killed).signal(
-                        signal.SIGKILL
-                    )
+                    worker = two_decode_cluster.process(killed)
+                    os.kill(worker.popen.pid, signal.SIGKILL)
         async with session.get(f"{url}/metrics") as response:
             metrics = await response.text()
     from crescent.common.hf_tokenizer import HfTokenizer
@@ -93,3 +95,18 @@ async def test_decode_killed_mid_stream_goes_on_elsewhere_with_plain_vllms_token
     assert (
         'crescent_request_migrations_total{cause="InstanceLostError",stage="decode"} 1.0' in metrics
     )
+    worker.popen.wait(5)  # reaped: a zombie still counts in its group
+    await process_group_gone(worker.popen.pid, 30)
+
+
+async def process_group_gone(group: int, timeout_s: float) -> None:
+    """Every process of `group` (a worker's session: it, its engine core and vLLM's resource
+    tracker) has exited."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        assert time.monotonic() < deadline, f"a process of group {group} outlived its worker"
+        await asyncio.sleep(0.2)

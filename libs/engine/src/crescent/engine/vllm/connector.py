@@ -37,6 +37,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from crescent.common.tracing import setup_tracing
 from crescent.engine.kv_store import BlockOps, BridgeConfig, SharedBridges
 from crescent.engine.vllm.events import EventLog
+from crescent.engine.vllm.parent_watch import exit_with_parent
 from crescent.engine.vllm.plan import (
     PARAM_LOAD,
     PARAM_SAVE_TO,
@@ -68,6 +69,7 @@ class CrescentConnector(KVConnectorBase_V1):
         kv_cache_config: KVCacheConfig | None = None,
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        exit_with_parent()  # an engine core child outlives a worker killed by SIGKILL otherwise
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         config = ConnectorConfig.from_extra(extra)
         vllm_block_size = vllm_config.cache_config.block_size
