@@ -47,7 +47,6 @@ def run_with_faults(
     faults: Sequence[Fault],
     process: Callable[[str], Signalled],
     supervise: Callable[[], None],
-    clock: Callable[[], float] = time.monotonic,
 ) -> dict:
     """`replay()`'s result, with the faults injected while it ran. A pause still on when the
     replay ends is lifted; a fault not yet due is not injected (the row lists those that were,
@@ -61,7 +60,7 @@ def run_with_faults(
             outcome["error"] = exc
 
     worker = threading.Thread(target=run, name="replay", daemon=True)
-    started_at = clock()
+    started_at = time.monotonic()
     worker.start()
     # (time, fault, signal): a pause is two signals, its SIGCONT pause_s after its SIGSTOP
     signals = sorted(
@@ -72,23 +71,23 @@ def run_with_faults(
         ),
         key=lambda item: item[0],
     )
-    injected: list[str] = []
+    injected: list[Fault] = []
     while worker.is_alive():
-        elapsed = clock() - started_at
+        elapsed = time.monotonic() - started_at
         while signals and signals[0][0] <= elapsed:
             _, fault, sig = signals.pop(0)
             process(fault.target).signal(sig)
             if sig != signal.SIGCONT:
-                injected.append(fault.describe())
+                injected.append(fault)
         supervise()
         worker.join(SUPERVISE_PERIOD_S)
     for _, fault, sig in signals:  # the replay ended during a pause
-        if sig == signal.SIGCONT and fault.describe() in injected:
+        if sig == signal.SIGCONT and fault in injected:
             process(fault.target).signal(sig)
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     row = dict(outcome["row"])  # type: ignore[arg-type]
-    row["faults"] = injected
+    row["faults"] = [fault.describe() for fault in injected]
     return row
 
 
