@@ -24,10 +24,11 @@ async def client_factory(infra, cluster_name):
         node: str = "client-node",
         use_mapping: bool = True,
         transports: tuple[TransportKind, ...] | None = None,
+        **transfer_settings: int,
     ) -> StoreClient:
         bus = await Bus.connect(infra.nats_url, f"client-{node}")
         etcd = await connect_etcd(infra.etcd_url)
-        transfer = TransferConfig(node=node, transports=transports)
+        transfer = TransferConfig(node=node, transports=transports, **transfer_settings)
         client = StoreClient(
             bus,
             etcd,

@@ -4,6 +4,7 @@ import asyncio
 import signal
 import subprocess
 import sys
+import threading
 import urllib.request
 
 import msgspec
@@ -28,6 +29,7 @@ from crescent.common.store_messages import (
     UnpinBlocks,
 )
 from crescent.engine.store_check import check_store_block_bytes
+from crescent.storeclient import mapped_copy
 from crescent.storeclient.directory import encode_segments
 from crescent.transfer import PeerUnreachable, TcpEndpoint, TransportKind
 from crescent.transfer.transports.rdma import unavailable_reason
@@ -49,6 +51,32 @@ async def test_put_get_round_trip_is_byte_exact(stores, client_factory, use_mapp
         await client.lookup(MODEL, "n1", hashes[:4] + [b"\x00" * 16] + hashes[5:]) == ["dram"] * 4
     )
     assert (await client.lookup_prefix(MODEL, hashes)) == {"n1": 8}
+
+
+async def test_a_large_mapped_batch_is_copied_on_every_copy_thread(
+    stores, client_factory, monkeypatch
+):
+    """A mapped put or get of at least `shm_parallel_bytes` is split over the copy threads,
+    which copy at once (the barrier breaks if one thread got both halves)."""
+    stores.start("n1")
+    client = await client_factory(shm_parallel_bytes=4 * BLOCK, shm_copy_threads=2)
+    await wait_for_segment(client, "n1")
+    monkeypatch.setattr(mapped_copy, "PARALLEL_BLOCK_BYTES", BLOCK)
+    barrier = threading.Barrier(2, timeout=10)
+    threads = []
+    original = mapped_copy._copy_arrays
+
+    def spy(*args):
+        threads.append(threading.get_ident())
+        barrier.wait()
+        return original(*args)
+
+    monkeypatch.setattr(mapped_copy, "_copy_arrays", spy)
+    hashes, data = blocks(8)
+    assert await client.put_blocks(MODEL, "n1", hashes, data) == 8
+    count, got = await read_back(client, "n1", hashes)
+    assert count == 8 and got == data
+    assert len(threads) == 4 and threading.get_ident() not in threads
 
 
 async def test_a_batch_allocated_in_free_slots_lies_back_to_back(stores, client_factory):

@@ -4,6 +4,8 @@ both directions, and the planner picks the one-call paths where they apply."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,7 @@ from crescent.transfer import (
 )
 from crescent.transfer.groups import EntryGroup
 from crescent.transfer.segment import ShmMapping
+from crescent.transfer.transports import shm as shm_transport
 from crescent.transfer.transports.shm_plan import RowCopy, plan_runs
 
 KiB = 1 << 10
@@ -112,3 +115,79 @@ async def test_batches_of_small_entries_are_one_call_where_one_side_is_contiguou
         assert (len(plan_runs(group, mapping)) == 1) is (name == "back-to-back")
     finally:
         mapping.close()
+
+
+@pytest.mark.parametrize("name", ["back-to-back", "remote-scattered", "local-scattered"])
+def test_a_row_copy_split_in_parts_moves_each_entry_once(name, segment_factory):
+    local = segment_factory("local", NUM * SIZE)
+    served = segment_factory("served", NUM * SIZE)
+    local.array()[:] = np.random.default_rng(2).integers(0, 255, NUM * SIZE, dtype=np.uint8)
+    local_offsets, remote_offsets, length = _layout(name)
+    group = EntryGroup(
+        Op.WRITE, local, served, range(NUM), local_offsets, remote_offsets, [length] * NUM
+    )
+    mapping = ShmMapping(served.shm_name, served.size, served.device, served.inode)
+    try:
+        for part in RowCopy.of(group, mapping).split(3):
+            part.run()
+    finally:
+        mapping.close()
+    for lo, ro in zip(local_offsets, remote_offsets):
+        assert np.array_equal(served.array()[ro : ro + length], local.array()[lo : lo + length])
+
+
+@pytest.mark.parametrize(
+    ("name", "copy_name"),
+    [("remote-scattered", "RowCopy.run"), ("back-to-back-runs", "_Copier.run")],
+)
+async def test_a_large_batch_is_copied_on_every_copy_thread(
+    name, copy_name, engine_factory, segment_factory, monkeypatch
+):
+    """A batch of at least `shm_parallel_bytes` is split over `shm_copy_threads` threads, also
+    when it is small enough to be copied on the event loop: two threads move DRAM about twice
+    as fast as one (bench/README.md, transfer)."""
+    served = segment_factory("served", NUM * SIZE)
+    server = TransferEngine(DictResolver(), TransferConfig(node="server"))
+    await server.start()
+    server.register(served)
+    client = await engine_factory(
+        DictResolver({"served": server.descriptor("served")}),
+        transports=(TransportKind.SHM,),
+        shm_parallel_bytes=NUM * SIZE,
+        shm_parallel_entry_bytes=NUM * SIZE,
+        shm_copy_threads=2,
+    )
+    local = segment_factory("local", NUM * SIZE)
+    client.register(local)
+    local.array()[:] = np.random.default_rng(3).integers(0, 255, NUM * SIZE, dtype=np.uint8)
+    if name == "back-to-back-runs":  # one entry: a run, not a row copy
+        entries = [TransferEntry(Op.WRITE, "local", 0, "served", 0, NUM * SIZE)]
+    else:
+        local_offsets, remote_offsets, length = _layout(name)
+        entries = [
+            TransferEntry(Op.WRITE, "local", lo, "served", ro, length)
+            for lo, ro in zip(local_offsets, remote_offsets)
+        ]
+    threads = []
+    barrier = threading.Barrier(2, timeout=10)  # broken if one thread copies both parts
+    owner, method = copy_name.split(".")
+    cls = RowCopy if owner == "RowCopy" else shm_transport._Copier
+    original = getattr(cls, method)
+
+    def spy(self, *args):
+        threads.append(threading.get_ident())
+        barrier.wait()
+        return original(self, *args)
+
+    monkeypatch.setattr(cls, method, spy)
+    try:
+        (await client.transfer(entries, timeout=10)).raise_for_errors()
+    finally:
+        await server.close()
+    for entry in entries:
+        start, stop = entry.remote_offset, entry.remote_offset + entry.length
+        local_stop = entry.local_offset + entry.length
+        assert np.array_equal(
+            served.array()[start:stop], local.array()[entry.local_offset : local_stop]
+        )
+    assert len(threads) == 2 and threading.get_ident() not in threads

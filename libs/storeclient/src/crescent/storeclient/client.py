@@ -3,7 +3,8 @@ and get KV blocks anywhere in the cluster, find the longest cached prefix per no
 replication.
 
 Bytes take the shortest road: a store on this host is mapped into this process and its slots
-are read and written in place (one memcpy, no socket); a store elsewhere is reached through the
+are read and written in place (one memcpy a block, no socket; large batches on several
+threads); a store elsewhere is reached through the
 data plane, over tcp straight from and into the caller's buffers, over rdma through a
 registered staging segment (rdma moves only memory registered with its device).
 """
@@ -41,6 +42,7 @@ from crescent.common.store_messages import (
 from crescent.storeclient import metrics
 from crescent.storeclient.data_plane import DataPlaneMover
 from crescent.storeclient.directory import SegmentDirectory
+from crescent.storeclient.mapped_copy import MappedCopier
 from crescent.storeclient.transfer_metrics import register_transfer_metrics
 from crescent.transfer import (
     Op,
@@ -91,6 +93,8 @@ class StoreClient:
         self._data_plane: DataPlaneMover | None = None
         self._tasks: list[asyncio.Task] = []
         self._unpins: dict[str, set[asyncio.Task]] = {}  # node → unpins not answered yet
+        transfer = config.transfer or TransferConfig(node=config.node)
+        self._copier = MappedCopier(transfer.shm_copy_threads, transfer.shm_parallel_bytes)
 
     async def start(self) -> None:
         segments = PrefixMirror(self._etcd, self._keys.segments(""), self.directory.apply)
@@ -120,6 +124,7 @@ class StoreClient:
             await self._transfer.close()
         if self._data_plane is not None:
             self._data_plane.close()
+        self._copier.close()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -176,12 +181,7 @@ class StoreClient:
         """Copy buffers into (WRITE) or out of (READ) the store's segment at `offsets`."""
         mapping = self.mapping(segment)
         if mapping is not None:
-            for offset, buffer in zip(offsets, buffers):
-                region = mapping.view[offset : offset + len(buffer)]
-                if op is Op.WRITE:
-                    region[:] = buffer
-                else:
-                    buffer[:] = region
+            await self._copier.copy(op, mapping.view, offsets, buffers)
             _count_moved(op, "mapped", buffers)
             return
         await self._data_plane.move(op, segment, offsets, buffers)

@@ -57,6 +57,7 @@ class TransferConfig:
     server_idle_timeout: float = 300.0
     shm_inline_bytes: int = 16 << 20
     shm_parallel_entry_bytes: int = 2 << 20
+    shm_parallel_bytes: int = 4 << 20
     shm_copy_threads: int = 2
     max_threads: int = 16
     close_timeout: float = 10.0

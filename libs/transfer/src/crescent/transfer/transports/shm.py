@@ -4,11 +4,14 @@ A peer's segment is reachable when its owner runs on our kernel (same boot id) a
 /dev/shm file is the very file it published (same device and inode). The file is mapped
 once and kept. How a batch is copied is planned in shm_plan.py: back-to-back entries as one
 run, many equal entries as one numpy call, the rest chunk by chunk so that the deadline and
-the owner's liveness are checked as the copy goes. Batches of at most `shm_inline_bytes` are
-copied on the event loop (a thread hop costs more than such a copy: at 16 MiB, about a fifth
-of it on a busy 2-core machine; the loop is then held for one memcpy of that size, ~1–2 ms);
-larger ones in worker threads (numpy releases the GIL while it copies; big runs are split
-over `shm_copy_threads` threads).
+the owner's liveness are checked as the copy goes.
+
+Where the copies run: a batch of at least `shm_parallel_bytes` whose copies are large (a row
+copy, or runs of `shm_parallel_entry_bytes` on average) is split over `shm_copy_threads`
+worker threads, since numpy releases the GIL while it copies and two threads moved 1.2–1.9×
+the bytes of one (bench/README.md, transfer, 2026-11-28). Other batches of at most
+`shm_inline_bytes` are copied on the event loop (a thread hop alone costs more than such a
+copy gains from leaving it); larger ones in a worker thread.
 
 A dead owner cannot be seen through memory, so the owner holds a shared flock on its
 file while alive; a batch whose owner is found dead before, during or after the copy fails
@@ -92,12 +95,19 @@ class ShmTransport(Transport):
     async def _copy_rows(
         self, rows: list[RowCopy], deadline: Deadline, is_inline: bool
     ) -> list[tuple[Sequence[int], str]]:
-        """One numpy call per group (bounded by it, so checked before, not during)."""
+        """One numpy call per group (bounded by it, so checked before, not during); a large
+        group is split over the copy threads, a numpy call each."""
         loop = asyncio.get_running_loop()
+        config = self.context.config
         for position, row_copy in enumerate(rows):
             if deadline.is_expired():
                 return [(r.group.indices, r.group.remote.name) for r in rows[position:]]
-            if is_inline:
+            if row_copy.num_bytes >= config.shm_parallel_bytes and config.shm_copy_threads > 1:
+                parts = row_copy.split(config.shm_copy_threads)
+                await asyncio.gather(
+                    *(loop.run_in_executor(self.context.executor, part.run) for part in parts)
+                )
+            elif is_inline:
                 row_copy.run()
             else:
                 await loop.run_in_executor(self.context.executor, row_copy.run)
@@ -112,7 +122,7 @@ class ShmTransport(Transport):
         chunk_bytes = max(1, min(config.slice_bytes, -(-num_bytes // num_threads)))
         chunks = [chunk for run in runs for chunk in run.chunks(chunk_bytes)]
         copier = _Copier(mappings, deadline, config.slice_bytes)
-        if is_inline:
+        if is_inline and num_threads == 1:
             return copier.run(chunks)
         loop = asyncio.get_running_loop()
         futures = [
@@ -197,7 +207,11 @@ def _num_copy_threads(num_bytes: int, num_runs: int, config: TransferConfig) -> 
     """Large runs copy faster on several threads (numpy drops the GIL while copying);
     small ones do not: their per-run Python work needs the GIL, and threads then only
     take turns."""
-    if num_runs == 0 or num_bytes // num_runs < config.shm_parallel_entry_bytes:
+    if (
+        num_runs == 0
+        or num_bytes < config.shm_parallel_bytes
+        or num_bytes // num_runs < config.shm_parallel_entry_bytes
+    ):
         return 1
     return config.shm_copy_threads
 

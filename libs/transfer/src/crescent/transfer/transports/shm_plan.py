@@ -15,6 +15,7 @@ A run, and a row copy, succeeds or fails as a whole.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 import numpy as np
 
@@ -142,6 +143,25 @@ class RowCopy:
             return None  # scattered on both sides: numpy would gather into a temporary first
         return cls(group, dst, src)
 
+    @property
+    def num_bytes(self) -> int:
+        return self.group.num_bytes
+
+    def split(self, num_parts: int) -> list[RowCopy]:
+        """This copy as up to `num_parts` copies of consecutive entries, about equal in size,
+        for as many threads (each still one numpy call)."""
+        num = len(self.group.lengths)
+        bounds = [num * part // num_parts for part in range(num_parts + 1)]
+        return [
+            RowCopy(
+                self.group,
+                (self._dst_rows, _part(self._dst_index, start, stop)),
+                (self._src_rows, _part(self._src_index, start, stop)),
+            )
+            for start, stop in pairwise(bounds)
+            if stop > start
+        ]
+
     def run(self) -> None:
         if isinstance(self._src_index, slice):  # a scatter (or one block) from contiguous rows
             self._dst_rows[self._dst_index] = self._src_rows[self._src_index]
@@ -153,6 +173,13 @@ class RowCopy:
                 out=self._dst_rows[self._dst_index],
                 mode="clip",
             )
+
+
+def _part(index: np.ndarray | slice, start: int, stop: int) -> np.ndarray | slice:
+    """Entries start..stop of a row index (a slice of rows, or row numbers)."""
+    if isinstance(index, slice):
+        return slice(index.start + start, index.start + stop)
+    return index[start:stop]
 
 
 def _rows(
