@@ -65,6 +65,8 @@ from crescent.conductor.flow_state import (
     Gone,
     HandedStart,
     Prefilled,
+    Refusal,
+    Silence,
     TokenEvent,
 )
 from crescent.conductor.policy import (
@@ -185,19 +187,27 @@ class RequestFlow:
         model: str,
         exclude: Collection[str] = (),
         refusals: Mapping[str, str] | None = None,
+        unanswered: Mapping[str, Silence] | None = None,
     ) -> Decision:
         """Ask the policy and account for its choice; the decode reservation is the caller's.
         While the model has registered instances but none live (a NATS outage, a restart), the
         request waits up to placement_wait_s instead of failing. `refusals`: the decode
-        instances that refused this request, and why (they are among `exclude`)."""
+        instances that refused this request, and why (they are among `exclude`);
+        `unanswered`: those of them that gave no answer. When no other decode instance would
+        take the request, it waits for them, asking each again when its Silence says, until
+        placement_wait_s after its first silence."""
         with tracer().start_as_current_span("conductor.schedule") as span:
             deadline = self._clock() + self._timeouts.placement_wait_s
+            skipped = set(exclude)
             while True:
-                outcome = self._scheduler.schedule(request, model, exclude)
+                outcome = self._scheduler.schedule(request, model, skipped)
                 if not isinstance(outcome, Rejection):
                     break
-                if self._may_wait(outcome, model) and self._clock() < deadline:
+                silent = self._silent(outcome, unanswered or {}) & skipped
+                if (silent or self._may_wait(outcome, model)) and self._clock() < deadline:
                     await asyncio.sleep(PLACEMENT_RETRY_S)
+                    now = self._clock()
+                    skipped -= {i for i in silent if unanswered[i].ask_at <= now}
                     continue
                 span.set_attribute("crescent.rejected", outcome.reason.value)
                 raise RejectedError(with_refusals(outcome, refusals or {}))
@@ -209,6 +219,21 @@ class RequestFlow:
             span.set_attribute("crescent.predicted_tbt_s", outcome.decode.predicted_tbt_s)
             span.set_attribute("crescent.prefill_on_decode", outcome.prefill_on_decode)
             return outcome
+
+    def _silent(self, rejection: Rejection, unanswered: Mapping[str, Silence]) -> set[str]:
+        """The decode instances worth waiting for when the policy found none to take the
+        request: those silent for less than placement_wait_s. Silence is what a restarting
+        instance, or one whose subscriptions a restarted NATS server has not got back yet,
+        looks like for a moment while its telemetry still says it is live; an instance that
+        answered with a refusal is not asked again."""
+        if rejection.reason is not RejectReason.NO_DECODE:
+            return set()
+        now = self._clock()
+        return {
+            instance_id
+            for instance_id, silence in unanswered.items()
+            if now < silence.since + self._timeouts.placement_wait_s
+        }
 
     def _may_wait(self, rejection: Rejection, model: str) -> bool:
         """No live instance of a role the model has registered instances of: one is slow or
@@ -229,7 +254,7 @@ class RequestFlow:
         max_tokens: int,
         assignment: int,
         is_moved: bool = False,
-    ) -> str | None:
+    ) -> Refusal | None:
         """None once `decode_id` holds room for the attempt; otherwise why it does not."""
         reservation = Reservation(
             request_id=attempt_id,
@@ -248,11 +273,11 @@ class RequestFlow:
             )
         except RecoverableError as exc:
             log.warning("reserve failed", extra={"decode": decode_id, "error": str(exc)})
-            return str(exc)
+            return Refusal(str(exc), is_unanswered=not isinstance(exc, RemoteError))
         if reply.accepted:
             return None
         log.info("reserve refused", extra={"decode": decode_id, "reason": reply.reason})
-        return reply.reason or "refused"
+        return Refusal(reply.reason or "refused")
 
     async def _prefill(
         self, request: ScheduleRequest, model: str, progress: Progress, decode: DecodeSide
@@ -269,14 +294,18 @@ class RequestFlow:
         reservation first cost every request a round trip."""
         gone = Gone(self._view, "prefill")
         refused: dict[str, str] = {}  # decode instance → why it refused this request
+        unanswered: dict[str, Silence] = {}  # those of them that did not answer
         num_moves = 0
         while True:
-            decision = await self.place(request, model, gone.ids() | refused.keys(), refused)
+            decision = await self.place(
+                request, model, gone.ids() | refused.keys(), refused, unanswered
+            )
+            refused.pop(decision.decode.instance_id, None)  # asked again: it answers anew
             decode.instance_id = decision.decode.instance_id
             if decision.prefill_on_decode:
                 started = await self._start_on_decode(request, progress, decode)
-                if isinstance(started, str):
-                    self._refused(request, decision, decode, refused, started)
+                if isinstance(started, Refusal):
+                    self._refused(request, decision, decode, refused, unanswered, started)
                     continue
                 metrics.PREFILL_ON_DECODE.inc()
                 return Prefilled(None, started)
@@ -327,7 +356,7 @@ class RequestFlow:
                     if handed is not None:  # its start may be on its way: a new attempt id
                         await self._cancel_decode(decode)
                         decode.attempt += 1
-                    self._refused(request, decision, decode, refused, why_not)
+                    self._refused(request, decision, decode, refused, unanswered, why_not)
                     continue
                 result = await self._presence.wait(
                     "prefill", prefill.instance_id, prefilling, sent_to
@@ -380,7 +409,7 @@ class RequestFlow:
 
     async def _start_on_decode(
         self, request: ScheduleRequest, progress: Progress, decode: DecodeSide
-    ) -> Attempt | str:
+    ) -> Attempt | Refusal:
         """Start the decode on a prompt it computes itself, admitted on arrival as a
         reservation would be; why not, when it refused or did not answer. One that did not
         answer may have started: it is cancelled, and the request's next attempt streams
@@ -399,13 +428,13 @@ class RequestFlow:
                 log.warning("start failed", extra={"decode": decode.instance_id, "error": str(exc)})
                 await self._cancel_decode(decode)
                 decode.attempt += 1
-            return str(exc)
+            return Refusal(str(exc), is_unanswered=not isinstance(exc, RemoteError))
         except asyncio.CancelledError:
             await attempt.close()
             raise
         return attempt
 
-    async def _reserve_for(self, request: ScheduleRequest, decode: DecodeSide) -> str | None:
+    async def _reserve_for(self, request: ScheduleRequest, decode: DecodeSide) -> Refusal | None:
         return await self._reserve(
             decode.instance_id,
             decode.attempt_id,
@@ -420,13 +449,20 @@ class RequestFlow:
         decision: Decision,
         decode: DecodeSide,
         refused: dict[str, str],
-        reason: str,
+        unanswered: dict[str, Silence],
+        refusal: Refusal,
     ) -> None:
-        """The decode instance of `decision` did not take the request, for `reason`: place it
-        again without that instance."""
+        """The decode instance of `decision` did not take the request: place it again without
+        that instance (asking it again later only if it gave no answer)."""
         metrics.DECODE_REFUSALS.inc()
         self._scheduler.forget(request, decision)
-        refused[decode.instance_id] = reason
+        refused[decode.instance_id] = refusal.reason
+        if refusal.is_unanswered:
+            silence = unanswered.get(decode.instance_id)
+            now = self._clock()
+            unanswered[decode.instance_id] = silence.again(now) if silence else Silence.first(now)
+        else:
+            unanswered.pop(decode.instance_id, None)
         decode.instance_id = ""
 
     async def _drop_job(
@@ -573,7 +609,7 @@ class RequestFlow:
                 if why_not is None:
                     break
                 excluded.add(choice.instance_id)
-                refused[choice.instance_id] = why_not
+                refused[choice.instance_id] = why_not.reason
             elif self._clock() >= deadline:
                 decode.instance_id = ""
                 raise RejectedError(with_refusals(choice, refused))

@@ -10,6 +10,8 @@ from crescent.common.bus import Stream, within
 from crescent.common.messages import DecodeStart, PrefillResult, TokenLogprobs
 from crescent.conductor.cluster_view import ClusterView
 
+FIRST_ASK_AGAIN_S = 0.1  # a decode instance silent once is asked again after this
+
 
 @dataclass(frozen=True)
 class FlowTimeouts:
@@ -18,6 +20,36 @@ class FlowTimeouts:
     start_s: float = 5.0
     token_gap_s: float = 30.0
     placement_wait_s: float = 10.0  # how long a request waits for a live instance to exist
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a decode instance did not take a request. `is_unanswered`: it gave no answer (no
+    responders, no reply in time), as while it restarts or resubscribes after a NATS restart,
+    so it is asked again while the request may still wait for placement."""
+
+    reason: str
+    is_unanswered: bool = False
+
+
+@dataclass(frozen=True)
+class Silence:
+    """A decode instance that gave a request no answer: since when, and when to ask it again.
+    The wait doubles from FIRST_ASK_AGAIN_S at each silence, so that an instance that stays
+    silent (dead, not yet seen stale) costs the request few asks, each with a prefill job
+    sent and cancelled beside it."""
+
+    since: float
+    ask_at: float
+    num_silences: int = 1
+
+    @classmethod
+    def first(cls, now: float) -> Silence:
+        return cls(now, now + FIRST_ASK_AGAIN_S)
+
+    def again(self, now: float) -> Silence:
+        wait_s = FIRST_ASK_AGAIN_S * 2**self.num_silences
+        return Silence(self.since, now + wait_s, self.num_silences + 1)
 
 
 @dataclass
