@@ -14,6 +14,8 @@ by side in one run, on the same model, trace and load.
                        the replay, a decode instance is stopped (SIGSTOP) for 10 s, then a
                        prefill and the other decode instance are killed (SIGKILL) and restarted
                        as `crescent up` restarts them (CRESCENT_FAULTS)
+  crescent-2p2d-infra-faults  the same cluster while the store, then the NATS server, then etcd
+                       are killed and restarted (INFRA_FAULTS)
   vllm-2x-rr-faults    vllm-2x-rr while one server is stopped for 10 s and the other killed and
                        restarted (VLLM_FAULTS)
 
@@ -162,6 +164,7 @@ CASES = (
     "vllm",
     "vllm-2x-rr",
     "crescent-2p2d-faults",
+    "crescent-2p2d-infra-faults",
     "vllm-2x-rr-faults",
 )
 # Within the first 30 s of the replay, which the default trace's 200 requests span.
@@ -169,6 +172,11 @@ CRESCENT_FAULTS = (
     Fault(10.0, "pause", "decode-0", pause_s=10.0),
     Fault(23.0, "kill", "prefill-1"),
     Fault(28.0, "kill", "decode-1"),
+)
+INFRA_FAULTS = (
+    Fault(8.0, "kill", "store-node0"),  # the one node's store: every worker's KV pool
+    Fault(16.0, "kill", "nats"),
+    Fault(24.0, "kill", "etcd"),
 )
 VLLM_FAULTS = (Fault(10.0, "pause", "vllm-0", pause_s=10.0), Fault(23.0, "kill", "vllm-1"))
 
@@ -327,6 +335,14 @@ def run_aiperf_bench(
                 ("--local-prefill", "auto"),
                 num_workers=2,
                 faults=CRESCENT_FAULTS,
+            ),
+            "crescent-2p2d-infra-faults": lambda: _crescent(
+                model_dir,
+                workdir / "crescent-infra-faults",
+                replay("crescent-2p2d-infra-faults"),
+                ("--local-prefill", "auto"),
+                num_workers=2,
+                faults=INFRA_FAULTS,
             ),
             "vllm-2x-rr-faults": lambda: _plain_vllm(
                 model_dir,
