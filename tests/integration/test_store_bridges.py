@@ -13,6 +13,7 @@ import urllib.request
 import pytest
 
 from crescent.engine.kv_store import BlockOps, BridgeConfig, KvStoreError, SharedBridges
+from crescent.storeclient.client import StoreClient
 
 
 def connection_names(connz_url: str) -> list[str]:
@@ -56,6 +57,21 @@ def test_both_roles_in_one_process_share_one_bridge(infra, monitored_nats, clust
         SharedBridges.release(scheduler_bridge)
         assert connection_names(connz_url) == ["n0-prefill-kv"]  # the worker side still uses it
         SharedBridges.release(worker_bridge)
+    assert closed_names(connz_url) == []
+
+
+def test_a_bridge_whose_store_client_fails_to_close_still_closes_its_connection(
+    infra, monitored_nats, cluster_name, monkeypatch
+):
+    nats_url, connz_url = monitored_nats
+    bridge = SharedBridges.acquire(worker_config(nats_url, infra.etcd_url, cluster_name))
+    assert connection_names(connz_url) == ["n0-prefill-kv"]
+
+    async def failing_close(self) -> None:
+        raise RuntimeError("the data plane would not stop")
+
+    monkeypatch.setattr(StoreClient, "close", failing_close)
+    SharedBridges.release(bridge)
     assert closed_names(connz_url) == []
 
 

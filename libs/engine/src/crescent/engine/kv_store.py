@@ -51,6 +51,9 @@ from crescent.transfer import Op, TransferConfig, parse_transports
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+CLIENT_CLOSE_S = 5.0  # the store client's close (its data plane's threads) may take this long
+CONNECTIONS_CLOSE_S = 5.0  # then the NATS drain and the etcd close
+
 
 class KvStoreError(RecoverableError):
     """A store operation of the connector failed or missed its deadline: the blocks involved
@@ -136,19 +139,24 @@ class StoreBridge:
         if not self._thread.is_alive():
             return
         try:
-            self.call(self._disconnect(), 10)
+            self.call(self._disconnect(), CLIENT_CLOSE_S + CONNECTIONS_CLOSE_S)
         except Exception as exc:  # closing is best effort: the process is going away
             log.warning("store bridge close failed", extra={"error": repr(exc)})
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
 
     async def _disconnect(self) -> None:
-        if self.client is not None:
-            await self.client.close()
-        if self.bus is not None:
-            await self.bus.drain()
-        if self._etcd is not None:
-            await self._etcd.close()
+        """Close the store client, then the NATS and etcd connections, these also when the
+        client's close failed or ran out of time: a connection left open outlives the bridge
+        on the NATS server."""
+        try:
+            if self.client is not None:
+                await asyncio.wait_for(self.client.close(), CLIENT_CLOSE_S)
+        finally:
+            if self.bus is not None:
+                await self.bus.drain(timeout_s=CONNECTIONS_CLOSE_S / 3)  # two waits, then etcd
+            if self._etcd is not None:
+                await self._etcd.close()
 
     def submit(self, coro: Awaitable[T]) -> concurrent.futures.Future[T]:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
