@@ -93,16 +93,16 @@ class StoreClient:
         self._data_plane: DataPlaneMover | None = None
         self._tasks: list[asyncio.Task] = []
         self._unpins: dict[str, set[asyncio.Task]] = {}  # node → unpins not answered yet
-        transfer = config.transfer or TransferConfig(node=config.node)
-        self._copier = MappedCopier(transfer.shm_copy_threads, transfer.shm_parallel_bytes)
+        self._transfer_config = config.transfer or TransferConfig(node=config.node)
+        self._copier = MappedCopier(
+            self._transfer_config.shm_copy_threads, self._transfer_config.shm_parallel_bytes
+        )
 
     async def start(self) -> None:
         segments = PrefixMirror(self._etcd, self._keys.segments(""), self.directory.apply)
         await segments.load()
         self._tasks.append(asyncio.create_task(segments.run(), name="store-client segments"))
-        self._transfer = TransferEngine(
-            self.directory, self.config.transfer or TransferConfig(node=self.config.node)
-        )
+        self._transfer = TransferEngine(self.directory, self._transfer_config)
         await self._transfer.start()
         self._data_plane = DataPlaneMover(
             self._transfer,

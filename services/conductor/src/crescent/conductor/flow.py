@@ -273,7 +273,7 @@ class RequestFlow:
             )
         except RecoverableError as exc:
             log.warning("reserve failed", extra={"decode": decode_id, "error": str(exc)})
-            return Refusal(str(exc), is_unanswered=not isinstance(exc, RemoteError))
+            return Refusal.of_error(exc)
         if reply.accepted:
             return None
         log.info("reserve refused", extra={"decode": decode_id, "reason": reply.reason})
@@ -428,7 +428,7 @@ class RequestFlow:
                 log.warning("start failed", extra={"decode": decode.instance_id, "error": str(exc)})
                 await self._cancel_decode(decode)
                 decode.attempt += 1
-            return Refusal(str(exc), is_unanswered=not isinstance(exc, RemoteError))
+            return Refusal.of_error(exc)
         except asyncio.CancelledError:
             await attempt.close()
             raise

@@ -7,6 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from crescent.common.bus import Stream, within
+from crescent.common.errors import RecoverableError, RemoteError
 from crescent.common.messages import DecodeStart, PrefillResult, TokenLogprobs
 from crescent.conductor.cluster_view import ClusterView
 
@@ -30,6 +31,12 @@ class Refusal:
 
     reason: str
     is_unanswered: bool = False
+
+    @classmethod
+    def of_error(cls, exc: RecoverableError) -> Refusal:
+        """A request that failed: an error reply is the instance's answer; anything else (no
+        responders, a timeout, a lost connection) is silence."""
+        return cls(str(exc), is_unanswered=not isinstance(exc, RemoteError))
 
 
 @dataclass(frozen=True)
