@@ -13,6 +13,7 @@ from crescent.common import tracing
 from crescent.common.bus import Bus, within
 from crescent.common.codec import decode
 from crescent.common.errors import (
+    ConnectionLostError,
     NoRespondersError,
     RemoteError,
     RequestTimeoutError,
@@ -249,10 +250,63 @@ async def test_bus_reconnects_and_serves_again_after_nats_restarts(infra):
                     "x.cancel", DecodeCancel(request_id="after"), Ack, timeout_s=1
                 )
                 break
-            except (RequestTimeoutError, NoRespondersError):
+            except (RequestTimeoutError, NoRespondersError, ConnectionLostError):
                 assert time.monotonic() < deadline, "no reply after NATS came back"
                 await asyncio.sleep(0.2)
         assert reply.request_id == "after" and server.is_connected
     finally:
         await client.drain()
         await server.drain()
+
+
+async def test_a_request_whose_connection_drops_fails_at_once_and_later_ones_go_out_on_the_next(
+    infra,
+):
+    """A reply due on a dropped connection may never come: the request ends with
+    ConnectionLostError when the connection drops, not at its deadline. One sent while NATS is
+    down goes out once it is back, and is answered."""
+    server, client = (
+        await Bus.connect(infra.nats_url, "server"),
+        await Bus.connect(infra.nats_url, "client"),
+    )
+    received = asyncio.Event()
+    try:
+
+        async def never(message: DecodeCancel) -> Ack:
+            received.set()
+            await asyncio.sleep(3600)
+            return Ack(request_id=message.request_id)
+
+        await server.serve("x.never", DecodeCancel, never)
+        await server.serve("x.cancel", DecodeCancel, _ack)
+        waiting = asyncio.ensure_future(
+            client.request("x.never", DecodeCancel(request_id="r"), Ack, timeout_s=120)
+        )
+        await asyncio.wait_for(received.wait(), 10)
+        infra.nats.stop()
+        with pytest.raises(ConnectionLostError, match="x.never"):
+            await asyncio.wait_for(waiting, 60)  # not its 120 s deadline
+        sent_while_down = asyncio.ensure_future(
+            client.request("x.cancel", DecodeCancel(request_id="while-down"), Ack, timeout_s=60)
+        )
+        infra.nats.start()
+        infra.nats.wait_ready(30)
+        try:
+            reply = await asyncio.wait_for(sent_while_down, 60)
+        except NoRespondersError:  # it reached the server before the server's handler was back
+            reply = None
+        assert reply is None or reply.request_id == "while-down"
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                reply = await client.request(
+                    "x.cancel", DecodeCancel(request_id="after"), Ack, timeout_s=1
+                )
+                break
+            except NoRespondersError:
+                assert time.monotonic() < deadline, "no reply after NATS came back"
+                await asyncio.sleep(0.2)
+        assert reply.request_id == "after"
+    finally:
+        await client.drain()
+        await server.drain(timeout_s=0.5)

@@ -3,6 +3,10 @@
 Every request and publish carries the caller's W3C trace context in NATS headers, and every
 handler runs inside the context it received, so one client request is one trace across
 services. A handler that raises answers with an ErrorReply and the service keeps serving.
+
+A request whose connection drops before its reply came fails at once (ConnectionLostError):
+the request or its reply may be gone, and waiting out the deadline would hold the caller (a
+vLLM engine thread waiting on its store, say) for nothing. nats-py itself waits it out.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from opentelemetry import context as otel_context
 from crescent.common import tracing
 from crescent.common.codec import Message, decode, encode
 from crescent.common.errors import (
+    ConnectionLostError,
     CrescentError,
     MessageError,
     NoRespondersError,
@@ -172,6 +177,7 @@ class Bus:
         self.epoch = (
             0  # connections so far, less one: a reply or chunk sent across a reconnect may be lost
         )
+        self._lost = asyncio.get_running_loop().create_future()  # done when this connection drops
 
     @classmethod
     async def connect(cls, url: str, name: str, timeout_s: float = 10.0) -> Bus:
@@ -182,6 +188,8 @@ class Bus:
         bus: Bus | None = None
 
         async def on_disconnected() -> None:
+            if bus is not None:
+                bus._on_connection_lost()
             if bus is not None and bus._is_draining:
                 log.info("NATS connection closed")
             else:
@@ -221,19 +229,42 @@ class Bus:
     def is_connected(self) -> bool:
         return self._client.is_connected
 
+    def _on_connection_lost(self) -> None:
+        """End the waits of the requests sent on the connection that dropped; requests sent
+        from now on go out on the next one (nats-py holds them until it reconnects)."""
+        lost, self._lost = self._lost, asyncio.get_running_loop().create_future()
+        lost.set_result(None)
+
     async def request(
         self, subject: str, message: Message, reply_type: Any, timeout_s: float
     ) -> Any:
-        """Send `message` and decode the reply as `reply_type`; an ErrorReply raises RemoteError."""
+        """Send `message` and decode the reply as `reply_type`; an ErrorReply raises RemoteError,
+        a connection that drops before the reply raises ConnectionLostError."""
         headers = tracing.inject_headers()
+        reply = asyncio.ensure_future(
+            self._client.request(subject, encode(message), timeout=timeout_s, headers=headers)
+        )
+        lost = self._lost
+
+        def cut_off(_: asyncio.Future) -> None:
+            reply.cancel()
+
+        lost.add_done_callback(cut_off)
         try:
-            msg = await self._client.request(
-                subject, encode(message), timeout=timeout_s, headers=headers
-            )
+            msg = await reply
         except nats.errors.NoRespondersError as exc:
             raise NoRespondersError(subject) from exc
         except nats.errors.TimeoutError as exc:
             raise RequestTimeoutError(subject, timeout_s) from exc
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if lost.done() and (current is None or not current.cancelling()):
+                raise ConnectionLostError(
+                    f"the NATS connection dropped while waiting for a reply on {subject}"
+                ) from exc
+            raise
+        finally:
+            lost.remove_done_callback(cut_off)
         return _reply_of(msg.data, reply_type, subject)
 
     async def publish(

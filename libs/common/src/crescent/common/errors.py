@@ -53,6 +53,11 @@ class NoRespondersError(RecoverableError):
         self.subject = subject
 
 
+class ConnectionLostError(RecoverableError):
+    """The NATS connection dropped while a reply or chunk was due: it may have been lost, and
+    nobody knows whether the request was received."""
+
+
 class RemoteError(RecoverableError):
     """The peer answered with an ErrorReply."""
 

@@ -30,6 +30,7 @@ import msgspec
 
 from crescent.common.bus import Bus, Replies, StreamGroup
 from crescent.common.errors import (
+    ConnectionLostError,
     CrescentError,
     NoRespondersError,
     RecoverableError,
@@ -53,7 +54,6 @@ from crescent.conductor.flow_errors import (
     INVALID_REQUEST,
     MOVABLE_ERRORS,
     START_REFUSED,
-    ConnectionLostError,
     RejectedError,
     RequestRefusedError,
     StreamBrokenError,

@@ -3,7 +3,12 @@ fail it (flow.py decides; generation.py turns the rest into HTTP answers)."""
 
 from __future__ import annotations
 
-from crescent.common.errors import NoRespondersError, RecoverableError, RemoteError
+from crescent.common.errors import (
+    ConnectionLostError,
+    NoRespondersError,
+    RecoverableError,
+    RemoteError,
+)
 from crescent.conductor.policy import Rejection
 
 
@@ -17,10 +22,6 @@ class RejectedError(RecoverableError):
 
 class InstanceLostError(RecoverableError):
     """The instance serving a request left the registry while the request waited on it."""
-
-
-class ConnectionLostError(RecoverableError):
-    """NATS reconnected while a reply or chunk was due: it may have been lost."""
 
 
 class StreamBrokenError(RecoverableError):

@@ -10,10 +10,10 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from crescent.common.bus import Bus, Stream
-from crescent.common.errors import RequestTimeoutError
+from crescent.common.errors import ConnectionLostError, RequestTimeoutError
 from crescent.common.messages import TokenChunk
 from crescent.conductor.cluster_view import ClusterView
-from crescent.conductor.flow_errors import ConnectionLostError, InstanceLostError
+from crescent.conductor.flow_errors import InstanceLostError
 from crescent.conductor.flow_state import SentTo
 
 PRESENCE_CHECK_S = 0.25

@@ -25,6 +25,7 @@ Store block layout: layer-major, `block_size / vllm_block_size` vLLM blocks per 
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,6 +35,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from crescent.common.logs import setup_logging
 from crescent.common.tracing import setup_tracing
 from crescent.engine.kv_store import BlockOps, BridgeConfig, SharedBridges
 from crescent.engine.vllm.events import EventLog
@@ -61,6 +63,19 @@ if TYPE_CHECKING:
 __all__ = ["PARAM_LOAD", "PARAM_SAVE_TO", "PARAM_TRACE", "CrescentConnector", "CrescentMetadata"]
 
 
+def log_like_the_worker(config: ConnectorConfig) -> None:
+    """In an engine core child process nobody set up logging: the connector's warnings would
+    reach stderr as bare messages, without time, request or error. Log there as the worker
+    does; a process that has handlers (the worker itself) is left alone."""
+    if not logging.getLogger().handlers:
+        setup_logging(
+            config.role,
+            config.instance_id or f"{config.role}-kv",
+            config.log_level,
+            config.log_format,
+        )
+
+
 class CrescentConnector(KVConnectorBase_V1):
     def __init__(
         self,
@@ -72,6 +87,7 @@ class CrescentConnector(KVConnectorBase_V1):
         exit_with_parent()  # an engine core child outlives a worker killed by SIGKILL otherwise
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
         config = ConnectorConfig.from_extra(extra)
+        log_like_the_worker(config)
         vllm_block_size = vllm_config.cache_config.block_size
         if config.block_size % vllm_block_size:
             raise ValueError(

@@ -88,6 +88,9 @@ def connector_extra_config(settings: EngineSettings, role: str, endpoints: Store
         "use_mapping": settings.kv_use_mapping,
         "transports": settings.kv_transports,
         "load_async": settings.kv_load_async and role == "decode",
+        "instance_id": settings.instance_id,
+        "log_level": settings.log_level,
+        "log_format": settings.log_format,
     }
 
 

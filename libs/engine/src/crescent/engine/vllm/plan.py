@@ -34,6 +34,11 @@ class ConnectorConfig:
     # loads run beside the engine's steps, the request waiting in WAITING_FOR_REMOTE_KVS
     # (decode: its running requests are not held by a new request's load)
     load_async: bool = False
+    # how the worker logs, for an engine core in a child process, whose root logger has no
+    # handler (Python would print a warning's message alone, without its fields)
+    instance_id: str = ""
+    log_level: str = "INFO"
+    log_format: str = "json"
     # testing only: "evict_after_lookup" drops block 1 between lookup and load;
     # "delay_other_commits" holds commits to every target but the first 3 s (saver.py);
     # "slow_load" starts every load 2 s late (worker_side.py)
