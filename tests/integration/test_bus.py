@@ -243,16 +243,7 @@ async def test_bus_reconnects_and_serves_again_after_nats_restarts(infra):
         infra.nats.stop()
         infra.nats.start()
         infra.nats.wait_ready(30)
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                reply = await client.request(
-                    "x.cancel", DecodeCancel(request_id="after"), Ack, timeout_s=1
-                )
-                break
-            except (RequestTimeoutError, NoRespondersError, ConnectionLostError):
-                assert time.monotonic() < deadline, "no reply after NATS came back"
-                await asyncio.sleep(0.2)
+        reply = await _answered_once_nats_is_back(client, "after")
         assert reply.request_id == "after" and server.is_connected
     finally:
         await client.drain()
@@ -296,17 +287,21 @@ async def test_a_request_whose_connection_drops_fails_at_once_and_later_ones_go_
         except NoRespondersError:  # it reached the server before the server's handler was back
             reply = None
         assert reply is None or reply.request_id == "while-down"
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                reply = await client.request(
-                    "x.cancel", DecodeCancel(request_id="after"), Ack, timeout_s=1
-                )
-                break
-            except NoRespondersError:
-                assert time.monotonic() < deadline, "no reply after NATS came back"
-                await asyncio.sleep(0.2)
+        reply = await _answered_once_nats_is_back(client, "after")
         assert reply.request_id == "after"
     finally:
         await client.drain()
         await server.drain(timeout_s=0.5)
+
+
+async def _answered_once_nats_is_back(client: Bus, request_id: str) -> Ack:
+    """x.cancel's answer, asked until the server's handler is back (within 15 s)."""
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            return await client.request(
+                "x.cancel", DecodeCancel(request_id=request_id), Ack, timeout_s=1
+            )
+        except (RequestTimeoutError, NoRespondersError, ConnectionLostError):
+            assert time.monotonic() < deadline, "no reply after NATS came back"
+            await asyncio.sleep(0.2)

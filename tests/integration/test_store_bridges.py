@@ -5,13 +5,16 @@ on the NATS server's /connz endpoint."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
 import urllib.request
 
+import nats
 import pytest
 
+from crescent.common.naming import Subjects
 from crescent.engine.kv_store import BlockOps, BridgeConfig, KvStoreError, SharedBridges
 from crescent.storeclient.client import StoreClient
 
@@ -92,3 +95,34 @@ def test_the_scheduler_role_alone_holds_a_nats_connection_only(infra, monitored_
     finally:
         SharedBridges.release(bridge)
     assert closed_names(connz_url) == []
+
+
+async def test_a_store_call_under_way_when_nats_drops_ends_then_not_at_its_deadline(
+    infra, cluster_name
+):
+    """An engine thread waiting on its store when the NATS connection drops: the reply can no
+    longer come, so the call ends with the drop instead of holding the engine until its
+    deadline (KvStoreError, on which a lookup computes the prompt and a save is skipped)."""
+    config = dataclasses.replace(
+        worker_config(infra.nats_url, infra.etcd_url, cluster_name), has_data_plane=False
+    )
+    bridge = await asyncio.to_thread(SharedBridges.acquire, config)
+    silent_store = await nats.connect(infra.nats_url, allow_reconnect=False)
+    received = asyncio.Event()
+
+    async def take_and_never_answer(_msg) -> None:
+        received.set()
+
+    await silent_store.subscribe(Subjects(cluster_name).store_ctl("n0"), cb=take_and_never_answer)
+    await silent_store.flush()
+    try:
+        ops = BlockOps(bridge, cluster_name, "m", timeout_s=120)
+        lookup = ops.lookup("n0", [b"\0" * 16])
+        calling = asyncio.ensure_future(asyncio.to_thread(bridge.call, lookup, 120))
+        await asyncio.wait_for(received.wait(), 10)
+        infra.nats.stop()
+        with pytest.raises(KvStoreError, match="connection dropped"):
+            await asyncio.wait_for(calling, 60)  # not its 120 s deadline
+    finally:
+        await silent_store.close()
+        await asyncio.to_thread(SharedBridges.release, bridge)
