@@ -255,7 +255,8 @@ async def test_a_request_whose_connection_drops_fails_at_once_and_later_ones_go_
 ):
     """A reply due on a dropped connection may never come: the request ends with
     ConnectionLostError when the connection drops, not at its deadline. One sent while NATS is
-    down goes out once it is back, and is answered."""
+    down goes out once it is back, and is answered: the epoch it was sent in is the new
+    connection's, so a reconnect does not count it as lost."""
     server, client = (
         await Bus.connect(infra.nats_url, "server"),
         await Bus.connect(infra.nats_url, "client"),
@@ -270,6 +271,7 @@ async def test_a_request_whose_connection_drops_fails_at_once_and_later_ones_go_
 
         await server.serve("x.never", DecodeCancel, never)
         await server.serve("x.cancel", DecodeCancel, _ack)
+        epoch_sent = client.epoch
         waiting = asyncio.ensure_future(
             client.request("x.never", DecodeCancel(request_id="r"), Ack, timeout_s=120)
         )
@@ -277,6 +279,8 @@ async def test_a_request_whose_connection_drops_fails_at_once_and_later_ones_go_
         infra.nats.stop()
         with pytest.raises(ConnectionLostError, match="x.never"):
             await asyncio.wait_for(waiting, 60)  # not its 120 s deadline
+        epoch_while_down = client.epoch  # the connection what is sent now goes out on
+        assert epoch_while_down == epoch_sent + 1
         sent_while_down = asyncio.ensure_future(
             client.request("x.cancel", DecodeCancel(request_id="while-down"), Ack, timeout_s=60)
         )
@@ -287,6 +291,7 @@ async def test_a_request_whose_connection_drops_fails_at_once_and_later_ones_go_
         except NoRespondersError:  # it reached the server before the server's handler was back
             reply = None
         assert reply is None or reply.request_id == "while-down"
+        assert client.epoch == epoch_while_down  # it went out on the connection made since
         reply = await _answered_once_nats_is_back(client, "after")
         assert reply.request_id == "after"
     finally:

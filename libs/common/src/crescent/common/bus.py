@@ -174,9 +174,10 @@ class Bus:
         self._client = client
         self._handler_tasks: set[asyncio.Task] = set()
         self._is_draining = False
-        self.epoch = (
-            0  # connections so far, less one: a reply or chunk sent across a reconnect may be lost
-        )
+        # The connection a message sent now goes out on: 0 is the first, and a drop moves on to
+        # the next at once (nats-py holds what is sent until it reconnects). A reply or chunk
+        # due on an earlier connection may be lost.
+        self.epoch = 0
         self._lost = asyncio.get_running_loop().create_future()  # done when this connection drops
 
     @classmethod
@@ -196,8 +197,6 @@ class Bus:
                 log.warning("NATS disconnected")
 
         async def on_reconnected() -> None:
-            if bus is not None:
-                bus.epoch += 1
             log.info("NATS reconnected")
 
         async def on_error(exc: Exception) -> None:
@@ -232,6 +231,7 @@ class Bus:
     def _on_connection_lost(self) -> None:
         """End the waits of the requests sent on the connection that dropped; requests sent
         from now on go out on the next one (nats-py holds them until it reconnects)."""
+        self.epoch += 1
         lost, self._lost = self._lost, asyncio.get_running_loop().create_future()
         lost.set_result(None)
 

@@ -1,7 +1,7 @@
 """Waits that give up as soon as the instance they wait on is gone: a request is moved the
 moment its instance leaves the registry, is replaced by a restarted process under the same id,
-or NATS reconnects (what was due may be lost), instead of waiting out its deadline. A slow
-instance, one with stale telemetry, is waited for: slow is not dead."""
+or the NATS connection it was sent on drops (what was due may be lost), instead of waiting out
+its deadline. A slow instance, one with stale telemetry, is waited for: slow is not dead."""
 
 from __future__ import annotations
 
@@ -64,4 +64,6 @@ class Presence:
         if self._view.started_at(role, instance_id) != sent.started_at:  # gone, or a new process
             raise InstanceLostError(f"{role} instance {instance_id} left the cluster mid-request")
         if self._bus.epoch != sent.epoch:
-            raise ConnectionLostError(f"NATS reconnected while waiting on {role} {instance_id}")
+            raise ConnectionLostError(
+                f"the NATS connection dropped while waiting on {role} {instance_id}"
+            )
