@@ -194,6 +194,41 @@ async def test_a_draining_prefill_finishes_its_jobs_and_refuses_new_ones(
         prefill.stop()
 
 
+async def test_a_job_under_the_id_of_a_running_one_is_refused_and_the_running_one_goes_on(
+    infra, cluster_name, tmp_path, store_client
+):
+    """Two jobs under one id would share one cancel and one engine request id: the second is
+    refused with a clear error (the conductor gives each job of a request its own id)."""
+    bus, _ = store_client
+    prefill = start(infra, cluster_name, tmp_path, "prefill", "--block-size", str(BLOCK_SIZE))
+    subject = Subjects(cluster_name).prefill_job("prefill-q")
+
+    def job(request_id: str, token_ids: list[int]) -> PrefillJob:
+        return PrefillJob(
+            request_id=request_id, model=MODEL, token_ids=token_ids, block_size=BLOCK_SIZE
+        )
+
+    try:
+        deadline = time.monotonic() + 20
+        while True:  # serving once a tiny job gets an answer
+            try:
+                await bus.request(subject, job("ping", [1, 2, 3]), PrefillResult, 5)
+                break
+            except (NoRespondersError, RequestTimeoutError):
+                assert time.monotonic() < deadline and prefill.is_running, prefill.log_tail()
+                await asyncio.sleep(0.1)
+        long_prompt = [11 + i % 997 for i in range(8000)]  # about 1.3 s of compute
+        running = asyncio.create_task(
+            bus.request(subject, job("twice", long_prompt), PrefillResult, 30)
+        )
+        await asyncio.sleep(0.2)
+        with pytest.raises(RemoteError, match="already running"):
+            await bus.request(subject, job("twice", [1, 2, 3]), PrefillResult, 5)
+        assert (await running).request_id == "twice"
+    finally:
+        prefill.stop()
+
+
 async def test_telemetry_acknowledges_the_jobs_it_counts(
     infra, cluster_name, tmp_path, store_client
 ):

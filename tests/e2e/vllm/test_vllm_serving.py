@@ -4,6 +4,7 @@ workers as processes with CrescentConnector moving KV through the node stores.""
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import time
 
@@ -258,6 +259,26 @@ async def test_first_token_waits_for_the_decode_store_only(vllm_cluster, conduct
         vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"}
     )
     assert committed["B"]["t"] > conductor.prefilled_at
+
+
+async def test_a_store_that_stops_answering_holds_no_step_past_the_engines_wait(
+    vllm_cluster, conductor, reference
+):
+    """store-A stops (SIGSTOP) with requests of prefill-A and decode-A under way: their
+    lookups and the commit before the first token get no answer. Each holds the engine for at
+    most --kv-engine-wait-s (2 s), not --kv-timeout-s (10 s): the prefill computes the prompt,
+    its first token goes out without the commit, the decode computes what it lacks, and the
+    answer is plain vLLM's. With the engine waiting out the store's deadline, the three waits
+    alone would take 30 s."""
+    prompt = prompt_tokens(600, seed=270)
+    [want] = reference_tokens(reference, [prompt], MAX_TOKENS)
+    store = vllm_cluster.processes["store-A"]
+    store.signal(signal.SIGSTOP)
+    try:
+        got, _ = await asyncio.wait_for(conductor.generate(prompt, MAX_TOKENS), 20)
+    finally:
+        store.signal(signal.SIGCONT)
+    assert got == want
 
 
 async def test_block_lost_while_loading_is_recomputed_correctly(vllm_cluster, conductor, reference):

@@ -72,6 +72,13 @@ class EngineSettings(EmulatedDevice, CommonSettings):
         "vllm: deadline of one store operation of the connector; a load that "
         "misses it is recomputed",
     )
+    kv_engine_wait_s: float = setting(
+        2.0,
+        "vllm: the longest the engine's own thread waits on the store in a step (a lookup, a "
+        "load inside a step, the decode node's commits before a first token), so that a store "
+        "that died holding a request stalls no step for longer: past it the prompt is computed, "
+        "or the decode recomputes what it lacks",
+    )
     cost_profile: str = setting(
         "",
         "a CostProfile JSON file to publish and price this worker's work with, "
@@ -138,8 +145,10 @@ class EngineSettings(EmulatedDevice, CommonSettings):
                     f"block_size ({self.block_size}) must be a multiple of vllm_block_size "
                     f"({self.vllm_block_size})"
                 )
-            if self.vllm_kv_cache_gib <= 0 or self.kv_timeout_s <= 0:
-                raise ConfigError("vllm_kv_cache_gib and kv_timeout_s must be > 0")
+            if self.vllm_kv_cache_gib <= 0 or self.kv_timeout_s <= 0 or self.kv_engine_wait_s <= 0:
+                raise ConfigError(
+                    "vllm_kv_cache_gib, kv_timeout_s and kv_engine_wait_s must be > 0"
+                )
             if self.kv_fault not in ("", *KV_FAULTS):
                 raise ConfigError(
                     f"kv_fault must be empty or one of {', '.join(KV_FAULTS)}, "

@@ -296,6 +296,7 @@ class RequestFlow:
         refused: dict[str, str] = {}  # decode instance → why it refused this request
         unanswered: dict[str, Silence] = {}  # those of them that did not answer
         num_moves = 0
+        num_jobs = 0  # each job its own id: a late cancel of one never stops the next
         while True:
             decision = await self.place(
                 request, model, gone.ids() | refused.keys(), refused, unanswered
@@ -314,8 +315,10 @@ class RequestFlow:
             # prefill instance sends the start, and the decode's first chunk may come before
             # the result.
             handed = self._hand_over(progress, decode)
+            job_id = request.request_id if num_jobs == 0 else f"{request.request_id}-j{num_jobs}"
+            num_jobs += 1
             job = PrefillJob(
-                request_id=request.request_id,
+                request_id=job_id,
                 model=model,
                 token_ids=progress.prompt,
                 sampling=progress.sampling,
@@ -352,7 +355,7 @@ class RequestFlow:
             try:
                 why_not = await self._reserve_for(request, decode)
                 if why_not is not None:
-                    await self._drop_job(prefilling, prefill.instance_id, request.request_id)
+                    await self._drop_job(prefilling, prefill.instance_id, request, job_id)
                     if handed is not None:  # its start may be on its way: a new attempt id
                         await self._cancel_decode(decode)
                         decode.attempt += 1
@@ -379,14 +382,14 @@ class RequestFlow:
                 if not isinstance(exc, ConnectionLostError):
                     gone.add(prefill.instance_id, sent_to.started_at)
                 if not isinstance(exc, NoRespondersError):
-                    await self._cancel_prefill(prefill.instance_id, request.request_id)
+                    await self._cancel_prefill(prefill.instance_id, request.request_id, job_id)
                 await self._cancel_decode(decode)  # before forget: it releases what was held
                 self._scheduler.forget(request, decision)
                 decode.instance_id = ""
                 decode.attempt += 1
             except asyncio.CancelledError:
                 prefilling.cancel()
-                await self._cancel_prefill(prefill.instance_id, request.request_id)
+                await self._cancel_prefill(prefill.instance_id, request.request_id, job_id)
                 raise
             finally:
                 if handed is not None and not is_handed_over:  # refused, moved or failed
@@ -466,13 +469,13 @@ class RequestFlow:
         decode.instance_id = ""
 
     async def _drop_job(
-        self, prefilling: asyncio.Future, instance_id: str, request_id: str
+        self, prefilling: asyncio.Future, instance_id: str, request: ScheduleRequest, job_id: str
     ) -> None:
         """Stop waiting for a prefill job whose decode refused the request, and tell the
         prefill instance to stop it; what it computed (if it finished) is not used."""
         if not prefilling.done():
             prefilling.cancel()
-            await self._cancel_prefill(instance_id, request_id)
+            await self._cancel_prefill(instance_id, request.request_id, job_id)
         await asyncio.gather(prefilling, return_exceptions=True)
 
     async def _decode(
@@ -665,11 +668,12 @@ class RequestFlow:
             DecodeCancel(request_id=decode.attempt_id, conductor=self._owner, assignment=number),
         )
 
-    async def _cancel_prefill(self, instance_id: str, request_id: str) -> None:
+    async def _cancel_prefill(self, instance_id: str, request_id: str, job_id: str) -> None:
+        """Release the request's place on the instance and stop its job `job_id` there."""
         number = self._view.release("prefill", instance_id, request_id)
         await self._publish(
             self._subjects.prefill_cancel(instance_id),
-            PrefillCancel(request_id=request_id, conductor=self._owner, assignment=number),
+            PrefillCancel(request_id=job_id, conductor=self._owner, assignment=number),
         )
 
     async def _publish(self, subject: str, message: DecodeCancel | PrefillCancel) -> None:

@@ -257,6 +257,8 @@ class PrefillWorker:
         start = job.decode_start
         if start is not None and not (job.decode_instance and start.stream_owner):
             raise JobRejected("a job's decode start needs a decode instance and a stream owner")
+        if job.request_id in self._jobs:  # its cancel would stop either, its engine id clash
+            raise JobRejected(f"a job {job.request_id} is already running here")
         if not self.is_vllm and unsupported(job.sampling):
             raise InvalidRequestError(
                 f"the emulated engine cannot apply {', '.join(unsupported(job.sampling))}"

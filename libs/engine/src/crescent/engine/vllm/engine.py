@@ -83,6 +83,7 @@ def connector_extra_config(settings: EngineSettings, role: str, endpoints: Store
         "block_size": settings.block_size,
         "role": role,
         "timeout_s": settings.kv_timeout_s,
+        "engine_wait_s": settings.kv_engine_wait_s,
         "event_log": settings.kv_event_log,
         "fault": settings.kv_fault,
         "use_mapping": settings.kv_use_mapping,

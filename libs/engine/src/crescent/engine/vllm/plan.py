@@ -28,6 +28,9 @@ class ConnectorConfig:
     block_size: int
     role: str = "prefill"
     timeout_s: float = 10.0
+    # the longest the engine's own thread waits on the store in a step: a lookup, a load inside
+    # a step, the decode node's commits before a first token (EngineSettings.kv_engine_wait_s)
+    engine_wait_s: float = 2.0
     event_log: str = ""
     use_mapping: bool = True
     transports: str = ""  # the data plane's transports (EngineSettings.kv_transports)

@@ -213,7 +213,7 @@ class Saver:
                     self._first_commits.setdefault(job.spec.request_id, []).append(done)
 
     def _wait_first_commits(self, request_id: str) -> None:
-        deadline = time.monotonic() + self.runtime.config.timeout_s
+        deadline = time.monotonic() + self.runtime.config.engine_wait_s
         for done in self._first_commits.pop(request_id, []):
             try:
                 done.result(max(0.0, deadline - time.monotonic()))

@@ -99,7 +99,8 @@ class SchedulerSide:
         if hashes and limit > num_computed:
             try:
                 local = self.runtime.bridge.call(
-                    self.runtime.ops.lookup(self.runtime.config.node, hashes)
+                    self.runtime.ops.lookup(self.runtime.config.node, hashes),
+                    self.runtime.config.engine_wait_s,
                 )
                 lookup.num_tokens = max(0, min(local * bs, limit) - num_computed)
                 if self.runtime.config.fault == "evict_after_lookup" and local >= 2:

@@ -45,7 +45,7 @@ class _LoadJob:
 
     def __init__(self, spec: LoadSpec, num_layers: int, layer_bytes: int, timeout_s: float) -> None:
         self.spec = spec
-        self.deadline = time.monotonic() + timeout_s  # an asynchronous load's, as a whole
+        self.deadline = time.monotonic() + timeout_s  # for the whole load
         self.buffers = [
             torch.empty((len(spec.hashes), layer_bytes), dtype=torch.uint8)
             for _ in range(num_layers)
@@ -105,8 +105,10 @@ class WorkerSide:
             self.saver.begin_step(self._step, [])
             return
         self.saver.begin_step(self._step, meta.saves)
-        num_layers, timeout_s = len(self.kv_layers), self.runtime.config.timeout_s
+        config, num_layers = self.runtime.config, len(self.kv_layers)
         for spec in meta.loads:
+            # a load inside a step holds the engine: it gets the engine's wait, not the store's
+            timeout_s = config.timeout_s if spec.is_async else config.engine_wait_s
             job = _LoadJob(spec, num_layers, self.layer_bytes, timeout_s)
             self.runtime.bridge.submit(self._read_layers(job))
             if spec.is_async:
@@ -163,7 +165,8 @@ class WorkerSide:
         if layer is None:
             return
         for job in self._loads:
-            if not job.layer_done[layer].wait(self.runtime.config.timeout_s) and job.error is None:
+            wait_s = max(0.0, job.deadline - time.monotonic())
+            if not job.layer_done[layer].wait(wait_s) and job.error is None:
                 job.error = KvStoreError(
                     f"layer {layer} of {job.spec.request_id} not read within the deadline"
                 )
