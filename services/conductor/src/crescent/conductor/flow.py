@@ -549,7 +549,14 @@ class RequestFlow:
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
         while True:
-            chunk = await self._presence.next_chunk(decode_id, stream, self._timeouts.token_gap_s)
+            try:
+                chunk = await self._presence.next_chunk(
+                    decode_id, stream, self._timeouts.token_gap_s
+                )
+            except RequestTimeoutError as exc:  # live, yet its stream is lost: go on elsewhere
+                raise StreamBrokenError(
+                    f"no token from decode {decode_id} within {self._timeouts.token_gap_s}s"
+                ) from exc
             if chunk.seq != expected_seq:
                 raise StreamBrokenError(
                     f"token stream of {decode.attempt_id} skipped from {expected_seq} "

@@ -1,0 +1,60 @@
+"""A stream that stays silent past --token-timeout-s while its decode instance still counts as
+live (here paused with SIGSTOP for longer than that) goes on on another decode instance: the
+client gets the whole answer, the same tokens, not an error."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import aiohttp
+import nats
+import pytest
+from test_faults import assert_all_correct, prompt, stream
+
+from crescent.cluster.local import ClusterSpec, LocalCluster
+from crescent.common.naming import Subjects
+from crescent.common.ports import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    spec = ClusterSpec(
+        workdir=tmp_path,
+        api_port=free_port(),
+        num_decode=2,
+        engine_args=["--emulated-time-scale", "1.0"],
+        conductor_args=["--token-timeout-s", "1.0"],
+    )
+    cluster = LocalCluster(spec)
+    cluster.start(timeout_s=60)
+    yield cluster
+    cluster.stop()
+
+
+async def test_a_stream_silent_past_the_token_timeout_goes_on_elsewhere(cluster):
+    subjects = Subjects(cluster.spec.cluster)
+    starts: dict[str, int] = {}  # decode instance → starts seen on the wire
+    watcher = await nats.connect(cluster.nats_url)
+
+    async def record(msg) -> None:
+        instance_id = msg.subject.removeprefix(f"{subjects.prefix}decode.").split(".")[0]
+        starts[instance_id] = starts.get(instance_id, 0) + 1
+
+    await watcher.subscribe(subjects.decode_start("*"), cb=record)
+    await watcher.flush()
+    prompts = [prompt(i) for i in range(6)]
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            tasks = [asyncio.create_task(stream(session, cluster.api_url, p)) for p in prompts]
+            await asyncio.sleep(0.6)
+            paused = cluster.process(max(starts, key=starts.__getitem__))
+            paused.signal(signal.SIGSTOP)
+            await asyncio.sleep(3.0)
+            paused.signal(signal.SIGCONT)
+            results = await asyncio.gather(*tasks)
+    finally:
+        await watcher.close()
+    assert_all_correct(list(zip(prompts, results)))
