@@ -19,6 +19,8 @@ import pytest
 from expected import expected_text
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
+from crescent.common.codec import decode
+from crescent.common.messages import PrefillJob
 from crescent.common.naming import Subjects
 from crescent.common.ports import free_port
 
@@ -145,14 +147,27 @@ async def test_killed_decode_streams_go_on_elsewhere_with_the_same_tokens(cluste
 
 
 async def test_killed_prefill_jobs_are_placed_again(cluster):
+    """Each job placed again goes out under an id of its own: a late cancel of the job it
+    replaces, or that job's engine request, can never stop it."""
+    job_ids: list[str] = []
+    watcher = await nats.connect(cluster.nats_url)
+
+    async def record(msg) -> None:
+        job_ids.append(decode(msg.data, PrefillJob).request_id)
+
     async def kill():
         process(cluster, "prefill-1").signal(signal.SIGKILL)
 
     # Long prompts so that jobs are queued on both prefill instances when one dies.
     try:
+        await watcher.subscribe(Subjects(cluster.spec.cluster).prefill_job("*"), cb=record)
+        await watcher.flush()
         assert_all_correct(await load_with_fault(cluster, kill, num_requests=12))
     finally:
+        await watcher.close()
         await restart(cluster, "prefill-1")
+    assert len(job_ids) > 12, "no job was placed again"
+    assert len(set(job_ids)) == len(job_ids), sorted(job_ids)
 
 
 async def test_client_gone_cancels_its_prefill_job(cluster):
