@@ -97,6 +97,22 @@ def assert_all_correct(results: list[tuple[str, tuple]]) -> None:
         assert finish == "length"
 
 
+async def watch_decode_starts(cluster: LocalCluster):
+    """A NATS connection counting the decode starts seen on the wire, per decode instance
+    (close the connection when done)."""
+    subjects = Subjects(cluster.spec.cluster)
+    starts: dict[str, int] = {}
+    watcher = await nats.connect(cluster.nats_url)
+
+    async def record(msg) -> None:
+        instance_id = msg.subject.removeprefix(f"{subjects.prefix}decode.").split(".")[0]
+        starts[instance_id] = starts.get(instance_id, 0) + 1
+
+    await watcher.subscribe(subjects.decode_start("*"), cb=record)
+    await watcher.flush()
+    return watcher, starts
+
+
 async def restart(cluster: LocalCluster, name: str) -> None:
     process(cluster, name).start()
     await asyncio.to_thread(cluster.wait_serving, 30)
@@ -116,14 +132,7 @@ async def test_a_worker_paused_for_3s_fails_nothing(cluster, name):
 async def test_killed_decode_streams_go_on_elsewhere_with_the_same_tokens(cluster):
     """The decode killed is the one most streams were started on: the conductor learns from
     the tests before (a paused decode looks slow for a while) and may send them all to one."""
-    subjects = Subjects(cluster.spec.cluster)
-    starts: dict[str, int] = {}  # decode instance → starts seen on the wire
-    watcher = await nats.connect(cluster.nats_url)
-
-    async def record(msg) -> None:
-        instance_id = msg.subject.removeprefix(f"{subjects.prefix}decode.").split(".")[0]
-        starts[instance_id] = starts.get(instance_id, 0) + 1
-
+    watcher, starts = await watch_decode_starts(cluster)
     victim: list[str] = []
 
     async def kill():
@@ -131,8 +140,6 @@ async def test_killed_decode_streams_go_on_elsewhere_with_the_same_tokens(cluste
         process(cluster, victim[0]).signal(signal.SIGKILL)
 
     try:
-        await watcher.subscribe(subjects.decode_start("*"), cb=record)
-        await watcher.flush()
         results = await load_with_fault(cluster, kill)
         assert_all_correct(results)
         metrics = await _metrics(cluster)

@@ -8,12 +8,10 @@ import asyncio
 import signal
 
 import aiohttp
-import nats
 import pytest
-from test_faults import assert_all_correct, prompt, stream
+from test_faults import assert_all_correct, prompt, stream, watch_decode_starts
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.common.naming import Subjects
 from crescent.common.ports import free_port
 
 pytestmark = pytest.mark.e2e
@@ -35,16 +33,7 @@ def cluster(tmp_path):
 
 
 async def test_a_stream_silent_past_the_token_timeout_goes_on_elsewhere(cluster):
-    subjects = Subjects(cluster.spec.cluster)
-    starts: dict[str, int] = {}  # decode instance → starts seen on the wire
-    watcher = await nats.connect(cluster.nats_url)
-
-    async def record(msg) -> None:
-        instance_id = msg.subject.removeprefix(f"{subjects.prefix}decode.").split(".")[0]
-        starts[instance_id] = starts.get(instance_id, 0) + 1
-
-    await watcher.subscribe(subjects.decode_start("*"), cb=record)
-    await watcher.flush()
+    watcher, starts = await watch_decode_starts(cluster)
     prompts = [prompt(i) for i in range(6)]
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:

@@ -66,6 +66,19 @@ async def telemetry_of(bus: Bus, cluster: str, prefill: ManagedProcess) -> list[
     return loads
 
 
+async def until_serving(bus: Bus, subject: str, prefill: ManagedProcess) -> None:
+    """Return once a tiny job on `subject` gets an answer (within 20 s)."""
+    ping = PrefillJob(request_id="ping", model=MODEL, token_ids=[1, 2, 3], block_size=BLOCK_SIZE)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            await bus.request(subject, ping, PrefillResult, 5)
+            return
+        except (NoRespondersError, RequestTimeoutError):
+            assert time.monotonic() < deadline and prefill.is_running, prefill.log_tail()
+            await asyncio.sleep(0.1)
+
+
 @pytest.fixture
 async def store_client(infra, cluster_name, tmp_path):
     store = start(
@@ -150,21 +163,7 @@ async def test_a_draining_prefill_finishes_its_jobs_and_refuses_new_ones(
     prefill = start(infra, cluster_name, tmp_path, "prefill", "--block-size", str(BLOCK_SIZE))
     subject = Subjects(cluster_name).prefill_job("prefill-q")
     try:
-        deadline = time.monotonic() + 20
-        while True:  # serving once a tiny job gets an answer
-            try:
-                await bus.request(
-                    subject,
-                    PrefillJob(
-                        request_id="ping", model=MODEL, token_ids=[1, 2, 3], block_size=BLOCK_SIZE
-                    ),
-                    PrefillResult,
-                    5,
-                )
-                break
-            except (NoRespondersError, RequestTimeoutError):
-                assert time.monotonic() < deadline and prefill.is_running, prefill.log_tail()
-                await asyncio.sleep(0.1)
+        await until_serving(bus, subject, prefill)
         long_prompt = [11 + i % 997 for i in range(8000)]  # about 1.3 s of compute
         held = asyncio.create_task(
             bus.request(
@@ -209,14 +208,7 @@ async def test_a_job_under_the_id_of_a_running_one_is_refused_and_the_running_on
         )
 
     try:
-        deadline = time.monotonic() + 20
-        while True:  # serving once a tiny job gets an answer
-            try:
-                await bus.request(subject, job("ping", [1, 2, 3]), PrefillResult, 5)
-                break
-            except (NoRespondersError, RequestTimeoutError):
-                assert time.monotonic() < deadline and prefill.is_running, prefill.log_tail()
-                await asyncio.sleep(0.1)
+        await until_serving(bus, subject, prefill)
         long_prompt = [11 + i % 997 for i in range(8000)]  # about 1.3 s of compute
         running = asyncio.create_task(
             bus.request(subject, job("twice", long_prompt), PrefillResult, 30)
