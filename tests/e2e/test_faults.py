@@ -17,6 +17,7 @@ import aiohttp
 import nats
 import pytest
 from expected import expected_text
+from prometheus_client.parser import text_string_to_metric_families
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.codec import decode
@@ -220,4 +221,59 @@ async def test_store_killed_or_nats_or_etcd_restarted_under_load_fails_nothing(c
         await asyncio.to_thread(target.wait_ready, 30)
 
     assert_all_correct(await load_with_fault(cluster, bounce))
+    await asyncio.to_thread(cluster.wait_serving, 30)
+
+
+def _sample(metrics: str, name: str, **labels: str) -> float:
+    """The value of one sample of the conductor's /metrics (0 when absent)."""
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
+async def test_nats_restart_mid_stream_keeps_every_stream_on_its_decode(cluster):
+    """NATS restarts while every stream is decoding: the conductor asks each decode for the
+    chunks the drop may have lost and reads on. No stream is moved; a move would compute its
+    prompt and tokens again on another decode instance."""
+    num_streams, max_tokens = 6, 400  # ~4 s of decode: longer than the restart
+    texts = [prompt(i) for i in range(num_streams)]
+    tokens_seen = [0] * num_streams
+
+    def counter(i: int):
+        def on_token() -> None:
+            tokens_seen[i] += 1
+
+        return on_token
+
+    before = await _metrics(cluster)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        tasks = [
+            asyncio.create_task(stream(session, cluster.api_url, text, max_tokens, counter(i)))
+            for i, text in enumerate(texts)
+        ]
+        deadline = time.monotonic() + 20
+        while min(tokens_seen) == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert min(tokens_seen) > 0, "not every stream was decoding"
+        nats_server = process(cluster, "nats")
+        await asyncio.to_thread(nats_server.stop)
+        nats_server.start()
+        await asyncio.to_thread(nats_server.wait_ready, 30)
+        results = await asyncio.gather(*tasks)
+    after = await _metrics(cluster)
+    for text, (status, output, finish) in zip(texts, results):
+        assert status == 200, output
+        assert output == expected_text(text, max_tokens)
+        assert finish == "length"
+
+    def moved(metrics: str) -> float:
+        return _sample(metrics, "crescent_request_migrations_total", stage="decode")
+
+    def resent(metrics: str) -> float:
+        return _sample(metrics, "crescent_stream_resends_total", outcome="resent")
+
+    assert moved(after) == moved(before)
+    assert resent(after) - resent(before) >= num_streams
     await asyncio.to_thread(cluster.wait_serving, 30)

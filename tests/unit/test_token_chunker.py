@@ -9,7 +9,7 @@ import pytest
 
 from crescent.common.errors import ConfigError
 from crescent.common.messages import TokenChunk
-from crescent.decode.chunking import ChunkLimits, TokenChunker
+from crescent.decode.chunking import ChunkLimits, SentStreams, TokenChunker
 
 
 def recorder() -> tuple[list[TokenChunk], TokenChunker]:
@@ -61,3 +61,19 @@ def test_limits_are_checked():
     for max_tokens, max_delay_s in ((0, 0.005), (16, -1.0)):
         with pytest.raises(ConfigError):
             ChunkLimits(max_tokens, max_delay_s)
+
+
+async def test_sent_streams_hold_every_chunk_until_memory_runs_out_after_the_end():
+    sent, chunker = recorder()
+    streams = SentStreams(memory_s=10.0)
+    streams.open(chunker)
+    for token in range(6):
+        await chunker.add([token], [], None)
+    assert streams.since("r", 0, now=0.0) == sent and len(sent) == 1  # two tokens held
+    await chunker.add([6], [], "length")
+    await chunker.close()
+    streams.end("r", now=100.0)
+    assert streams.since("r", 0, now=105.0) == sent and sent[-1].is_final
+    assert streams.since("r", len(sent), now=105.0) == []  # known, nothing after
+    assert streams.since("r", 0, now=110.5) is None  # forgotten
+    assert streams.since("other", 0, now=105.0) is None

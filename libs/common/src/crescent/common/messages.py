@@ -289,6 +289,27 @@ class TokenChunk(Message):
     num_cached_tokens: TokenCount | None = None
 
 
+# A stream has at most one chunk per token, and one final chunk that may carry none.
+TokenChunks = Annotated[list[TokenChunk], Meta(max_length=MAX_SEQUENCE_TOKENS + 1)]
+
+
+class ResendTokens(Message):
+    """Conductor → decode.<id>.resend after its NATS connection dropped mid-stream: the chunks
+    of `request_id` from `from_seq` on, which the drop may have lost on the way."""
+
+    request_id: Id
+    from_seq: Count
+
+
+class ResentTokens(Message):
+    """The chunks asked for, in order (none when none were sent since); `is_known` False: the
+    instance has no stream under that id (never started here, cancelled, or long finished)."""
+
+    request_id: Id
+    is_known: bool
+    chunks: TokenChunks = []
+
+
 class ClusterConfig(Message):
     """Value of the `config` key in etcd: what every service of the cluster must agree on.
     Written once by the first conductor (cluster_config)."""

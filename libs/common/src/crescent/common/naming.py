@@ -42,6 +42,9 @@ class Subjects:
     def decode_cancel(self, instance_id: str) -> str:
         return f"{self.prefix}decode.{instance_id}.cancel"
 
+    def decode_resend(self, instance_id: str) -> str:
+        return f"{self.prefix}decode.{instance_id}.resend"
+
     def tokens(self, request_id: str, owner: str = "") -> str:
         """The token stream of `request_id`; with an `owner` (the conductor reading it), one of
         the streams that conductor reads through a single subscription (`tokens_of`)."""

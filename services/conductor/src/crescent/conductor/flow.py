@@ -10,9 +10,10 @@ No admitted request is lost to an instance that dies (DESIGN §10). A prefill in
 gone (its registry lease ended, or nobody answers on its subject) or that fails the job before
 the first token → the request is placed again without it. A decode instance that is gone or
 breaks the stream mid-way → the request goes on, on another decode instance, from its prompt
-plus the tokens already streamed, so the client sees one uninterrupted stream. A reply or
-chunk that may have been lost across a NATS reconnect is treated the same way. A slow instance
-(stale telemetry) is waited for: slow is not dead.
+plus the tokens already streamed, so the client sees one uninterrupted stream. A reply that may
+have been lost across a NATS reconnect is treated the same way; token chunks that may have been
+lost are asked of the decode again (resend.py), and the request moves only when it cannot
+answer. A slow instance (stale telemetry) is waited for: slow is not dead.
 
 A request whose sampling depends on its own earlier output is replayed instead (progress.py):
 its decode generates from the prompt, and one that takes over regenerates the tokens already
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Collection, Mapping
 
 import msgspec
@@ -46,6 +48,7 @@ from crescent.common.messages import (
     Reservation,
     ReservationReply,
     SamplingParams,
+    TokenChunk,
 )
 from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
@@ -78,6 +81,7 @@ from crescent.conductor.policy import (
 )
 from crescent.conductor.presence import Presence
 from crescent.conductor.progress import Progress, Replay, replayable
+from crescent.conductor.resend import resent_chunks
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.tbt_sample import SteadyGaps
 
@@ -548,15 +552,38 @@ class RequestFlow:
         steady = SteadyGaps(self._view.stale_window_s("decode", decode_id))
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
+        read_epoch = attempt.sent_to.epoch  # the connection the stream is known whole on
+        resent: deque[TokenChunk] = deque()  # chunks the decode sent again, read first
         while True:
+            if not resent and self._bus.epoch != read_epoch:  # chunks may have been lost
+                read_epoch, chunks = await resent_chunks(
+                    self._bus,
+                    self._subjects,
+                    self._presence,
+                    decode_id,
+                    decode.attempt_id,
+                    expected_seq,
+                    self._timeouts.start_s,
+                )
+                resent.extend(chunks)
             try:
-                chunk = await self._presence.next_chunk(
-                    decode_id, stream, self._timeouts.token_gap_s
+                chunk = (
+                    resent.popleft()
+                    if resent
+                    else await self._presence.next_chunk(
+                        decode_id, stream, self._timeouts.token_gap_s
+                    )
                 )
             except RequestTimeoutError as exc:  # live, yet its stream is lost: go on elsewhere
                 raise StreamBrokenError(
                     f"no token from decode {decode_id} within {self._timeouts.token_gap_s}s"
                 ) from exc
+            except ConnectionLostError:  # ask for what the drop may have lost, then read on
+                continue
+            if chunk.seq < expected_seq:  # came both on the stream and in a resend
+                continue
+            if chunk.seq != expected_seq and self._bus.epoch != read_epoch:
+                continue  # the resend at the top of the loop brings it again, after those missed
             if chunk.seq != expected_seq:
                 raise StreamBrokenError(
                     f"token stream of {decode.attempt_id} skipped from {expected_seq} "

@@ -78,6 +78,12 @@ MIGRATIONS = Counter(
     "Requests moved to another instance, by stage and cause",
     ["stage", "cause"],
 )
+STREAM_RESENDS = Counter(
+    "crescent_stream_resends",
+    "Token streams asked for their chunks again after a NATS drop, by outcome: resent (read "
+    "on, on the same decode instance), or unanswered, unknown, refused (the request moved)",
+    ["outcome"],
+)
 DECODE_REFUSALS = Counter(
     "crescent_decode_refusals",
     "Decode reservations refused after placement (the room went to another conductor's request, "

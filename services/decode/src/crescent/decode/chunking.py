@@ -10,7 +10,9 @@ one back, so each step leaves as it comes. The final step is never held, and the
 exceeds `max_delay_s`, so a streaming client sees every token within that bound.
 
 Chunks are numbered and published in order under one lock, whether a step or the delay timer
-sends them, because the conductor treats a gap in the numbering as a broken stream.
+sends them, because the conductor treats a gap in the numbering as a broken stream. Each
+stream's chunks are kept (SentStreams) until a while after it ends: a conductor whose NATS
+connection dropped mid-stream asks for those it may have missed instead of moving the request.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class TokenChunker:
     ) -> None:
         self.request_id = request_id
         self.limits = limits
-        self.num_chunks = 0  # sent so far: the next chunk's seq
+        self.sent: list[TokenChunk] = []  # every chunk so far, in order: sent[i].seq == i
         self._publish = publish
         self._token_ids: list[int] = []
         self._logprobs: list[TokenLogprobs] = []
@@ -61,6 +63,11 @@ class TokenChunker:
         self._timer: asyncio.TimerHandle | None = None
         self._timed_flush: asyncio.Task | None = None
         self._lock = asyncio.Lock()
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks sent so far: the next chunk's seq."""
+        return len(self.sent)
 
     async def add(
         self, token_ids: list[int], logprobs: list[TokenLogprobs], finish_reason: str | None
@@ -112,7 +119,7 @@ class TokenChunker:
                 num_cached_tokens=self.num_cached_tokens if self.num_chunks == 0 else None,
             )
             self._token_ids, self._logprobs = [], []
-            self.num_chunks += 1
+            self.sent.append(chunk)
             await self._publish(chunk)
 
     async def close(self) -> None:
@@ -134,3 +141,31 @@ class TokenChunker:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+class SentStreams:
+    """The chunks of each stream this instance sends, kept `memory_s` past the stream's end
+    (ResendTokens): a drop can lose the last chunks, the final one among them."""
+
+    def __init__(self, memory_s: float) -> None:
+        self.memory_s = memory_s
+        self._open: dict[str, TokenChunker] = {}
+        self._ended: dict[str, tuple[float, list[TokenChunk]]] = {}  # id → (kept until, chunks)
+
+    def open(self, chunker: TokenChunker) -> None:
+        self._open[chunker.request_id] = chunker
+
+    def end(self, request_id: str, now: float) -> None:
+        """The stream sends no more: keep its chunks until `now` + memory_s."""
+        self._ended = {rid: kept for rid, kept in self._ended.items() if kept[0] > now}
+        chunker = self._open.pop(request_id, None)
+        if chunker is not None:
+            self._ended[request_id] = (now + self.memory_s, chunker.sent)
+
+    def since(self, request_id: str, from_seq: int, now: float) -> list[TokenChunk] | None:
+        """The stream's chunks from `from_seq` on; None when there is no such stream here."""
+        chunker = self._open.get(request_id)
+        if chunker is not None:
+            return chunker.sent[from_seq:]
+        kept_until, chunks = self._ended.get(request_id, (0.0, []))
+        return chunks[from_seq:] if kept_until > now else None

@@ -1,4 +1,6 @@
-"""Decode worker: reserve → start → stream tokens on tokens.<request_id> → release.
+"""Decode worker: reserve → start → stream tokens on tokens.<request_id> → release. A
+stream's chunks are kept a while after it ends, for a conductor whose NATS connection dropped
+mid-stream to ask for again (resend) instead of moving the request.
 
 A reservation is admitted locally when the KV room is there and, once a conductor has written
 the cluster config, when the predicted time between tokens with the request added stays within
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from crescent.common.cluster_config import ConfigFollower
@@ -26,6 +29,8 @@ from crescent.common.messages import (
     DecodeStart,
     InstanceInfo,
     InstanceLoad,
+    ResendTokens,
+    ResentTokens,
     Reservation,
     ReservationReply,
     TokenChunk,
@@ -35,7 +40,7 @@ from crescent.common.service import Runtime
 from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
 from crescent.decode.admission import KvLedger, TbtCheck
-from crescent.decode.chunking import ChunkLimits, TokenChunker
+from crescent.decode.chunking import ChunkLimits, SentStreams, TokenChunker
 from crescent.engine.base import FINISH_ABORT
 from crescent.engine.costs import emulated_profile, resolve_profile
 from crescent.engine.factory import build_engine
@@ -45,6 +50,7 @@ from crescent.engine.store_check import check_store_block_bytes
 log = logging.getLogger(__name__)
 
 CANCEL_MEMORY_S = 60.0
+RESEND_MEMORY_S = 60.0  # how long a finished stream's chunks can be asked for again
 EMULATED_KV_CAPACITY_TOKENS = 262144
 DRAIN_POLL_S = 0.05
 HAND_BACK_TIMEOUT_S = 5.0
@@ -100,6 +106,7 @@ class DecodeWorker:
         self.chunk_limits = settings.chunk_limits()
         self.cluster_config: ConfigFollower | None = None  # its TBT SLO gates admission
         self._generations: dict[str, asyncio.Task] = {}
+        self._sent = SentStreams(RESEND_MEMORY_S)
         # request id → until when a late start is refused: it was cancelled, or its reservation
         # was refused here (its prefill instance may send the start all the same)
         self._closed: dict[str, float] = {}
@@ -147,6 +154,7 @@ class DecodeWorker:
         )
         # Reservations are served last: once one is answered, the start and cancel that may
         # follow it have a responder too.
+        await runtime.bus.serve(subjects.decode_resend(instance_id), ResendTokens, self.resend)
         await runtime.bus.serve(subjects.decode_cancel(instance_id), DecodeCancel, self.cancel)
         await runtime.bus.serve(subjects.decode_start(instance_id), DecodeStart, self.start_request)
         await runtime.bus.serve(subjects.decode_reserve(instance_id), Reservation, self.reserve)
@@ -286,7 +294,11 @@ class DecodeWorker:
                 raise StartRejected(f"{need} tokens exceed max_model_len {self.max_model_len}")
             if not self.ledger.activate(start.request_id, need, now):
                 raise StartRejected(f"no reservation for {start.request_id} and no KV room")
-        task = asyncio.create_task(self._generate(start), name=f"decode {start.request_id}")
+        chunker = TokenChunker(start.request_id, self._publisher(start), self.chunk_limits)
+        self._sent.open(chunker)  # from its Ack on, a resend finds the stream
+        task = asyncio.create_task(
+            self._generate(start, chunker), name=f"decode {start.request_id}"
+        )
         self._generations[start.request_id] = task
         task.add_done_callback(lambda _: self._ended(start.request_id))
         return Ack(request_id=start.request_id)
@@ -297,8 +309,9 @@ class DecodeWorker:
         `_generate`, so the room is released here, not there."""
         self._generations.pop(request_id, None)
         self.ledger.release(request_id)
+        self._sent.end(request_id, time.monotonic())
 
-    async def _generate(self, start: DecodeStart) -> None:
+    def _publisher(self, start: DecodeStart) -> Callable[[TokenChunk], Awaitable[None]]:
         subject = self._runtime.subjects.tokens(start.request_id, start.stream_owner)
         bus = self._runtime.bus
 
@@ -306,7 +319,9 @@ class DecodeWorker:
             # No trace context per chunk: the conductor reads none, and headers cost both sides.
             await bus.publish(subject, chunk, with_trace=False)
 
-        chunker = TokenChunker(start.request_id, publish, self.chunk_limits)
+        return publish
+
+    async def _generate(self, start: DecodeStart, chunker: TokenChunker) -> None:
         try:
             with tracer().start_as_current_span("decode.generate") as span:
                 prefill_here = start.first_token is None  # conditional disaggregation
@@ -346,6 +361,14 @@ class DecodeWorker:
             await chunker.fail(repr(exc), FINISH_ABORT)
         finally:
             await chunker.close()
+
+    async def resend(self, ask: ResendTokens) -> ResentTokens:
+        """The chunks of a stream from `ask.from_seq` on, for a conductor whose NATS connection
+        dropped while it read the stream: what was sent meanwhile may not have reached it."""
+        chunks = self._sent.since(ask.request_id, ask.from_seq, time.monotonic())
+        return ResentTokens(
+            request_id=ask.request_id, is_known=chunks is not None, chunks=chunks or []
+        )
 
     async def cancel(self, cancel: DecodeCancel) -> Ack:
         """Start and cancel arrive on different subjects and may be handled out of order, so a
