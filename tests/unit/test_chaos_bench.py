@@ -1,10 +1,10 @@
 """How `crescent bench chaos` turns request outcomes into a case's row."""
 
-from crescent.bench.chaos import CaseWindow, Fault, case_result
+from crescent.bench.chaos import CaseWindow, Fault, case_result, moves_between
 from crescent.bench.chaos_load import Outcome, Status
 
 FAULT = Fault("kill-prefill", "kill", "prefill-0")
-WINDOW = CaseWindow(FAULT, started_at=100.0, fault_at=101.0, ended_at=110.0)
+WINDOW = CaseWindow(FAULT, started_at=100.0, fault_at=101.0, ended_at=110.0, moved=3)
 
 
 def test_a_case_counts_requests_started_in_its_window_and_recovers_after_the_last_bad_one():
@@ -34,6 +34,7 @@ def test_a_case_counts_requests_started_in_its_window_and_recovers_after_the_las
         "retried": 1,
         "max_latency_s": 5.2,
         "recovery_s": 2.4,
+        "moved": 3,
     }
 
 
@@ -46,3 +47,9 @@ def test_a_case_that_never_succeeds_again_has_no_recovery():
     outcomes = [Outcome(100.5, 100.6, Status.OK), Outcome(101.5, 102.0, Status.FAILED, "502")]
     row = case_result(WINDOW, outcomes)
     assert row["recovery_s"] is None and row["failed"] == 1
+
+
+def test_moves_count_from_zero_for_a_conductor_restarted_in_the_window():
+    before = {"a": 5.0, "b": 7.0}
+    after = {"a": 9.0, "b": 2.0, "c": 1.0}  # b restarted; c answered only at the end
+    assert moves_between(before, after) == 4 + 2 + 1

@@ -8,9 +8,11 @@ of nats-server, of etcd; SIGSTOP of a prefill, of a decode for PAUSE_S. A case's
 from its start (PRE_FAULT_S before the fault) to the start of the next, so every request
 belongs to one case. Per case: requests `sent`, `ok`, `rejected_before_work` (429/503 or a
 refused connection), `failed`, `wrong` (200 with other tokens), `retried` (answered only after
-the client retried a refused or dropped connection on the other conductor), `max_latency_s`, and
+the client retried a refused or dropped connection on the other conductor), `max_latency_s`,
 `recovery_s`: from the fault to the first success among requests sent after the last request
-that did not succeed.
+that did not succeed, and `moved`: how often the conductors moved a request to another
+instance during the window (their crescent_request_migrations_total, every stage), each move
+computing its prompt, and for a decode the tokens already streamed, again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from crescent.bench.chaos_load import Outcome, Status, SteadyLoad
 from crescent.cluster.local import ClusterSpec, LocalCluster
@@ -64,6 +67,7 @@ class CaseWindow:
     started_at: float
     fault_at: float
     ended_at: float = 0.0
+    moved: int = 0  # requests the conductors moved to another instance in the window
 
 
 async def _inject(cluster: LocalCluster, fault: Fault) -> None:
@@ -122,10 +126,12 @@ async def _run_cases(cluster: LocalCluster, load: SteadyLoad) -> list[CaseWindow
     try:
         if not await _wait_whole(cluster, load, time.monotonic()):
             raise RuntimeError("the cluster did not serve steadily before the first fault")
+        moves = await _moves(cluster)
         for fault in FAULTS:
             started_at = time.monotonic()
             if windows:
-                windows[-1] = _closed(windows[-1], started_at)
+                moves_before, moves = moves, await _moves(cluster)
+                windows[-1] = _closed(windows[-1], started_at, moves_between(moves_before, moves))
             await asyncio.sleep(PRE_FAULT_S)
             log.info("fault: %s (%s %s)", fault.case, fault.action, fault.target)
             fault_at = time.monotonic()
@@ -137,7 +143,8 @@ async def _run_cases(cluster: LocalCluster, load: SteadyLoad) -> list[CaseWindow
                 )
         stop.set()
         await clients  # requests in flight finish or time out
-        windows[-1] = _closed(windows[-1], time.monotonic())
+        ended_at = time.monotonic()
+        windows[-1] = _closed(windows[-1], ended_at, moves_between(moves, await _moves(cluster)))
     finally:
         stop.set()
         clients.cancel()
@@ -146,8 +153,38 @@ async def _run_cases(cluster: LocalCluster, load: SteadyLoad) -> list[CaseWindow
     return windows
 
 
-def _closed(window: CaseWindow, ended_at: float) -> CaseWindow:
-    return CaseWindow(window.fault, window.started_at, window.fault_at, ended_at)
+def _closed(window: CaseWindow, ended_at: float, moved: int) -> CaseWindow:
+    return CaseWindow(window.fault, window.started_at, window.fault_at, ended_at, moved)
+
+
+async def _moves(cluster: LocalCluster) -> dict[str, float]:
+    """Each answering conductor's requests moved so far (crescent_request_migrations_total)."""
+    counts: dict[str, float] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        for url in cluster.conductor_urls:
+            try:
+                async with session.get(f"{url}/metrics") as response:
+                    text = await response.text()
+            except (aiohttp.ClientError, TimeoutError):
+                continue
+            counts[url] = sum(
+                sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.name == "crescent_request_migrations_total"
+            )
+    return counts
+
+
+def moves_between(before: dict[str, float], after: dict[str, float]) -> int:
+    """Moves counted from `before` to `after`; a conductor restarted in between (its count fell)
+    counts from zero."""
+    return int(
+        sum(
+            count - before.get(url, 0.0) if count >= before.get(url, 0.0) else count
+            for url, count in after.items()
+        )
+    )
 
 
 def case_result(window: CaseWindow, outcomes: list[Outcome]) -> dict:
@@ -171,6 +208,7 @@ def case_result(window: CaseWindow, outcomes: list[Outcome]) -> dict:
         "retried": sum(1 for o in mine if o.num_attempts > 1),
         "max_latency_s": round(max((o.latency_s for o in mine), default=0.0), 3),
         "recovery_s": None if first_ok is None else round(first_ok - window.fault_at, 3),
+        "moved": window.moved,
     }
 
 
