@@ -26,7 +26,9 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     default_max_tokens: int = setting(256, "max_tokens of a chat request that gives none")
     reserve_timeout_s: float = setting(2.0, "deadline of a decode reservation")
     prefill_timeout_s: float = setting(120.0, "deadline of a prefill job, queueing included")
-    start_timeout_s: float = setting(5.0, "deadline of a decode start")
+    start_timeout_s: float = setting(
+        5.0, "deadline of a decode start, and of its resend of a stream after a NATS drop"
+    )
     token_timeout_s: float = setting(30.0, "longest wait between two token chunks of a request")
     placement_wait_s: float = setting(
         10.0,
