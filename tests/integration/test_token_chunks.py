@@ -14,7 +14,15 @@ from crescent.cluster.processes import ManagedProcess, ProcessSpec
 from crescent.common.bus import Bus
 from crescent.common.codec import decode
 from crescent.common.errors import NoRespondersError, RequestTimeoutError
-from crescent.common.messages import Ack, DecodeStart, Reservation, ReservationReply, TokenChunk
+from crescent.common.messages import (
+    Ack,
+    DecodeStart,
+    ResendTokens,
+    ResentTokens,
+    Reservation,
+    ReservationReply,
+    TokenChunk,
+)
 from crescent.common.naming import Subjects
 
 NUM_TOKENS = 64  # the first comes from prefill, so decode makes 63 steps of one token
@@ -139,3 +147,21 @@ async def test_slow_steps_go_one_per_message(infra, cluster_name, decode_worker)
     await start()
     chunks = await generate(bus, cluster_name, "slow")
     assert [len(chunk.token_ids) for chunk in chunks] == [1] * (NUM_TOKENS - 1)
+
+
+async def test_a_finished_stream_is_sent_again_from_any_chunk(infra, cluster_name, decode_worker):
+    """What a conductor asks after its NATS connection dropped mid-stream: the chunks from the
+    first it lacks, as they went out; a stream the instance never ran is unknown."""
+    bus, start = decode_worker
+    await start("--emulated-time-scale", "0")
+    chunks = await generate(bus, cluster_name, "again")
+    subject = Subjects(cluster_name).decode_resend("decode-a")
+    for from_seq in (0, len(chunks) - 1, len(chunks)):
+        reply = await bus.request(
+            subject, ResendTokens(request_id="again", from_seq=from_seq), ResentTokens, 5
+        )
+        assert reply.is_known and reply.chunks == chunks[from_seq:]
+    never = await bus.request(
+        subject, ResendTokens(request_id="never-ran", from_seq=0), ResentTokens, 5
+    )
+    assert not never.is_known and never.chunks == []

@@ -38,7 +38,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from crescent.bench.conductor_metrics import num_prefilled_on_decode, request_outcomes
+from crescent.bench.conductor_metrics import (
+    num_moved,
+    num_prefilled_on_decode,
+    request_outcomes,
+)
 from crescent.bench.plain_vllm import bench_model, vllm_server_argv
 from crescent.bench.replay_faults import Fault, run_with_faults
 from crescent.cluster.local import ClusterSpec, LocalCluster
@@ -212,6 +216,7 @@ def _crescent(
         # aiperf counts a stream that ended with an error event as served; the conductor does not
         outcomes = request_outcomes(cluster.api_url)
         row.update({f"conductor_{outcome}": count for outcome, count in outcomes.items()})
+        row["conductor_moved"] = num_moved(cluster.api_url)
         return row
     finally:
         cluster.stop()

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from crescent.bench.chaos_load import Outcome, Status, SteadyLoad
+from crescent.bench.conductor_metrics import num_moved
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.ports import free_port
 
@@ -158,21 +158,13 @@ def _closed(window: CaseWindow, ended_at: float, moved: int) -> CaseWindow:
 
 
 async def _moves(cluster: LocalCluster) -> dict[str, float]:
-    """Each answering conductor's requests moved so far (crescent_request_migrations_total)."""
+    """Each answering conductor's requests moved so far."""
     counts: dict[str, float] = {}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
-        for url in cluster.conductor_urls:
-            try:
-                async with session.get(f"{url}/metrics") as response:
-                    text = await response.text()
-            except (aiohttp.ClientError, TimeoutError):
-                continue
-            counts[url] = sum(
-                sample.value
-                for family in text_string_to_metric_families(text)
-                for sample in family.samples
-                if sample.name == "crescent_request_migrations_total"
-            )
+    for url in cluster.conductor_urls:
+        try:
+            counts[url] = await asyncio.to_thread(num_moved, url)
+        except OSError:  # killed, or not serving yet
+            continue
     return counts
 
 

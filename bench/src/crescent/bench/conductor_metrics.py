@@ -8,6 +8,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 ON_DECODE_METRIC = "crescent_prefill_on_decode_total"
 REQUESTS_METRIC = "crescent_requests_total"
+MIGRATIONS_METRIC = "crescent_request_migrations_total"
 OUTCOMES = ("ok", "rejected", "error")
 
 
@@ -28,6 +29,12 @@ def _samples(text: str, name: str) -> list:
 def num_prefilled_on_decode(api_url: str) -> int:
     """How many prompts the conductor at `api_url` had decode instances compute themselves."""
     return round(sum(sample.value for sample in _samples(_page(api_url), ON_DECODE_METRIC)))
+
+
+def num_moved(api_url: str) -> int:
+    """How often the conductor at `api_url` moved a request to another instance (every stage
+    and cause): each move computes the prompt again, and a decode move the tokens streamed."""
+    return round(sum(sample.value for sample in _samples(_page(api_url), MIGRATIONS_METRIC)))
 
 
 def request_outcomes(api_url: str) -> dict[str, int]:

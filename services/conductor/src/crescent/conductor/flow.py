@@ -12,8 +12,9 @@ the first token → the request is placed again without it. A decode instance th
 breaks the stream mid-way → the request goes on, on another decode instance, from its prompt
 plus the tokens already streamed, so the client sees one uninterrupted stream. A reply that may
 have been lost across a NATS reconnect is treated the same way; token chunks that may have been
-lost are asked of the decode again (resend.py), and the request moves only when it cannot
-answer. A slow instance (stale telemetry) is waited for: slow is not dead.
+lost (across a reconnect, or missing from the numbering) are asked of the decode again
+(resend.py), and the request moves only when it cannot answer. A slow instance (stale
+telemetry) is waited for: slow is not dead.
 
 A request whose sampling depends on its own earlier output is replayed instead (progress.py):
 its decode generates from the prompt, and one that takes over regenerates the tokens already
@@ -25,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections import deque
 from collections.abc import AsyncIterator, Collection, Mapping
 
 import msgspec
@@ -48,7 +48,6 @@ from crescent.common.messages import (
     Reservation,
     ReservationReply,
     SamplingParams,
-    TokenChunk,
 )
 from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
@@ -81,7 +80,7 @@ from crescent.conductor.policy import (
 )
 from crescent.conductor.presence import Presence
 from crescent.conductor.progress import Progress, Replay, replayable
-from crescent.conductor.resend import resent_chunks
+from crescent.conductor.resend import ChunkOrder, resent_chunks
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.tbt_sample import SteadyGaps
 
@@ -547,32 +546,26 @@ class RequestFlow:
                 f"decode {decode_id} did not acknowledge the start: {exc}"
             ) from exc
         self._scheduler.on_decode_started(decode.request_id)
-        expected_seq = 0
-        num_decoded_tokens = 0
         steady = SteadyGaps(self._view.stale_window_s("decode", decode_id))
         # A replayed request's new decode first regenerates what the client already has.
         replay = Replay(progress.generated if progress.is_replayed else [])
-        read_epoch = attempt.sent_to.epoch  # the connection the stream is known whole on
-        resent: deque[TokenChunk] = deque()  # chunks the decode sent again, read first
+        order = ChunkOrder(decode.attempt_id, attempt.sent_to.epoch)
         while True:
-            if not resent and self._bus.epoch != read_epoch:  # chunks may have been lost
-                read_epoch, chunks = await resent_chunks(
-                    self._bus,
-                    self._subjects,
-                    self._presence,
-                    decode_id,
-                    decode.attempt_id,
-                    expected_seq,
-                    self._timeouts.start_s,
-                )
-                resent.extend(chunks)
-            try:
-                chunk = (
-                    resent.popleft()
-                    if resent
-                    else await self._presence.next_chunk(
-                        decode_id, stream, self._timeouts.token_gap_s
+            if order.needs_resend(self._bus.epoch):
+                order.on_resent(
+                    *await resent_chunks(
+                        self._bus,
+                        self._subjects,
+                        self._presence,
+                        decode_id,
+                        decode.attempt_id,
+                        order.expected_seq,
+                        self._timeouts.start_s,
                     )
+                )
+            try:
+                chunk = order.resent_chunk() or await self._presence.next_chunk(
+                    decode_id, stream, self._timeouts.token_gap_s
                 )
             except RequestTimeoutError as exc:  # live, yet its stream is lost: go on elsewhere
                 raise StreamBrokenError(
@@ -580,23 +573,14 @@ class RequestFlow:
                 ) from exc
             except ConnectionLostError:  # ask for what the drop may have lost, then read on
                 continue
-            if chunk.seq < expected_seq:  # came both on the stream and in a resend
+            if not order.is_next(chunk):
                 continue
-            if chunk.seq != expected_seq and self._bus.epoch != read_epoch:
-                continue  # the resend at the top of the loop brings it again, after those missed
-            if chunk.seq != expected_seq:
-                raise StreamBrokenError(
-                    f"token stream of {decode.attempt_id} skipped from {expected_seq} "
-                    f"to {chunk.seq}"
-                )
             if chunk.error:
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
-            expected_seq += 1
             if chunk.num_cached_tokens is not None:  # the decode computed the prompt
                 self._scheduler.on_computed_on_decode(
                     decode.request_id, len(progress.prompt), chunk.num_cached_tokens
                 )
-            num_decoded_tokens += len(chunk.token_ids)
             steady.on_chunk(len(chunk.token_ids), chunk.step_at)
             token_ids, logprobs = replay.new_part(chunk.token_ids, chunk.logprobs, chunk.is_final)
             progress.generated.extend(token_ids)

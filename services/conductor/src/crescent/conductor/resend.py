@@ -8,7 +8,9 @@ restarted, or unreachable past the deadline) is the request moved to another one
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from crescent.common.bus import Bus
@@ -22,8 +24,52 @@ from crescent.common.messages import ResendTokens, ResentTokens, TokenChunk
 from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
+from crescent.conductor.flow_errors import StreamBrokenError
 from crescent.conductor.flow_state import FIRST_ASK_AGAIN_S
 from crescent.conductor.presence import Presence
+
+log = logging.getLogger(__name__)
+
+
+class ChunkOrder:
+    """Which chunk of one stream comes next: in order, each once, across resends. The stream
+    is known whole on connection `read_epoch`; a chunk past a gap, or a drop since, calls for
+    a resend from `expected_seq` before reading on."""
+
+    def __init__(self, stream_id: str, read_epoch: int) -> None:
+        self.stream_id = stream_id
+        self.expected_seq = 0
+        self.read_epoch = read_epoch
+        self._skipped_to: int | None = None  # a chunk seen past a gap
+        self._resent: deque[TokenChunk] = deque()  # chunks sent again, read before the stream
+
+    def needs_resend(self, epoch: int) -> bool:
+        """Whether chunks may have been lost, now that the connection is `epoch`."""
+        return not self._resent and (self._skipped_to is not None or epoch != self.read_epoch)
+
+    def on_resent(self, epoch: int, chunks: list[TokenChunk]) -> None:
+        """The decode's answer, asked on connection `epoch`: every chunk from `expected_seq`."""
+        if self._skipped_to is not None and not chunks:
+            raise StreamBrokenError(
+                f"token stream of {self.stream_id} skipped from {self.expected_seq} to "
+                f"{self._skipped_to}, and its decode resent nothing"
+            )
+        self.read_epoch = epoch
+        self._skipped_to = None
+        self._resent.extend(chunks)
+
+    def resent_chunk(self) -> TokenChunk | None:
+        return self._resent.popleft() if self._resent else None
+
+    def is_next(self, chunk: TokenChunk) -> bool:
+        """True for the chunk due next (then the one after it is due); False for one read
+        already (it came both on the stream and in a resend) or one past a gap."""
+        if chunk.seq == self.expected_seq:
+            self.expected_seq += 1
+            return True
+        if chunk.seq > self.expected_seq:  # those before it were lost on the way
+            self._skipped_to = chunk.seq
+        return False
 
 
 async def resent_chunks(
@@ -74,4 +120,13 @@ async def resent_chunks(
                 )
             metrics.STREAM_RESENDS.labels("resent").inc()
             span.set_attribute("crescent.num_chunks", len(reply.chunks))
+            log.info(
+                "token stream read on after chunks may have been lost",
+                extra={
+                    "request_id": stream_id,
+                    "decode": decode_id,
+                    "from_seq": from_seq,
+                    "num_resent": len(reply.chunks),
+                },
+            )
             return sent.epoch, reply.chunks

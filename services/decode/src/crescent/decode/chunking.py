@@ -10,7 +10,7 @@ one back, so each step leaves as it comes. The final step is never held, and the
 exceeds `max_delay_s`, so a streaming client sees every token within that bound.
 
 Chunks are numbered and published in order under one lock, whether a step or the delay timer
-sends them, because the conductor treats a gap in the numbering as a broken stream. Each
+sends them, because the conductor reads a gap in the numbering as chunks lost on the way. Each
 stream's chunks are kept (SentStreams) until a while after it ends: a conductor whose NATS
 connection dropped mid-stream asks for those it may have missed instead of moving the request.
 """
