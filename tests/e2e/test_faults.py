@@ -277,3 +277,31 @@ async def test_nats_restart_mid_stream_keeps_every_stream_on_its_decode(cluster)
     assert moved(after) == moved(before)
     assert resent(after) - resent(before) >= num_streams
     await asyncio.to_thread(cluster.wait_serving, 30)
+
+
+async def test_nats_restart_mid_prefill_computes_no_prompt_again(cluster):
+    """NATS restarts while prompts are computing: each conductor asks the prefill instance for
+    the result its job's reply may have lost, instead of placing the request again."""
+    long_prompt = "z" * 6000  # ~0.9 s of prefill each: two queue on each prefill instance
+    texts = [f"mid-prefill {i} {time.monotonic_ns()} {long_prompt}" for i in range(4)]
+    before = await _metrics(cluster)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        tasks = [asyncio.create_task(stream(session, cluster.api_url, text)) for text in texts]
+        await asyncio.sleep(0.3)
+        nats_server = process(cluster, "nats")
+        await asyncio.to_thread(nats_server.stop)
+        nats_server.start()
+        await asyncio.to_thread(nats_server.wait_ready, 30)
+        results = await asyncio.gather(*tasks)
+    after = await _metrics(cluster)
+    assert_all_correct(list(zip(texts, results)))
+
+    def moved(metrics: str) -> float:
+        return _sample(metrics, "crescent_request_migrations_total", stage="prefill")
+
+    def answered(metrics: str) -> float:
+        return _sample(metrics, "crescent_prefill_result_asks_total", outcome="answered")
+
+    assert moved(after) == moved(before)
+    assert answered(after) - answered(before) >= 1
+    await asyncio.to_thread(cluster.wait_serving, 30)

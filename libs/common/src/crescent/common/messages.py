@@ -199,6 +199,15 @@ class PrefillJob(Message):
     ends_on_first: TokenIds = []
 
 
+class PrefillResultAsk(Message):
+    """Conductor → prefill.<id>.result after its NATS connection dropped while it waited for a
+    job: the job's PrefillResult (or the error it ended with) once it is done, waiting up to
+    `wait_s` for a job still queued or computing; the job's reply may have been lost."""
+
+    request_id: Id  # the job's id (PrefillJob.request_id)
+    wait_s: Seconds
+
+
 class PrefillCancel(Message):
     """Conductor → prefill.<id>.cancel: the client left or the job was placed elsewhere."""
 

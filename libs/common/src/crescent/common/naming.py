@@ -33,6 +33,9 @@ class Subjects:
     def prefill_cancel(self, instance_id: str) -> str:
         return f"{self.prefix}prefill.{instance_id}.cancel"
 
+    def prefill_result(self, instance_id: str) -> str:
+        return f"{self.prefix}prefill.{instance_id}.result"
+
     def decode_reserve(self, instance_id: str) -> str:
         return f"{self.prefix}decode.{instance_id}.reserve"
 

@@ -80,7 +80,7 @@ from crescent.conductor.policy import (
 )
 from crescent.conductor.presence import Presence
 from crescent.conductor.progress import Progress, Replay, replayable
-from crescent.conductor.resend import ChunkOrder, resent_chunks
+from crescent.conductor.resend import ChunkOrder, prefill_result_after_drop, resent_chunks
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.tbt_sample import SteadyGaps
 
@@ -364,9 +364,23 @@ class RequestFlow:
                         decode.attempt += 1
                     self._refused(request, decision, decode, refused, unanswered, why_not)
                     continue
-                result = await self._presence.wait(
-                    "prefill", prefill.instance_id, prefilling, sent_to
-                )
+                try:
+                    result = await self._presence.wait(
+                        "prefill", prefill.instance_id, prefilling, sent_to
+                    )
+                except ConnectionLostError:  # the reply may be lost, the job may go on: ask
+                    prefilled_at.clear()  # the wait was cut off: no result came then
+                    result = await prefill_result_after_drop(
+                        self._bus,
+                        self._subjects,
+                        self._presence,
+                        prefill.instance_id,
+                        job_id,
+                        sent_at,
+                        self._timeouts.prefill_s,
+                        self._timeouts.start_s,
+                        self._clock,
+                    )
                 now = self._clock()
                 reserve_wait_s = now - prefilled_at[0] if prefilled_at else 0.0
                 self._scheduler.on_prefilled(
@@ -545,6 +559,8 @@ class RequestFlow:
             raise StreamBrokenError(
                 f"decode {decode_id} did not acknowledge the start: {exc}"
             ) from exc
+        except ConnectionLostError:
+            pass  # the answer may be lost: the stream's first resend tells if the start came
         self._scheduler.on_decode_started(decode.request_id)
         steady = SteadyGaps(self._view.stale_window_s("decode", decode_id))
         # A replayed request's new decode first regenerates what the client already has.

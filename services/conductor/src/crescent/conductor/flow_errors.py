@@ -34,6 +34,8 @@ class RequestRefusedError(RecoverableError):
 
 INVALID_REQUEST = "InvalidRequestError"  # the code of an engine's refusal (crescent.engine.base)
 START_REFUSED = "StartRefused"  # a decode's refusal to admit a start (DecodeStart.admit)
+JOB_RUNNING = "JobRunning"  # a prefill job asked about again is not done yet (PrefillResultAsk)
+JOB_UNKNOWN = "JobUnknown"  # a prefill job asked about again is not known there (or cancelled)
 
 
 MOVABLE_ERRORS = (

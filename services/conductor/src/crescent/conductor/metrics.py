@@ -84,6 +84,13 @@ STREAM_RESENDS = Counter(
     "on, on the same decode instance), or unanswered, unknown, refused (the request moved)",
     ["outcome"],
 )
+PREFILL_RESULT_ASKS = Counter(
+    "crescent_prefill_result_asks",
+    "Prefill results asked for again after a NATS drop lost the wait for the reply, by "
+    "outcome: answered (no prompt computed again), failed (the job's own error), or unknown, "
+    "unanswered (the request moved)",
+    ["outcome"],
+)
 DECODE_REFUSALS = Counter(
     "crescent_decode_refusals",
     "Decode reservations refused after placement (the room went to another conductor's request, "

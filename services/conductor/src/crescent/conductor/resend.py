@@ -1,9 +1,16 @@
-"""A token stream read on across a NATS reconnect. Chunks the decode sent while this
+"""Work read on across a NATS reconnect, not done again: a token stream, and a prefill job's
+result.
+
+A token stream: Chunks the decode sent while this
 conductor's connection was down, or that were on the way when it dropped, may never arrive.
 The decode instance keeps every chunk of its streams for a while (decode/chunking.SentStreams),
 so the conductor asks it for those from the first one it lacks and reads on: the request keeps
 its decode instance and nothing is computed again. Only when the decode cannot answer (gone,
-restarted, or unreachable past the deadline) is the request moved to another one."""
+restarted, or unreachable past the deadline) is the request moved to another one.
+
+A prefill job: its reply may be lost in the drop while the job goes on, so the conductor asks
+the prefill instance for the job's result (prefill/outcomes.py), waiting while it computes,
+and moves the request only when the instance does not know the job or does not answer."""
 
 from __future__ import annotations
 
@@ -20,15 +27,24 @@ from crescent.common.errors import (
     RemoteError,
     RequestTimeoutError,
 )
-from crescent.common.messages import ResendTokens, ResentTokens, TokenChunk
+from crescent.common.messages import (
+    PrefillResult,
+    PrefillResultAsk,
+    ResendTokens,
+    ResentTokens,
+    TokenChunk,
+)
 from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
-from crescent.conductor.flow_errors import StreamBrokenError
+from crescent.conductor.flow_errors import JOB_RUNNING, JOB_UNKNOWN, StreamBrokenError
 from crescent.conductor.flow_state import FIRST_ASK_AGAIN_S
 from crescent.conductor.presence import Presence
 
 log = logging.getLogger(__name__)
+
+RESULT_ASK_WAIT_S = 1.0  # how long the prefill instance holds an ask for a job not yet done
+MOST_ASK_AGAIN_S = 1.0
 
 
 class ChunkOrder:
@@ -130,3 +146,66 @@ async def resent_chunks(
                 },
             )
             return sent.epoch, reply.chunks
+
+
+async def prefill_result_after_drop(
+    bus: Bus,
+    subjects: Subjects,
+    presence: Presence,
+    prefill_id: str,
+    job_id: str,
+    sent_at: float,
+    timeout_s: float,
+    unanswered_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> PrefillResult:
+    """The result of job `job_id`, asked of its prefill instance after this conductor's NATS
+    connection dropped while it waited for the reply. Waits while the job is queued or
+    computing, until the job's own deadline (sent at `sent_at` on `clock`, with `timeout_s`:
+    RequestTimeoutError past it, as the job's request would have); ConnectionLostError when
+    the instance does not know the job or gives no answer for `unanswered_s`; the job's own
+    error (RemoteError) if it failed."""
+    subject = subjects.prefill_result(prefill_id)
+    deadline = sent_at + timeout_s
+    silent_since: float | None = None
+    again_s = FIRST_ASK_AGAIN_S
+    with tracer().start_as_current_span("conductor.prefill_result") as span:
+        span.set_attribute("crescent.prefill_instance", prefill_id)
+        span.set_attribute("crescent.job_id", job_id)
+        while True:
+            remaining_s = deadline - clock()
+            if remaining_s <= 0:
+                raise RequestTimeoutError(subjects.prefill_job(prefill_id), timeout_s)
+            wait_s = min(RESULT_ASK_WAIT_S, remaining_s)
+            ask = PrefillResultAsk(request_id=job_id, wait_s=wait_s)
+            sent = presence.sent_to("prefill", prefill_id)
+            asking = bus.request(subject, ask, PrefillResult, wait_s + RESULT_ASK_WAIT_S)
+            try:
+                result = await presence.wait("prefill", prefill_id, asking, sent)
+            except RemoteError as exc:
+                if exc.code == JOB_RUNNING:
+                    silent_since = None
+                    continue
+                outcome = "unknown" if exc.code == JOB_UNKNOWN else "failed"
+                metrics.PREFILL_RESULT_ASKS.labels(outcome).inc()
+                if exc.code == JOB_UNKNOWN:
+                    raise ConnectionLostError(str(exc)) from exc
+                raise
+            except (NoRespondersError, RequestTimeoutError, ConnectionLostError) as exc:
+                now = clock()
+                silent_since = silent_since if silent_since is not None else now
+                if now + again_s >= silent_since + unanswered_s:
+                    metrics.PREFILL_RESULT_ASKS.labels("unanswered").inc()
+                    raise ConnectionLostError(
+                        f"prefill {prefill_id} gave no result of job {job_id} after the NATS "
+                        f"connection dropped: {exc}"
+                    ) from exc
+                await asyncio.sleep(again_s)
+                again_s = min(again_s * 2, MOST_ASK_AGAIN_S)
+                continue
+            metrics.PREFILL_RESULT_ASKS.labels("answered").inc()
+            log.info(
+                "prefill result read after the NATS connection dropped",
+                extra={"request_id": job_id, "prefill": prefill_id},
+            )
+            return result

@@ -15,7 +15,9 @@ after it, so a slow or dead store never holds up the jobs behind. With vLLM the 
 only prices the job (the connector decides what is loaded), so it runs beside the job's wait
 and compute, and a job that finds the engine free starts at once; a gate that admits by
 uncached tokens (`--prefill-batch-tokens`) waits for it. A job whose conductor cancels
-it (the client left, or the request moved on) stops where it is.
+it (the client left, or the request moved on) stops where it is. A job's outcome is kept a
+while after it ends (outcomes.py), for a conductor whose NATS connection dropped before the
+reply came to ask for it instead of computing the prompt again elsewhere.
 
 With the vllm engine, each job's full prompt blocks go to the store on the decode instance's
 node (and this node's, for later reuse), layer by layer while the prompt computes.
@@ -49,6 +51,7 @@ from crescent.common.messages import (
     PrefillCancel,
     PrefillJob,
     PrefillResult,
+    PrefillResultAsk,
 )
 from crescent.common.received import ReceivedAssignments
 from crescent.common.service import Runtime
@@ -69,12 +72,14 @@ from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
 from crescent.engine.store_check import check_store_block_bytes
 from crescent.prefill.compute_gate import ComputeGate
+from crescent.prefill.outcomes import JobOutcomes
 from crescent.storeclient.client import ClientConfig, StoreClient
 from crescent.transfer import TransferConfig
 
 log = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 0.05
+RESULT_MEMORY_S = 60.0  # how long a finished job's result can be asked for again
 
 
 class JobRejected(RecoverableError):
@@ -92,6 +97,7 @@ class PrefillWorker:
         self._predicted_s: dict[str, float] = {}  # queued or running job → predicted prefill time
         self._computing_since: dict[str, float] = {}  # jobs inside the engine → monotonic start
         self._jobs: dict[str, asyncio.Task] = {}  # queued or running job → the task running it
+        self._outcomes = JobOutcomes(RESULT_MEMORY_S)
         self.received = ReceivedAssignments()  # which conductors' jobs and cancels load() counts
         # one job at a time unless --prefill-batch-tokens lets vLLM batch several; emulated: one
         self._gate = ComputeGate(settings.prefill_batch_tokens if self.is_vllm else 0)
@@ -160,6 +166,9 @@ class PrefillWorker:
             extra={"source": self.profile.source, "prefill": str(self.profile.prefill)},
         )
         # Jobs are served last: once one is answered, its cancel has a responder too.
+        await runtime.bus.serve(
+            runtime.subjects.prefill_result(runtime.instance_id), PrefillResultAsk, self.result
+        )
         await runtime.bus.serve(
             runtime.subjects.prefill_cancel(runtime.instance_id), PrefillCancel, self.cancel
         )
@@ -237,6 +246,29 @@ class PrefillWorker:
         return self._decode_nodes[job.decode_instance]
 
     async def run_job(self, job: PrefillJob) -> PrefillResult:
+        """Run the job, its outcome kept for a conductor that asks for it again (result)."""
+        if job.request_id in self._jobs:  # its cancel would stop either, its engine id clash
+            raise JobRejected(f"a job {job.request_id} is already running here")
+        outcome = self._outcomes.open(job.request_id, time.monotonic())
+        try:
+            result = await self._run_job(job)
+        except asyncio.CancelledError:
+            outcome.cancel()
+            raise
+        except Exception as exc:
+            outcome.set_exception(exc)
+            raise
+        finally:
+            self._outcomes.end(job.request_id, time.monotonic())
+        outcome.set_result(result)
+        return result
+
+    async def result(self, ask: PrefillResultAsk) -> PrefillResult:
+        """A job's result (or its error) for a conductor whose NATS connection dropped while it
+        waited for the reply, within ask.wait_s: the reply may have been lost."""
+        return await self._outcomes.result(ask.request_id, ask.wait_s, time.monotonic())
+
+    async def _run_job(self, job: PrefillJob) -> PrefillResult:
         if self._is_draining:
             raise JobRejected(
                 f"prefill {self._runtime.instance_id} is draining: it takes no new jobs"
@@ -257,8 +289,6 @@ class PrefillWorker:
         start = job.decode_start
         if start is not None and not (job.decode_instance and start.stream_owner):
             raise JobRejected("a job's decode start needs a decode instance and a stream owner")
-        if job.request_id in self._jobs:  # its cancel would stop either, its engine id clash
-            raise JobRejected(f"a job {job.request_id} is already running here")
         if not self.is_vllm and unsupported(job.sampling):
             raise InvalidRequestError(
                 f"the emulated engine cannot apply {', '.join(unsupported(job.sampling))}"
