@@ -27,7 +27,9 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     reserve_timeout_s: float = setting(2.0, "deadline of a decode reservation")
     prefill_timeout_s: float = setting(120.0, "deadline of a prefill job, queueing included")
     start_timeout_s: float = setting(
-        5.0, "deadline of a decode start, and of its resend of a stream after a NATS drop"
+        5.0,
+        "deadline of a decode start; after a NATS drop, also how long a decode asked to resend "
+        "a stream, or a prefill asked for a job's result, may stay silent",
     )
     token_timeout_s: float = setting(30.0, "longest wait between two token chunks of a request")
     placement_wait_s: float = setting(
