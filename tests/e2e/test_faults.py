@@ -224,6 +224,14 @@ async def test_store_killed_or_nats_or_etcd_restarted_under_load_fails_nothing(c
     await asyncio.to_thread(cluster.wait_serving, 30)
 
 
+async def restart_nats(cluster: LocalCluster) -> None:
+    """Stop nats-server (SIGTERM) and start it again on the same port."""
+    nats_server = process(cluster, "nats")
+    await asyncio.to_thread(nats_server.stop)
+    nats_server.start()
+    await asyncio.to_thread(nats_server.wait_ready, 30)
+
+
 def _sample(metrics: str, name: str, **labels: str) -> float:
     """The value of one sample of the conductor's /metrics (0 when absent)."""
     for family in text_string_to_metric_families(metrics):
@@ -257,10 +265,7 @@ async def test_nats_restart_mid_stream_keeps_every_stream_on_its_decode(cluster)
         while min(tokens_seen) == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert min(tokens_seen) > 0, "not every stream was decoding"
-        nats_server = process(cluster, "nats")
-        await asyncio.to_thread(nats_server.stop)
-        nats_server.start()
-        await asyncio.to_thread(nats_server.wait_ready, 30)
+        await restart_nats(cluster)
         results = await asyncio.gather(*tasks)
     after = await _metrics(cluster)
     for text, (status, output, finish) in zip(texts, results):
@@ -288,10 +293,7 @@ async def test_nats_restart_mid_prefill_computes_no_prompt_again(cluster):
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         tasks = [asyncio.create_task(stream(session, cluster.api_url, text)) for text in texts]
         await asyncio.sleep(0.3)
-        nats_server = process(cluster, "nats")
-        await asyncio.to_thread(nats_server.stop)
-        nats_server.start()
-        await asyncio.to_thread(nats_server.wait_ready, 30)
+        await restart_nats(cluster)
         results = await asyncio.gather(*tasks)
     after = await _metrics(cluster)
     assert_all_correct(list(zip(texts, results)))
