@@ -1,12 +1,12 @@
 """Work read on across a NATS reconnect, not done again: a token stream, and a prefill job's
 result.
 
-A token stream: Chunks the decode sent while this
-conductor's connection was down, or that were on the way when it dropped, may never arrive.
-The decode instance keeps every chunk of its streams for a while (decode/chunking.SentStreams),
-so the conductor asks it for those from the first one it lacks and reads on: the request keeps
-its decode instance and nothing is computed again. Only when the decode cannot answer (gone,
-restarted, or unreachable past the deadline) is the request moved to another one.
+A token stream: chunks the decode sent while this conductor's connection was down, or that
+were on the way when it dropped, may never arrive. The decode instance keeps every chunk of its
+streams for a while (decode/chunking.SentStreams), so the conductor asks it for those from the
+first one it lacks and reads on: the request keeps its decode instance and nothing is computed
+again. Only when the decode cannot answer (gone, restarted, or unreachable past the deadline)
+is the request moved to another one.
 
 A prefill job: its reply may be lost in the drop while the job goes on, so the conductor asks
 the prefill instance for the job's result (prefill/outcomes.py), waiting while it computes,
@@ -44,7 +44,7 @@ from crescent.conductor.presence import Presence
 log = logging.getLogger(__name__)
 
 RESULT_ASK_WAIT_S = 1.0  # how long the prefill instance holds an ask for a job not yet done
-MOST_ASK_AGAIN_S = 1.0
+MOST_ASK_AGAIN_S = 1.0  # the longest pause between asks of a silent prefill instance
 
 
 class ChunkOrder:
