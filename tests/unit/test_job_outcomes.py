@@ -15,7 +15,7 @@ RESULT = PrefillResult(request_id="j", first_token=7, num_computed_tokens=10)
 
 async def test_a_running_job_is_waited_for_and_a_finished_one_answered_until_forgotten():
     outcomes = JobOutcomes(memory_s=10.0)
-    outcome = outcomes.open("j", now=0.0)
+    outcome = outcomes.open("j")
     with pytest.raises(JobRunning):
         await outcomes.result("j", wait_s=0.01, now=1.0)
     asking = asyncio.ensure_future(outcomes.result("j", wait_s=5.0, now=1.0))
@@ -30,11 +30,11 @@ async def test_a_running_job_is_waited_for_and_a_finished_one_answered_until_for
 
 async def test_a_failed_job_answers_its_error_and_a_cancelled_or_unknown_one_is_unknown():
     outcomes = JobOutcomes(memory_s=10.0)
-    outcomes.open("failed", now=0.0).set_exception(ValueError("boom"))
+    outcomes.open("failed").set_exception(ValueError("boom"))
     outcomes.end("failed", now=0.0)
     with pytest.raises(ValueError, match="boom"):
         await outcomes.result("failed", wait_s=1.0, now=1.0)
-    cancelled = outcomes.open("cancelled", now=0.0)
+    cancelled = outcomes.open("cancelled")
     asking = asyncio.ensure_future(outcomes.result("cancelled", wait_s=5.0, now=0.0))
     await asyncio.sleep(0)
     cancelled.cancel()

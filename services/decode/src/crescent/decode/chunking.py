@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from crescent.common.errors import ConfigError
 from crescent.common.messages import TokenChunk, TokenLogprobs
+from crescent.common.recent import Recent
 
 log = logging.getLogger(__name__)
 
@@ -148,24 +149,20 @@ class SentStreams:
     (ResendTokens): a drop can lose the last chunks, the final one among them."""
 
     def __init__(self, memory_s: float) -> None:
-        self.memory_s = memory_s
         self._open: dict[str, TokenChunker] = {}
-        self._ended: dict[str, tuple[float, list[TokenChunk]]] = {}  # id → (kept until, chunks)
+        self._ended: Recent[str, list[TokenChunk]] = Recent(memory_s)
 
     def open(self, chunker: TokenChunker) -> None:
         self._open[chunker.request_id] = chunker
 
     def end(self, request_id: str, now: float) -> None:
         """The stream sends no more: keep its chunks until `now` + memory_s."""
-        self._ended = {rid: kept for rid, kept in self._ended.items() if kept[0] > now}
         chunker = self._open.pop(request_id, None)
         if chunker is not None:
-            self._ended[request_id] = (now + self.memory_s, chunker.sent)
+            self._ended.put(request_id, chunker.sent, now)
 
     def since(self, request_id: str, from_seq: int, now: float) -> list[TokenChunk] | None:
         """The stream's chunks from `from_seq` on; None when there is no such stream here."""
         chunker = self._open.get(request_id)
-        if chunker is not None:
-            return chunker.sent[from_seq:]
-        kept_until, chunks = self._ended.get(request_id, (0.0, []))
-        return chunks[from_seq:] if kept_until > now else None
+        chunks = chunker.sent if chunker is not None else self._ended.get(request_id, now)
+        return chunks[from_seq:] if chunks is not None else None

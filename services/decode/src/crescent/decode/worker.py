@@ -36,6 +36,7 @@ from crescent.common.messages import (
     TokenChunk,
 )
 from crescent.common.received import ReceivedAssignments
+from crescent.common.recent import Recent
 from crescent.common.service import Runtime
 from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
@@ -109,7 +110,7 @@ class DecodeWorker:
         self._sent = SentStreams(RESEND_MEMORY_S)
         # request id → until when a late start is refused: it was cancelled, or its reservation
         # was refused here (its prefill instance may send the start all the same)
-        self._closed: dict[str, float] = {}
+        self._closed: Recent[str, bool] = Recent(CANCEL_MEMORY_S)
         # which of each conductor's reservations (and cancels) load() counts
         self.received = ReceivedAssignments()
         self.recent_tbt = Ewma()  # measured time between tokens of running requests
@@ -283,7 +284,7 @@ class DecodeWorker:
             span.set_attribute("crescent.request_id", start.request_id)
             if start.request_id in self._generations:
                 raise StartRejected(f"request {start.request_id} is already running")
-            if start.request_id in self._closed:
+            if self._closed.get(start.request_id, now):
                 raise StartRejected(f"request {start.request_id} was cancelled or refused here")
             # A start from prefill may overtake its reservation: then it is admitted the same way.
             if start.admit or (start.from_prefill and start.request_id not in self.ledger.reserved):
@@ -386,8 +387,7 @@ class DecodeWorker:
 
     def _close(self, request_id: str, now: float) -> None:
         """Refuse any start of `request_id` that comes from now on, for CANCEL_MEMORY_S."""
-        self._closed = {rid: until for rid, until in self._closed.items() if until > now}
-        self._closed[request_id] = now + CANCEL_MEMORY_S
+        self._closed.put(request_id, True, now)
 
     @property
     def num_inflight(self) -> int:

@@ -5,10 +5,10 @@ compute the prompt again elsewhere, since the job's reply may have been lost on 
 from __future__ import annotations
 
 import asyncio
-import math
 
 from crescent.common.errors import RecoverableError
 from crescent.common.messages import PrefillResult
+from crescent.common.recent import Recent
 
 
 class JobRunning(RecoverableError):
@@ -21,27 +21,27 @@ class JobUnknown(RecoverableError):
 
 class JobOutcomes:
     def __init__(self, memory_s: float) -> None:
-        self.memory_s = memory_s
-        self._outcomes: dict[str, tuple[asyncio.Future[PrefillResult], float]] = {}  # → until
+        self._running: dict[str, asyncio.Future[PrefillResult]] = {}
+        self._ended: Recent[str, asyncio.Future[PrefillResult]] = Recent(memory_s)
 
-    def open(self, job_id: str, now: float) -> asyncio.Future[PrefillResult]:
+    def open(self, job_id: str) -> asyncio.Future[PrefillResult]:
         """The future of a job starting now: its result, its error, or cancelled."""
-        self._outcomes = {job: kept for job, kept in self._outcomes.items() if kept[1] > now}
         outcome: asyncio.Future[PrefillResult] = asyncio.get_running_loop().create_future()
         # a job's error is answered to its conductor already; nobody need ask for it again
         outcome.add_done_callback(lambda done: done.cancelled() or done.exception())
-        self._outcomes[job_id] = (outcome, math.inf)
+        self._running[job_id] = outcome
         return outcome
 
     def end(self, job_id: str, now: float) -> None:
         """The job is done: keep its outcome until `now` + memory_s."""
-        if job_id in self._outcomes:
-            self._outcomes[job_id] = (self._outcomes[job_id][0], now + self.memory_s)
+        outcome = self._running.pop(job_id, None)
+        if outcome is not None:
+            self._ended.put(job_id, outcome, now)
 
     async def result(self, job_id: str, wait_s: float, now: float) -> PrefillResult:
         """The job's result, or the error it ended with, within `wait_s`; JobRunning past it."""
-        outcome, kept_until = self._outcomes.get(job_id, (None, 0.0))
-        if outcome is None or kept_until <= now or outcome.cancelled():
+        outcome = self._running.get(job_id) or self._ended.get(job_id, now)
+        if outcome is None or outcome.cancelled():
             raise JobUnknown(f"no job {job_id} here to answer for")
         try:
             return await asyncio.wait_for(asyncio.shield(outcome), wait_s)

@@ -249,7 +249,7 @@ class PrefillWorker:
         """Run the job, its outcome kept for a conductor that asks for it again (result)."""
         if job.request_id in self._jobs:  # its cancel would stop either, its engine id clash
             raise JobRejected(f"a job {job.request_id} is already running here")
-        outcome = self._outcomes.open(job.request_id, time.monotonic())
+        outcome = self._outcomes.open(job.request_id)
         try:
             result = await self._run_job(job)
         except asyncio.CancelledError:
