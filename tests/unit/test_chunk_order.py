@@ -63,3 +63,18 @@ def test_a_drop_with_nothing_lost_reads_on():
     order.on_resent(1, [])  # nothing was sent meanwhile
     assert not order.needs_resend(epoch=1)
     assert read(order, [chunk(1)]) == [1]
+
+
+def test_a_resend_cut_to_fit_one_message_is_asked_on_from_where_it_stopped():
+    order = ChunkOrder("r", read_epoch=0)
+    assert read(order, [chunk(0)]) == [0]
+    assert order.needs_resend(epoch=1)
+    order.on_resent(1, [chunk(1), chunk(2)], num_left=3)
+    assert not order.needs_resend(epoch=1)  # the part is read first
+    for _ in range(2):
+        assert order.is_next(order.resent_chunk())
+    assert order.needs_resend(epoch=1) and order.expected_seq == 3
+    order.on_resent(1, [chunk(3), chunk(4), chunk(5)])
+    for _ in range(3):
+        assert order.is_next(order.resent_chunk())
+    assert not order.needs_resend(epoch=1) and order.expected_seq == 6

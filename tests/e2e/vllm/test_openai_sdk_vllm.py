@@ -189,6 +189,22 @@ def test_echo_with_logprobs_gives_the_prompts_logprobs(client, model, reference)
     assert len(logprobs.tokens) == len(prompt) + 3
 
 
+def test_twenty_logprobs_of_a_long_prompt_come_whole(client, model, reference):
+    """6,000 prompt tokens with 20 alternatives each are ~1.7 MB, over the 1 MiB a NATS
+    message holds by default: the prefill instance answers them in parts."""
+    prompt = prompt_tokens(6000, seed=21)
+    _, _, want = plain_vllm(reference, prompt, 1, temperature=0, prompt_logprobs=20)
+    result = client.completions.create(
+        model=model, prompt=prompt, max_tokens=2, temperature=0, echo=True, logprobs=20
+    )
+    logprobs = result.choices[0].logprobs
+    assert len(logprobs.tokens) == len(prompt) + 2
+    got = logprobs.token_logprobs[1 : len(prompt)]
+    assert got == pytest.approx(
+        [entries[token].logprob for token, entries in zip(prompt[1:], want[1:])], abs=1e-3
+    )
+
+
 def test_sampling_knobs(client, model, reference, tokenizer):
     greedy = (
         client.completions.create(

@@ -228,6 +228,11 @@ class Bus:
     def is_connected(self) -> bool:
         return self._client.is_connected
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the server takes, in bytes (its `max_payload`)."""
+        return self._client.max_payload
+
     def _on_connection_lost(self) -> None:
         """End the waits of the requests sent on the connection that dropped; requests sent
         from now on go out on the next one (nats-py holds them until it reconnects)."""
@@ -311,11 +316,24 @@ class Bus:
                 log.exception("handler failed", extra={"subject": msg.subject})
                 reply = ErrorReply(code="internal", message=repr(exc))
             if msg.reply and reply is not None:
-                await msg.respond(encode(reply))
+                await msg.respond(self._sendable(encode(reply), msg.subject))
         except nats.errors.ConnectionClosedError:
             log.info("reply dropped: connection closed", extra={"subject": msg.subject})
         finally:
             otel_context.detach(token)
+
+    def _sendable(self, data: bytes, subject: str) -> bytes:
+        """`data`, or an error reply in its place when the server would refuse it for its
+        size: the requester learns why at once instead of waiting out its deadline. Replies
+        that grow with a request are sent in parts (crescent.common.payload); this one was not."""
+        if len(data) <= self.max_payload:
+            return data
+        message = (
+            f"the reply on {subject} is {len(data)} bytes, over the NATS server's max_payload "
+            f"of {self.max_payload}"
+        )
+        log.error("reply too large to send", extra={"subject": subject, "error": message})
+        return encode(ErrorReply(code="reply_too_large", message=message))
 
     async def subscribe(
         self, subject: str, message_type: Any, handler: Callable[[Any], None]

@@ -206,6 +206,9 @@ class PrefillResultAsk(Message):
 
     request_id: Id  # the job's id (PrefillJob.request_id)
     wait_s: Seconds
+    # The result's prompt logprobs from this index on: the rest of a result whose logprobs
+    # did not fit one message (PrefillResult.num_prompt_logprobs_left).
+    prompt_logprobs_from: Count = 0
 
 
 class PrefillCancel(Message):
@@ -225,8 +228,10 @@ class PrefillResult(Message):
     compute_s: Seconds = 0.0
     transfer_s: Seconds = 0.0  # the planned prefix pull (0: none planned)
     first_logprobs: TokenLogprobs | None = None  # when the job's sampling asks for logprobs
-    # when it asks for prompt_logprobs: prompt tokens 1..n-1
+    # when it asks for prompt_logprobs: prompt tokens 1..n-1, or as many of them as fit one
+    # message (crescent.common.payload), from PrefillResultAsk.prompt_logprobs_from on
     prompt_logprobs: TokenLogprobsList = []
+    num_prompt_logprobs_left: TokenCount = 0  # those after the ones carried: ask for them
 
 
 class Reservation(Message):
@@ -311,12 +316,15 @@ class ResendTokens(Message):
 
 
 class ResentTokens(Message):
-    """The chunks asked for, in order (none when none were sent since); `is_known` False: the
-    instance has no stream under that id (never started here, cancelled, or long finished)."""
+    """The chunks asked for, in order (none when none were sent since), as many as fit one
+    message, and how many more follow them (ask again from the next seq); `is_known` False:
+    the instance has no stream under that id (never started here, cancelled, or long
+    finished)."""
 
     request_id: Id
     is_known: bool
     chunks: TokenChunks = []
+    num_chunks_left: Count = 0
 
 
 class ClusterConfig(Message):

@@ -81,6 +81,7 @@ from crescent.conductor.policy import (
 from crescent.conductor.presence import Presence
 from crescent.conductor.progress import Progress, Replay, replayable
 from crescent.conductor.resend import ChunkOrder, prefill_result_after_drop, resent_chunks
+from crescent.conductor.result_parts import whole_result
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.tbt_sample import SteadyGaps
 
@@ -383,6 +384,15 @@ class RequestFlow:
                     )
                 now = self._clock()
                 reserve_wait_s = now - prefilled_at[0] if prefilled_at else 0.0
+                if result.num_prompt_logprobs_left:
+                    result = await whole_result(
+                        self._bus,
+                        self._subjects,
+                        prefill.instance_id,
+                        job_id,
+                        result,
+                        self._timeouts.start_s,
+                    )
                 self._scheduler.on_prefilled(
                     request, decision, result, now - sent_at, reserve_wait_s
                 )

@@ -58,13 +58,18 @@ class ChunkOrder:
         self.read_epoch = read_epoch
         self._skipped_to: int | None = None  # a chunk seen past a gap
         self._resent: deque[TokenChunk] = deque()  # chunks sent again, read before the stream
+        self._is_resend_cut = False  # more chunks followed those resent than one message held
 
     def needs_resend(self, epoch: int) -> bool:
-        """Whether chunks may have been lost, now that the connection is `epoch`."""
-        return not self._resent and (self._skipped_to is not None or epoch != self.read_epoch)
+        """Whether chunks may have been lost, now that the connection is `epoch`, or the last
+        resend's rest is still to ask for."""
+        return not self._resent and (
+            self._is_resend_cut or self._skipped_to is not None or epoch != self.read_epoch
+        )
 
-    def on_resent(self, epoch: int, chunks: list[TokenChunk]) -> None:
-        """The decode's answer, asked on connection `epoch`: every chunk from `expected_seq`."""
+    def on_resent(self, epoch: int, chunks: list[TokenChunk], num_left: int = 0) -> None:
+        """The decode's answer, asked on connection `epoch`: the chunks from `expected_seq`,
+        every one, or the first of them and `num_left` more to ask for once these are read."""
         if self._skipped_to is not None and not chunks:
             raise StreamBrokenError(
                 f"token stream of {self.stream_id} skipped from {self.expected_seq} to "
@@ -72,6 +77,7 @@ class ChunkOrder:
             )
         self.read_epoch = epoch
         self._skipped_to = None
+        self._is_resend_cut = num_left > 0
         self._resent.extend(chunks)
 
     def resent_chunk(self) -> TokenChunk | None:
@@ -97,11 +103,12 @@ async def resent_chunks(
     from_seq: int,
     deadline_s: float,
     clock: Callable[[], float] = time.monotonic,
-) -> tuple[int, list[TokenChunk]]:
-    """The connection epoch the ask went out on and the chunks of `stream_id` from `from_seq`
-    on. Asked again, at doubling intervals, while the decode does not answer (it may reconnect
-    after this conductor, or resubscribe late); ConnectionLostError when it cannot resend
-    within `deadline_s`; InstanceLostError when it left the cluster meanwhile."""
+) -> tuple[int, list[TokenChunk], int]:
+    """The connection epoch the ask went out on, the chunks of `stream_id` from `from_seq` on
+    (as many as one message holds) and how many more follow them. Asked again, at doubling
+    intervals, while the decode does not answer (it may reconnect after this conductor, or
+    resubscribe late); ConnectionLostError when it cannot resend within `deadline_s`;
+    InstanceLostError when it left the cluster meanwhile."""
     ask = ResendTokens(request_id=stream_id, from_seq=from_seq)
     deadline = clock() + deadline_s
     wait_s = FIRST_ASK_AGAIN_S
@@ -143,9 +150,10 @@ async def resent_chunks(
                     "decode": decode_id,
                     "from_seq": from_seq,
                     "num_resent": len(reply.chunks),
+                    "num_left": reply.num_chunks_left,
                 },
             )
-            return sent.epoch, reply.chunks
+            return sent.epoch, reply.chunks, reply.num_chunks_left
 
 
 async def prefill_result_after_drop(

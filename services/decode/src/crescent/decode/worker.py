@@ -35,6 +35,7 @@ from crescent.common.messages import (
     ReservationReply,
     TokenChunk,
 )
+from crescent.common.payload import num_fitting
 from crescent.common.received import ReceivedAssignments
 from crescent.common.recent import Recent
 from crescent.common.service import Runtime
@@ -367,8 +368,15 @@ class DecodeWorker:
         """The chunks of a stream from `ask.from_seq` on, for a conductor whose NATS connection
         dropped while it read the stream: what was sent meanwhile may not have reached it."""
         chunks = self._sent.since(ask.request_id, ask.from_seq, time.monotonic())
+        if chunks is None:
+            return ResentTokens(request_id=ask.request_id, is_known=False)
+        shell = ResentTokens(request_id=ask.request_id, is_known=True)
+        num = num_fitting(shell, chunks, self._runtime.bus.max_payload)
         return ResentTokens(
-            request_id=ask.request_id, is_known=chunks is not None, chunks=chunks or []
+            request_id=ask.request_id,
+            is_known=True,
+            chunks=chunks[:num],
+            num_chunks_left=len(chunks) - num,
         )
 
     async def cancel(self, cancel: DecodeCancel) -> Ack:

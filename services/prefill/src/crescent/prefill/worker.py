@@ -53,6 +53,7 @@ from crescent.common.messages import (
     PrefillResult,
     PrefillResultAsk,
 )
+from crescent.common.payload import num_fitting
 from crescent.common.received import ReceivedAssignments
 from crescent.common.service import Runtime
 from crescent.common.store_messages import (
@@ -261,12 +262,26 @@ class PrefillWorker:
         finally:
             self._outcomes.end(job.request_id, time.monotonic())
         outcome.set_result(result)
-        return result
+        return self._part(result, 0)
 
     async def result(self, ask: PrefillResultAsk) -> PrefillResult:
         """A job's result (or its error) for a conductor whose NATS connection dropped while it
-        waited for the reply, within ask.wait_s: the reply may have been lost."""
-        return await self._outcomes.result(ask.request_id, ask.wait_s, time.monotonic())
+        waited for the reply, within ask.wait_s: the reply may have been lost. Also the rest
+        of a result's prompt logprobs, from ask.prompt_logprobs_from on."""
+        result = await self._outcomes.result(ask.request_id, ask.wait_s, time.monotonic())
+        return self._part(result, ask.prompt_logprobs_from)
+
+    def _part(self, result: PrefillResult, start: int) -> PrefillResult:
+        """`result` with as many of its prompt logprobs from `start` on as fit one message:
+        a long prompt's, with many alternatives a token, can outgrow the server's limit."""
+        if not start and not result.prompt_logprobs:
+            return result
+        rest = result.prompt_logprobs[start:]
+        shell = msgspec.structs.replace(result, prompt_logprobs=[])
+        num = num_fitting(shell, rest, self._runtime.bus.max_payload)
+        return msgspec.structs.replace(
+            result, prompt_logprobs=rest[:num], num_prompt_logprobs_left=len(rest) - num
+        )
 
     async def _run_job(self, job: PrefillJob) -> PrefillResult:
         if self._is_draining:

@@ -1,0 +1,34 @@
+"""Replies cut to fit one NATS message.
+
+The server refuses a message larger than its `max_payload` (1 MiB unless configured), and a
+reply refused that way never reaches its requester, who waits out its deadline. Most replies
+are small; the ones that grow with a request (a prompt's logprobs, a stream's chunks asked for
+again) go out in parts, each holding as many whole entries as fit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from crescent.common.codec import Message, encode
+
+# Room left in a message for what its entries do not count: the list's own length prefix and
+# the NATS protocol line around the payload are a few bytes; this is generous.
+RESERVED_BYTES = 1024
+
+_entry_encoder = msgspec.msgpack.Encoder()
+
+
+def num_fitting(shell: Message, entries: Sequence[msgspec.Struct], max_payload: int) -> int:
+    """How many of `entries`, from the first, fit one message of at most `max_payload` bytes
+    next to `shell` (the message without them). At least one, so every part moves a reply on
+    (an entry alone is far smaller than any payload limit)."""
+    room = max_payload - len(encode(shell)) - RESERVED_BYTES
+    if len(_entry_encoder.encode(list(entries))) <= room:  # the usual case, in one encode
+        return len(entries)
+    for num, entry in enumerate(entries):
+        room -= len(_entry_encoder.encode(entry))
+        if room < 0:
+            return max(num, 1)
+    return len(entries)

@@ -1,0 +1,37 @@
+"""num_fitting: how many entries of a reply fit one NATS message, counted in encoded bytes."""
+
+from __future__ import annotations
+
+from crescent.common.codec import encode
+from crescent.common.messages import ResentTokens, TokenChunk
+from crescent.common.payload import RESERVED_BYTES, num_fitting
+
+SHELL = ResentTokens(request_id="r", is_known=True)
+
+
+def chunks(num: int, num_tokens: int) -> list[TokenChunk]:
+    return [
+        TokenChunk(request_id="r", seq=i, token_ids=[1000] * num_tokens, step_at=0.0)
+        for i in range(num)
+    ]
+
+
+def test_entries_that_fit_all_go_in_one_message():
+    entries = chunks(10, 4)
+    assert num_fitting(SHELL, entries, 1 << 20) == 10
+    assert num_fitting(SHELL, [], 1 << 20) == 0
+
+
+def test_a_part_holds_the_most_whole_entries_within_the_limit():
+    entries = chunks(100, 200)
+    limit = 8 << 10
+    num = num_fitting(SHELL, entries, limit)
+    assert 0 < num < 100
+    part = ResentTokens(request_id="r", is_known=True, chunks=entries[:num])
+    assert len(encode(part)) <= limit - RESERVED_BYTES
+    one_more = ResentTokens(request_id="r", is_known=True, chunks=entries[: num + 1])
+    assert len(encode(one_more)) > limit - RESERVED_BYTES - 8  # within a list header's bytes
+
+
+def test_an_entry_larger_than_the_room_still_goes_alone():
+    assert num_fitting(SHELL, chunks(3, 2000), 2 << 10) == 1
