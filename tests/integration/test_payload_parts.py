@@ -40,10 +40,7 @@ def small_nats(tmp_path: Path):
     config = tmp_path / "nats.conf"
     config.write_text(f"max_payload: {MAX_PAYLOAD}\n")
     nats_port, etcd_port = free_port(), free_port()
-    spec = nats_spec(nats_port)
-    nats = ManagedProcess(
-        dataclasses.replace(spec, argv=[*spec.argv, "-c", str(config)]), tmp_path / "logs"
-    )
+    nats = ManagedProcess(nats_spec(nats_port, config=config), tmp_path / "logs")
     etcd = ManagedProcess(etcd_spec(etcd_port, tmp_path / "etcd-data"), tmp_path / "logs")
     for process in (nats, etcd):
         process.start()

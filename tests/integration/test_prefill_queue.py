@@ -257,9 +257,9 @@ async def test_the_prefill_starts_the_decode_the_job_names_with_its_first_token(
     infra, cluster_name, tmp_path, store_client
 ):
     """A job that carries its decode start: the prefill instance sends it to the decode
-    instance, its first token filled in, as that token is out (no conductor in between), and
-    the decode's answer goes to the conductor that reads the stream; unless that token ends
-    the answer."""
+    instance, its first token and its prompt filled in, as that token is out (no conductor in
+    between), and the decode's answer goes to the conductor that reads the stream; unless that
+    token ends the answer."""
     bus, _ = store_client
     subjects = Subjects(cluster_name)
     starts: asyncio.Queue[tuple[DecodeStart, str]] = asyncio.Queue()
@@ -274,7 +274,7 @@ async def test_the_prefill_starts_the_decode_the_job_names_with_its_first_token(
     prompt = [11, 12, 13, 14]
     template = DecodeStart(
         request_id="direct",
-        token_ids=prompt,
+        token_ids=[],  # the job's prompt goes in
         first_token=None,
         max_tokens=8,
         stream_owner="conductor-t",
@@ -292,7 +292,9 @@ async def test_the_prefill_starts_the_decode_the_job_names_with_its_first_token(
         await telemetry_of(bus, cluster_name, prefill)
         result = await prefill_job("direct", decode_start=template, **to_decode)
         sent, reply_to = await asyncio.wait_for(starts.get(), 5)
-        assert sent == msgspec.structs.replace(template, first_token=result.first_token)
+        assert sent == msgspec.structs.replace(
+            template, token_ids=prompt, first_token=result.first_token
+        )
         assert reply_to == subjects.start_reply("direct", "conductor-t")
         # The same prompt gives the same first token: here one that ends the answer.
         ended = await prefill_job(

@@ -30,7 +30,10 @@ def test_the_start_the_prefill_sends_is_the_one_the_conductor_would_send_after_i
     assert template is not None and template.from_prefill and template.first_token is None
     progress.generated = [7]  # the prefill's first token
     relayed = progress.decode_start("r", "conductor-a")
-    filled = msgspec.structs.replace(template, first_token=7, from_prefill=False)
+    assert template.token_ids == []  # the prefill instance fills in its job's prompt
+    filled = msgspec.structs.replace(
+        template, token_ids=[1, 2, 3], first_token=7, from_prefill=False
+    )
     assert filled == relayed
 
 

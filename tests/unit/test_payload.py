@@ -1,10 +1,17 @@
-"""num_fitting: how many entries of a reply fit one NATS message, counted in encoded bytes."""
+"""How much fits one NATS message: entries of a reply (num_fitting), a request's sequence
+(sequence_bytes against sequence_room), counted in encoded bytes."""
 
 from __future__ import annotations
 
 from crescent.common.codec import encode
-from crescent.common.messages import ResentTokens, TokenChunk
-from crescent.common.payload import RESERVED_BYTES, num_fitting
+from crescent.common.messages import ResentTokens, SamplingParams, TokenChunk
+from crescent.common.payload import (
+    RESERVED_BYTES,
+    TOKEN_ID_BYTES,
+    num_fitting,
+    sequence_bytes,
+    sequence_room,
+)
 
 SHELL = ResentTokens(request_id="r", is_known=True)
 
@@ -35,3 +42,11 @@ def test_a_part_holds_the_most_whole_entries_within_the_limit():
 
 def test_an_entry_larger_than_the_room_still_goes_alone():
     assert num_fitting(SHELL, chunks(3, 2000), 2 << 10) == 1
+
+
+def test_a_sequence_counts_its_prompt_as_encoded_and_its_output_at_the_most():
+    small, large = [7] * 1000, [1 << 20] * 1000  # 1 and 5 bytes a token id
+    assert sequence_bytes(large, 0, 512) - sequence_bytes(small, 0, 512) == 4000
+    with_output = sequence_bytes(small, 10, 512) - sequence_bytes(small, 0, 512)
+    assert with_output == 10 * TOKEN_ID_BYTES  # two blocks either way
+    assert sequence_room(1 << 20, SamplingParams()) < (1 << 20)

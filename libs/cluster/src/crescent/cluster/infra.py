@@ -33,10 +33,22 @@ def etcd_binary() -> str:
     return str(binary)
 
 
-def nats_spec(port: int, name: str = "nats", monitor_port: int | None = None) -> ProcessSpec:
-    """`monitor_port`: also serve NATS's monitoring endpoints (/connz, /varz) there."""
+def nats_spec(
+    port: int, name: str = "nats", monitor_port: int | None = None, config: Path | None = None
+) -> ProcessSpec:
+    """`monitor_port`: also serve NATS's monitoring endpoints (/connz, /varz) there. `config`:
+    a nats-server configuration file (for settings it takes no flag for, like max_payload)."""
     monitoring = ["-m", str(monitor_port)] if monitor_port is not None else []
-    argv = [_venv_bin("nats-server"), "-a", "127.0.0.1", "-p", str(port), *monitoring]
+    configured = ["-c", str(config)] if config is not None else []
+    argv = [
+        _venv_bin("nats-server"),
+        *configured,
+        "-a",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        *monitoring,
+    ]
     return ProcessSpec(name=name, argv=argv, port=port)
 
 

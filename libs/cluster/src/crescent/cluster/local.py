@@ -45,6 +45,7 @@ class ClusterSpec:
     engine: str = "emulated"  # or "vllm": a real model from model_dir
     model_dir: Path | None = None
     block_size: int = 64  # tokens per stored KV block (vllm; a multiple of vLLM's 32)
+    nats_max_payload: int | None = None  # the NATS server's largest message; None: 1 MiB
     restart_backoff: Backoff = field(default_factory=Backoff)
 
     def nodes(self) -> dict[str, str]:
@@ -212,7 +213,7 @@ class LocalCluster:
         shutil.rmtree(self.spec.workdir / "etcd-data", ignore_errors=True)
         try:
             for spec in (
-                nats_spec(self.nats_port),
+                nats_spec(self.nats_port, config=self._nats_config()),
                 etcd_spec(self.etcd_port, self.spec.workdir / "etcd-data"),
             ):
                 self._launch(spec).wait_ready(timeout_s)
@@ -222,6 +223,13 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+
+    def _nats_config(self) -> Path | None:
+        if self.spec.nats_max_payload is None:
+            return None
+        config = self.spec.workdir / "nats.conf"
+        config.write_text(f"max_payload: {self.spec.nats_max_payload}\n")
+        return config
 
     def _launch(self, spec: ProcessSpec) -> ManagedProcess:
         process = ManagedProcess(spec, self.log_dir)

@@ -191,7 +191,8 @@ class PrefillJob(Message):
     conductor: OptionalId = ""
     assignment: AssignmentNumber = 0
     # The start the prefill instance sends decode_instance once its first token is out, that
-    # token filled in (DecodeStart.from_prefill); the decode answers on
+    # token and the prompt (token_ids, sent once, in the job) filled in
+    # (DecodeStart.from_prefill); the decode answers on
     # started.<stream_owner>.<request_id>. None: the conductor starts the decode itself.
     decode_start: DecodeStart | None = None
     # A first token among these ends the answer (a stop token, or the end of sequence): then no

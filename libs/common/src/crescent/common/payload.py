@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import msgspec
 
 from crescent.common.codec import Message, encode
+from crescent.common.hashing import HASH_BYTES
 
 # Room left in a message for what its entries do not count: the list's own length prefix and
 # the NATS protocol line around the payload are a few bytes; this is generous.
@@ -32,3 +33,28 @@ def num_fitting(shell: Message, entries: Sequence[msgspec.Struct], max_payload: 
         if room < 0:
             return max(num, 1)
     return len(entries)
+
+
+# A token id of output yet to come takes at most a msgpack uint32; a prefill job may carry the
+# hash of each of its blocks (a planned pull), with its bin header.
+TOKEN_ID_BYTES = 5
+BLOCK_HASH_BYTES = HASH_BYTES + 2
+# Room for the rest of a prefill job or decode start: ids, names, numbers, stop tokens.
+JOB_RESERVED_BYTES = 4 << 10
+
+
+def sequence_room(max_payload: int, sampling: msgspec.Struct) -> int:
+    """Bytes left for a request's sequence in the one message that carries it (a prefill job,
+    a decode start) beside its sampling (stop strings, a grammar...) and the other fields."""
+    return max_payload - len(_entry_encoder.encode(sampling)) - JOB_RESERVED_BYTES
+
+
+def sequence_bytes(token_ids: list[int], max_tokens: int, block_size: int) -> int:
+    """The most bytes the sequence takes there: the prompt as encoded, the output a decode
+    start carries after a move (TOKEN_ID_BYTES a token), and a prefill job's block hashes."""
+    num_blocks = (len(token_ids) + max_tokens) // block_size + 1
+    return (
+        len(_entry_encoder.encode(token_ids))
+        + max_tokens * TOKEN_ID_BYTES
+        + num_blocks * BLOCK_HASH_BYTES
+    )

@@ -118,6 +118,11 @@ class RequestFlow:
         self._eos_token_id = eos_token_id
         self._presence = Presence(bus, self._view)
 
+    @property
+    def max_payload(self) -> int:
+        """The largest message the NATS server takes: a request's jobs and starts must fit."""
+        return self._bus.max_payload
+
     async def generate(
         self,
         request_id: str,

@@ -22,6 +22,7 @@ from jinja2.exceptions import TemplateError
 from opentelemetry.trace import SpanKind
 
 from crescent.common.errors import RecoverableError, RequestTimeoutError
+from crescent.common.payload import sequence_bytes, sequence_room
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
 from crescent.conductor.autoscale import RatioLoop
@@ -141,6 +142,17 @@ class Generation:
                 f"({len(token_ids)} in the prompt, {max_tokens} to generate)",
                 param="prompt" if gen.api == "completions" else "messages",
                 code="context_length_exceeded",
+            )
+        room = sequence_room(self.flow.max_payload, gen.sampling)
+        size = sequence_bytes(token_ids, max_tokens, self.settings.block_size)
+        if size > room:
+            raise bad_request(
+                f"the request's {need} tokens ({len(token_ids)} in the prompt, {max_tokens} to "
+                f"generate) take up to {size} bytes in the one message that carries them, and "
+                f"this cluster's NATS server leaves {room} (its max_payload is "
+                f"{self.flow.max_payload} bytes)",
+                param="prompt" if gen.api == "completions" else "messages",
+                code="exceeds_message_size",
             )
         total = sum(
             s.kv_capacity_tokens for s in self.view.snapshot("decode", gen.model, time.monotonic())

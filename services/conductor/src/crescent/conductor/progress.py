@@ -64,13 +64,14 @@ class Progress:
 
     def start_after_prefill(self, attempt_id: str, stream_owner: str) -> DecodeStart | None:
         """The start a prefill instance sends the decode once its first token is out, which it
-        fills in (PrefillJob.decode_start): decode_start() as it will be after that token. None
-        where the conductor starts the decode itself: a replayed request (its decode
-        generates from the prompt), or one whose first token is its last."""
+        fills in (PrefillJob.decode_start), with the prompt, the job's own (so the job carries
+        the prompt once): decode_start() as it will be after that token. None where the
+        conductor starts the decode itself: a replayed request (its decode generates from the
+        prompt), or one whose first token is its last."""
         if self.is_replayed or self.generated or self.max_tokens <= 1:
             return None
         start = self._continued(attempt_id, stream_owner, [], None)
-        return msgspec.structs.replace(start, from_prefill=True)
+        return msgspec.structs.replace(start, token_ids=[], from_prefill=True)
 
     def _continued(
         self, attempt_id: str, stream_owner: str, earlier: list[int], last_token: int | None

@@ -372,7 +372,9 @@ class PrefillWorker:
         if start is not None and output.first_token not in job.ends_on_first:
             await self._runtime.bus.publish(
                 self._runtime.subjects.decode_start(job.decode_instance),
-                msgspec.structs.replace(start, first_token=output.first_token),
+                msgspec.structs.replace(
+                    start, token_ids=job.token_ids, first_token=output.first_token
+                ),
                 reply=self._runtime.subjects.start_reply(start.request_id, start.stream_owner),
             )
         return PrefillResult(
