@@ -65,7 +65,7 @@ def test_limits_are_checked():
 
 async def test_sent_streams_hold_every_chunk_until_memory_runs_out_after_the_end():
     sent, chunker = recorder()
-    streams = SentStreams(memory_s=10.0)
+    streams = SentStreams(memory_s=10.0, max_bytes=1 << 20)
     streams.open(chunker)
     for token in range(6):
         await chunker.add([token], [], None)
@@ -77,3 +77,20 @@ async def test_sent_streams_hold_every_chunk_until_memory_runs_out_after_the_end
     assert streams.since("r", len(sent), now=105.0) == []  # known, nothing after
     assert streams.since("r", 0, now=110.5) is None  # forgotten
     assert streams.since("other", 0, now=105.0) is None
+
+
+async def test_sent_streams_forget_the_oldest_ended_stream_past_their_bytes():
+    async def publish(chunk: TokenChunk) -> None:
+        pass
+
+    streams = SentStreams(memory_s=60.0, max_bytes=3000)
+    for request_id in ("first", "second"):
+        chunker = TokenChunker(request_id, publish, ChunkLimits(max_tokens=4, max_delay_s=0.05))
+        streams.open(chunker)
+        for token in range(20):  # five chunks, ~1,700 bytes held
+            await chunker.add([token], [], None)
+        await chunker.add([20], [], "length")
+        await chunker.close()
+        streams.end(request_id, now=1.0)
+    assert streams.since("first", 0, now=2.0) is None
+    assert len(streams.since("second", 0, now=2.0)) == 6

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from crescent.common.errors import ConfigError
+from crescent.common.held_bytes import chunks_bytes
 from crescent.common.messages import TokenChunk, TokenLogprobs
 from crescent.common.recent import Recent
 
@@ -146,11 +147,12 @@ class TokenChunker:
 
 class SentStreams:
     """The chunks of each stream this instance sends, kept `memory_s` past the stream's end
-    (ResendTokens): a drop can lose the last chunks, the final one among them."""
+    (ResendTokens): a drop can lose the last chunks, the final one among them. Ended streams
+    hold at most about `max_bytes`, the oldest forgotten first."""
 
-    def __init__(self, memory_s: float) -> None:
+    def __init__(self, memory_s: float, max_bytes: int) -> None:
         self._open: dict[str, TokenChunker] = {}
-        self._ended: Recent[str, list[TokenChunk]] = Recent(memory_s)
+        self._ended: Recent[str, list[TokenChunk]] = Recent(memory_s, max_bytes)
 
     def open(self, chunker: TokenChunker) -> None:
         self._open[chunker.request_id] = chunker
@@ -159,7 +161,7 @@ class SentStreams:
         """The stream sends no more: keep its chunks until `now` + memory_s."""
         chunker = self._open.pop(request_id, None)
         if chunker is not None:
-            self._ended.put(request_id, chunker.sent, now)
+            self._ended.put(request_id, chunker.sent, now, chunks_bytes(chunker.sent))
 
     def since(self, request_id: str, from_seq: int, now: float) -> list[TokenChunk] | None:
         """The stream's chunks from `from_seq` on; None when there is no such stream here."""

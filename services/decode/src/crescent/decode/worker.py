@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 
 CANCEL_MEMORY_S = 60.0
 RESEND_MEMORY_S = 60.0  # how long a finished stream's chunks can be asked for again
+RESEND_MEMORY_BYTES = 256 << 20  # and what they may hold together (20 logprobs a token: ~1.5 KB)
 EMULATED_KV_CAPACITY_TOKENS = 262144
 DRAIN_POLL_S = 0.05
 HAND_BACK_TIMEOUT_S = 5.0
@@ -108,7 +109,7 @@ class DecodeWorker:
         self.chunk_limits = settings.chunk_limits()
         self.cluster_config: ConfigFollower | None = None  # its TBT SLO gates admission
         self._generations: dict[str, asyncio.Task] = {}
-        self._sent = SentStreams(RESEND_MEMORY_S)
+        self._sent = SentStreams(RESEND_MEMORY_S, RESEND_MEMORY_BYTES)
         # request id → until when a late start is refused: it was cancelled, or its reservation
         # was refused here (its prefill instance may send the start all the same)
         self._closed: Recent[str, bool] = Recent(CANCEL_MEMORY_S)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from crescent.common.errors import RecoverableError
+from crescent.common.held_bytes import result_bytes
 from crescent.common.messages import PrefillResult
 from crescent.common.recent import Recent
 
@@ -20,9 +21,12 @@ class JobUnknown(RecoverableError):
 
 
 class JobOutcomes:
-    def __init__(self, memory_s: float) -> None:
+    """Each job's outcome while it runs and `memory_s` after; ended jobs' results hold at most
+    about `max_bytes` (a long prompt's logprobs are megabytes), the oldest forgotten first."""
+
+    def __init__(self, memory_s: float, max_bytes: int) -> None:
         self._running: dict[str, asyncio.Future[PrefillResult]] = {}
-        self._ended: Recent[str, asyncio.Future[PrefillResult]] = Recent(memory_s)
+        self._ended: Recent[str, asyncio.Future[PrefillResult]] = Recent(memory_s, max_bytes)
 
     def open(self, job_id: str) -> asyncio.Future[PrefillResult]:
         """The future of a job starting now: its result, its error, or cancelled."""
@@ -36,7 +40,7 @@ class JobOutcomes:
         """The job is done: keep its outcome until `now` + memory_s."""
         outcome = self._running.pop(job_id, None)
         if outcome is not None:
-            self._ended.put(job_id, outcome, now)
+            self._ended.put(job_id, outcome, now, _held_bytes(outcome))
 
     async def result(self, job_id: str, wait_s: float, now: float) -> PrefillResult:
         """The job's result, or the error it ended with, within `wait_s`; JobRunning past it."""
@@ -51,3 +55,10 @@ class JobOutcomes:
             if outcome.cancelled():  # cancelled while this waited; this task goes on
                 raise JobUnknown(f"job {job_id} was cancelled") from None
             raise
+
+
+def _held_bytes(outcome: asyncio.Future[PrefillResult]) -> int:
+    """What a job's outcome holds: its result's logprobs; an error or a cancel next to nothing."""
+    if outcome.done() and not outcome.cancelled() and outcome.exception() is None:
+        return result_bytes(outcome.result())
+    return 0

@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 
 DRAIN_POLL_S = 0.05
 RESULT_MEMORY_S = 60.0  # how long a finished job's result can be asked for again
+RESULT_MEMORY_BYTES = 256 << 20  # and what they may hold together (prompt logprobs)
 
 
 class JobRejected(RecoverableError):
@@ -98,7 +99,7 @@ class PrefillWorker:
         self._predicted_s: dict[str, float] = {}  # queued or running job → predicted prefill time
         self._computing_since: dict[str, float] = {}  # jobs inside the engine → monotonic start
         self._jobs: dict[str, asyncio.Task] = {}  # queued or running job → the task running it
-        self._outcomes = JobOutcomes(RESULT_MEMORY_S)
+        self._outcomes = JobOutcomes(RESULT_MEMORY_S, RESULT_MEMORY_BYTES)
         self.received = ReceivedAssignments()  # which conductors' jobs and cancels load() counts
         # one job at a time unless --prefill-batch-tokens lets vLLM batch several; emulated: one
         self._gate = ComputeGate(settings.prefill_batch_tokens if self.is_vllm else 0)
@@ -259,9 +260,10 @@ class PrefillWorker:
         except Exception as exc:
             outcome.set_exception(exc)
             raise
+        else:
+            outcome.set_result(result)
         finally:
             self._outcomes.end(job.request_id, time.monotonic())
-        outcome.set_result(result)
         return self._part(result, 0)
 
     async def result(self, ask: PrefillResultAsk) -> PrefillResult:
