@@ -21,6 +21,7 @@ from crescent.common.messages import (
     ResentTokens,
     Reservation,
     ReservationReply,
+    SamplingParams,
     TokenChunk,
 )
 from crescent.common.naming import Subjects
@@ -78,12 +79,18 @@ async def decode_worker(infra, cluster_name, tmp_path):
     await bus.drain()
 
 
-async def generate(bus: Bus, cluster: str, request_id: str) -> list[TokenChunk]:
+async def generate(
+    bus: Bus,
+    cluster: str,
+    request_id: str,
+    max_tokens: int = NUM_TOKENS,
+    sampling: SamplingParams | None = None,
+) -> list[TokenChunk]:
     """Every message on tokens.<request_id> for one request, as it was sent."""
     subjects = Subjects(cluster)
     reply = await bus.request(
         subjects.decode_reserve("decode-a"),
-        Reservation(request_id=request_id, num_prompt_tokens=16, max_tokens=NUM_TOKENS),
+        Reservation(request_id=request_id, num_prompt_tokens=16, max_tokens=max_tokens),
         ReservationReply,
         5,
     )
@@ -104,7 +111,8 @@ async def generate(bus: Bus, cluster: str, request_id: str) -> list[TokenChunk]:
                 request_id=request_id,
                 token_ids=list(range(1, 17)),
                 first_token=5,
-                max_tokens=NUM_TOKENS,
+                max_tokens=max_tokens,
+                sampling=sampling or SamplingParams(),
             ),
             Ack,
             5,
