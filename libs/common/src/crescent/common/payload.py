@@ -7,8 +7,6 @@ again) go out in parts, each holding as many whole entries as fit."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import msgspec
 
 from crescent.common.codec import Message, encode
@@ -21,12 +19,12 @@ RESERVED_BYTES = 1024
 _entry_encoder = msgspec.msgpack.Encoder()
 
 
-def num_fitting(shell: Message, entries: Sequence[msgspec.Struct], max_payload: int) -> int:
+def num_fitting(shell: Message, entries: list[msgspec.Struct], max_payload: int) -> int:
     """How many of `entries`, from the first, fit one message of at most `max_payload` bytes
     next to `shell` (the message without them). At least one, so every part moves a reply on
     (an entry alone is far smaller than any payload limit)."""
     room = max_payload - len(encode(shell)) - RESERVED_BYTES
-    if len(_entry_encoder.encode(list(entries))) <= room:  # the usual case, in one encode
+    if len(_entry_encoder.encode(entries)) <= room:  # the usual case, in one encode
         return len(entries)
     for num, entry in enumerate(entries):
         room -= len(_entry_encoder.encode(entry))

@@ -28,6 +28,7 @@ async def whole_result(
     by part, each within `timeout_s`."""
     logprobs = list(first.prompt_logprobs)
     num_left = first.num_prompt_logprobs_left
+    subject = subjects.prefill_result(prefill_id)
     with tracer().start_as_current_span("conductor.prompt_logprobs") as span:
         span.set_attribute("crescent.prefill_instance", prefill_id)
         span.set_attribute("crescent.num_logprobs", len(logprobs) + num_left)
@@ -35,7 +36,6 @@ async def whole_result(
             ask = PrefillResultAsk(
                 request_id=job_id, wait_s=ASK_WAIT_S, prompt_logprobs_from=len(logprobs)
             )
-            subject = subjects.prefill_result(prefill_id)
             part = await bus.request(subject, ask, PrefillResult, timeout_s)
             if not part.prompt_logprobs or part.num_prompt_logprobs_left >= num_left:
                 raise RemoteError(
