@@ -14,7 +14,13 @@ from crescent.cluster.infra import etcd_spec, nats_spec
 from crescent.cluster.processes import ManagedProcess
 from crescent.common.bus import Bus
 from crescent.common.errors import RemoteError
-from crescent.common.messages import ResendTokens, ResentTokens, SamplingParams, TokenChunk
+from crescent.common.messages import (
+    REPLY_TOO_LARGE,
+    ResendTokens,
+    ResentTokens,
+    SamplingParams,
+    TokenChunk,
+)
 from crescent.common.naming import Subjects
 from crescent.common.ports import free_port
 
@@ -61,7 +67,7 @@ async def test_a_reply_over_the_servers_limit_is_an_error_at_once(infra):
         await server.serve("big", ResendTokens, too_large)
         with pytest.raises(RemoteError) as refused:
             await client.request("big", ResendTokens(request_id="r", from_seq=0), ResentTokens, 30)
-        assert refused.value.code == "reply_too_large"
+        assert refused.value.code == REPLY_TOO_LARGE
         assert f"over the NATS server's max_payload of {MAX_PAYLOAD}" in refused.value.message
     finally:
         await client.drain()

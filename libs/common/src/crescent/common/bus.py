@@ -35,7 +35,7 @@ from crescent.common.errors import (
     RequestTimeoutError,
     UnreachableError,
 )
-from crescent.common.messages import ErrorReply
+from crescent.common.messages import REPLY_TOO_LARGE, ErrorReply
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +333,7 @@ class Bus:
             f"of {self.max_payload}"
         )
         log.error("reply too large to send", extra={"subject": subject, "error": message})
-        return encode(ErrorReply(code="reply_too_large", message=message))
+        return encode(ErrorReply(code=REPLY_TOO_LARGE, message=message))
 
     async def subscribe(
         self, subject: str, message_type: Any, handler: Callable[[Any], None]

@@ -53,6 +53,11 @@ class ErrorReply(Message):
     message: str
 
 
+REPLY_TOO_LARGE = "reply_too_large"
+"""ErrorReply.code of a reply the NATS server would refuse for its size (Bus._sendable): asking
+another instance the same would get the same answer."""
+
+
 class Ack(Message):
     request_id: Id
 

@@ -53,12 +53,11 @@ from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
 from crescent.conductor.flow_errors import (
-    INVALID_REQUEST,
     MOVABLE_ERRORS,
     START_REFUSED,
     RejectedError,
-    RequestRefusedError,
     StreamBrokenError,
+    not_to_move,
 )
 from crescent.conductor.flow_state import (
     Attempt,
@@ -405,8 +404,9 @@ class RequestFlow:
                 is_handed_over = True
                 return Prefilled(result, started)
             except MOVABLE_ERRORS as exc:
-                if isinstance(exc, RemoteError) and exc.code == INVALID_REQUEST:
-                    raise RequestRefusedError(exc.message) from exc
+                failure = not_to_move(exc)
+                if failure is not None:
+                    raise failure from exc
                 if num_moves >= MAX_MIGRATIONS:
                     raise
                 num_moves += 1

@@ -9,6 +9,7 @@ from crescent.common.errors import (
     RecoverableError,
     RemoteError,
 )
+from crescent.common.messages import REPLY_TOO_LARGE
 from crescent.conductor.policy import Rejection
 
 
@@ -32,6 +33,10 @@ class RequestRefusedError(RecoverableError):
     """An engine refused the request's parameters (InvalidRequestError): the client's to fix."""
 
 
+class UnsendableReplyError(RecoverableError):
+    """An instance's reply to the request was too large for one NATS message."""
+
+
 INVALID_REQUEST = "InvalidRequestError"  # the code of an engine's refusal (crescent.engine.base)
 START_REFUSED = "StartRefused"  # a decode's refusal to admit a start (DecodeStart.admit)
 JOB_RUNNING = "JobRunning"  # a prefill job asked about again is not done yet (PrefillResultAsk)
@@ -46,3 +51,15 @@ MOVABLE_ERRORS = (
     RemoteError,
 )
 """Failures after which a request is moved to another instance rather than failed."""
+
+
+def not_to_move(exc: Exception) -> RecoverableError | None:
+    """The error to fail a request with where any instance would answer it as this one did
+    (its engine refused the parameters; its reply was too large to send), so a move would only
+    repeat the failure and mark a healthy instance gone; None where moving it may help."""
+    if isinstance(exc, RemoteError):
+        if exc.code == INVALID_REQUEST:
+            return RequestRefusedError(exc.message)
+        if exc.code == REPLY_TOO_LARGE:
+            return UnsendableReplyError(str(exc))
+    return None
