@@ -28,6 +28,7 @@ def test_text_and_token_prompts():
         ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),
         ({"model": "m", "prompt": "x", "temperature": 3}, "temperature"),
         ({"model": "m", "prompt": "x", "top_p": -0.1}, "top_p"),
+        ({"model": "m", "prompt": "x", "top_p": 0}, "top_p"),  # vLLM takes (0, 1]
         ({"model": "m", "prompt": "x", "n": 0}, "n"),
         ({"model": "m", "prompt": "x", "n": 129}, "n"),
         ({"model": "m", "prompt": "x", "stream": "yes"}, "stream"),

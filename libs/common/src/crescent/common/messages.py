@@ -304,6 +304,9 @@ class TokenChunk(Message):
     is_final: bool = False
     finish_reason: Name | None = None
     error: str | None = None
+    # The kind of error, as ErrorReply.code: InvalidRequestError when the engine refused the
+    # request's parameters, which no other instance would take either.
+    error_code: Name | None = None
     # On the first chunk of a prompt the decode instance computed itself (conditional
     # disaggregation): its tokens that were loaded from the store, not computed.
     num_cached_tokens: TokenCount | None = None

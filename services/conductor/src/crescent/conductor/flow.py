@@ -53,9 +53,11 @@ from crescent.common.naming import Subjects
 from crescent.common.tracing import tracer
 from crescent.conductor import metrics
 from crescent.conductor.flow_errors import (
+    INVALID_REQUEST,
     MOVABLE_ERRORS,
     START_REFUSED,
     RejectedError,
+    RequestRefusedError,
     StreamBrokenError,
     not_to_move,
 )
@@ -607,6 +609,8 @@ class RequestFlow:
             if not order.is_next(chunk):
                 continue
             if chunk.error:
+                if chunk.error_code == INVALID_REQUEST:  # any other instance would refuse it too
+                    raise RequestRefusedError(chunk.error)
                 raise StreamBrokenError(f"decode {decode_id} failed: {chunk.error}")
             if chunk.num_cached_tokens is not None:  # the decode computed the prompt
                 self._scheduler.on_computed_on_decode(

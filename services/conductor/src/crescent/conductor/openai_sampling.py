@@ -39,7 +39,7 @@ def parse_sampling(body: Mapping) -> SamplingParams:
     top_k = integer(body, "top_k", 0, -1, MAX_TOP_K)
     return SamplingParams(
         temperature=number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=number(body, "top_p", 1.0, 0.0, 1.0),
+        top_p=number(body, "top_p", 1.0, 0.0, 1.0, low_is_open=True),
         top_k=top_k,
         min_p=number(body, "min_p", 0.0, 0.0, 1.0),
         seed=seed,

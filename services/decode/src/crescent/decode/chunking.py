@@ -96,13 +96,19 @@ class TokenChunker:
                 self.limits.max_delay_s, self._on_delay
             )
 
-    async def fail(self, error: str, finish_reason: str) -> None:
+    async def fail(self, error: str, finish_reason: str, error_code: str | None = None) -> None:
         """The generation broke: what is held goes out, then a final chunk carrying the error."""
         await self.flush()
-        await self.flush(is_final=True, finish_reason=finish_reason, error=error)
+        await self.flush(
+            is_final=True, finish_reason=finish_reason, error=error, error_code=error_code
+        )
 
     async def flush(
-        self, is_final: bool = False, finish_reason: str | None = None, error: str | None = None
+        self,
+        is_final: bool = False,
+        finish_reason: str | None = None,
+        error: str | None = None,
+        error_code: str | None = None,
     ) -> None:
         """Send what is held (a final chunk even when nothing is)."""
         self._cancel_timer()
@@ -118,6 +124,7 @@ class TokenChunker:
                 is_final=is_final,
                 finish_reason=finish_reason,
                 error=error,
+                error_code=error_code,
                 num_cached_tokens=self.num_cached_tokens if self.num_chunks == 0 else None,
             )
             self._token_ids, self._logprobs = [], []

@@ -43,7 +43,7 @@ from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
 from crescent.decode.admission import KvLedger, TbtCheck
 from crescent.decode.chunking import ChunkLimits, SentStreams, TokenChunker
-from crescent.engine.base import FINISH_ABORT
+from crescent.engine.base import FINISH_ABORT, InvalidRequestError
 from crescent.engine.costs import emulated_profile, resolve_profile
 from crescent.engine.factory import build_engine
 from crescent.engine.settings import EngineSettings
@@ -359,6 +359,12 @@ class DecodeWorker:
             if start.request_id in self._handed_back:  # drain deadline: its conductor moves it on
                 await chunker.fail("decode instance draining: continue elsewhere", FINISH_ABORT)
             raise
+        except InvalidRequestError as exc:
+            log.info(
+                "engine refused the request",
+                extra={"request_id": start.request_id, "error": str(exc)},
+            )
+            await chunker.fail(str(exc), FINISH_ABORT, type(exc).__name__)
         except Exception as exc:
             log.exception("generation failed", extra={"request_id": start.request_id})
             await chunker.fail(repr(exc), FINISH_ABORT)

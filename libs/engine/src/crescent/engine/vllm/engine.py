@@ -13,6 +13,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from vllm.exceptions import VLLMValidationError
+
 from crescent.common import tracing
 from crescent.common.checkpoint import Checkpoint, inspect_checkpoint
 from crescent.common.errors import ConfigError, RecoverableError
@@ -23,6 +25,11 @@ from crescent.engine.vllm.connector import PARAM_LOAD, PARAM_SAVE_TO, PARAM_TRAC
 from crescent.engine.vllm.sampling import output_logprobs, prompt_logprobs, vllm_params
 
 log = logging.getLogger(__name__)
+
+# What vLLM raises for a request it refuses: its input checks (ValueError) and its checks of the
+# sampling parameters and structured output (VLLMValidationError, which is not a ValueError).
+# Either is the client's to fix, never a failed instance.
+VLLM_REFUSALS = (ValueError, VLLMValidationError)
 
 
 class EngineRequestError(RecoverableError):
@@ -216,7 +223,7 @@ class VllmEngine:
         )
         try:
             return vllm_params(sampling, max_tokens, extra)
-        except ValueError as exc:  # vLLM's own checks of each parameter
+        except VLLM_REFUSALS as exc:
             raise InvalidRequestError(str(exc)) from exc
 
     def _check_length(self, num_tokens: int) -> None:
@@ -259,7 +266,7 @@ class VllmEngine:
                     token_ids, output.prompt_logprobs, sampling.prompt_logprobs
                 )
                 num_cached = output.num_cached_tokens or num_cached
-        except ValueError as exc:
+        except VLLM_REFUSALS as exc:
             raise InvalidRequestError(str(exc)) from exc
         if first is None:
             raise EngineRequestError(f"prefill of {request_id} produced no token")
@@ -312,7 +319,7 @@ class VllmEngine:
                     logprobs=output_logprobs(new_tokens, completion.logprobs, sampling.logprobs),
                 )
                 is_first = False
-        except ValueError as exc:
+        except VLLM_REFUSALS as exc:
             raise InvalidRequestError(str(exc)) from exc
         if not finished:
             yield DecodeStep([], FINISH_ABORT)
