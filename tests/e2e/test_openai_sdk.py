@@ -107,6 +107,24 @@ def test_n_choices_whole_and_streamed(client):
     assert len(completion.choices) == 2 and completion.choices[0].text == completion.choices[1].text
 
 
+def test_a_batch_of_prompts_answers_each_as_if_it_came_alone(client):
+    prompts = ["the first prompt", "a second one", list(b"third")]
+    alone = [
+        client.completions.create(model=MODEL, prompt=p, max_tokens=5, echo=True) for p in prompts
+    ]
+    fields = {"model": MODEL, "prompt": prompts, "max_tokens": 5, "n": 2, "echo": True}
+    batch = client.completions.create(**fields)
+    assert [c.index for c in batch.choices] == list(range(6))  # prompt by prompt, n each
+    assert [c.text for c in batch.choices] == [a.choices[0].text for a in alone for _ in "ab"]
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert batch.usage.completion_tokens == 6 * 5
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(**fields, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert streamed == {c.index: c.text for c in batch.choices}
+
+
 def test_echo_whole_and_streamed(client):
     plain = client.completions.create(model=MODEL, prompt="the prompt", max_tokens=5)
     echoed = client.completions.create(model=MODEL, prompt="the prompt", max_tokens=5, echo=True)

@@ -11,6 +11,19 @@ def test_text_and_token_prompts():
     assert parse_completion({"model": "m", "prompt": "hi"}).max_tokens == 16
 
 
+def test_a_batch_of_prompts_is_one_request_per_prompt_in_order():
+    request = parse_completion({"model": "m", "prompt": ["a", [5, 6], "b"], "n": 2, "seed": 3})
+    one = request.one_per_prompt()
+    assert [(r.prompt_text, r.prompt_token_ids) for r in one] == [
+        ("a", None),
+        (None, [5, 6]),
+        ("b", None),
+    ]
+    assert all(r.n == 2 and r.sampling.seed == 3 and not r.prompt_batch for r in one)
+    single = parse_completion({"model": "m", "prompt": "a"})
+    assert single.one_per_prompt() == [single]
+
+
 @pytest.mark.parametrize(
     "body, param",
     [
@@ -22,7 +35,10 @@ def test_text_and_token_prompts():
         ({"model": "m", "prompt": 5}, "prompt"),
         ({"model": "m", "prompt": [1, "a"]}, "prompt"),
         ({"model": "m", "prompt": [-1]}, "prompt"),
-        ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+        ({"model": "m", "prompt": ["a", ""]}, "prompt"),
+        ({"model": "m", "prompt": [[1], []]}, "prompt"),
+        ({"model": "m", "prompt": [[1], [-1]]}, "prompt"),
+        ({"model": "m", "prompt": ["a"] * 129, "n": 2}, "prompt"),  # 258 choices
         ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"model": "m", "prompt": "x", "max_tokens": "5"}, "max_tokens"),
         ({"model": "m", "prompt": "x", "max_tokens": True}, "max_tokens"),

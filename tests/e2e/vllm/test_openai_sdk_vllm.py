@@ -253,6 +253,16 @@ def test_sampling_knobs(client, model, reference, tokenizer):
     assert result.choices[0].text == tokenizer.decode(want) and len(want) > 6
 
 
+def test_a_batch_of_prompts_gives_plain_vllms_tokens_for_each(client, model, reference, tokenizer):
+    prompts = [prompt_tokens(30, seed=31), prompt_tokens(600, seed=32), prompt_tokens(5, seed=33)]
+    result = client.completions.create(
+        model=model, prompt=prompts, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+    )
+    want = [plain_vllm(reference, p, 8, temperature=0, ignore_eos=True)[0] for p in prompts]
+    assert [c.text for c in result.choices] == [tokenizer.decode(w) for w in want]
+    assert result.usage.prompt_tokens == sum(map(len, prompts))
+
+
 def test_n_choices_are_seeded_seed_plus_index(client, model):
     together = client.chat.completions.create(
         model=model,

@@ -53,8 +53,10 @@ class Choice:
         tokenizer,
         prompt_ids: list[int],
         echo_text: str = "",
+        prompt_index: int = 0,
     ) -> None:
         self.index = index
+        self.prompt_index = prompt_index  # which of a batch's prompts it answers
         self.request = request
         self._tokenizer = tokenizer
         self._prompt_ids = prompt_ids

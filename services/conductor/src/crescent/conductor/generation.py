@@ -49,6 +49,8 @@ from crescent.conductor.settings import ConductorSettings
 
 _ID_PREFIX = {"completions": "cmpl-", "chat": "chatcmpl-", "responses": "resp_"}
 
+Prompt = tuple[GenerationRequest, list[int], int]  # one prompt's request, tokens and max_tokens
+
 
 class Generation:
     """The handlers of the generating endpoints, sharing one tokenizer and one flow."""
@@ -101,7 +103,7 @@ class Generation:
                 param="input" if gen.api == "responses" else "messages",
             ) from exc
 
-    def _tokens(self, gen: GenerationRequest) -> tuple[GenerationRequest, list[int], int]:
+    def _tokens(self, gen: GenerationRequest) -> Prompt:
         """The request as the model serves it, its prompt tokens and max_tokens, checked against
         the model's context and the cluster's KV room."""
         served = self.view.models()
@@ -166,29 +168,37 @@ class Generation:
             )
         return gen, token_ids, max_tokens
 
-    def _choices(self, gen: GenerationRequest, token_ids: list[int]) -> list[Choice]:
-        echo_text = ""
-        if gen.echo:
-            echo_text = (
-                gen.prompt_text if gen.prompt_text is not None else self.tokenizer.decode(token_ids)
-            )
-        return [Choice(i, gen, self.tokenizer, token_ids, echo_text) for i in range(gen.n)]
+    def _choices(self, prompts: list[Prompt]) -> list[Choice]:
+        choices = []
+        for number, (gen, token_ids, _) in enumerate(prompts):
+            echo_text = ""
+            if gen.echo:
+                echo_text = (
+                    gen.prompt_text
+                    if gen.prompt_text is not None
+                    else self.tokenizer.decode(token_ids)
+                )
+            choices += [
+                Choice(len(choices) + i, gen, self.tokenizer, token_ids, echo_text, number)
+                for i in range(gen.n)
+            ]
+        return choices
 
-    def _streams(
-        self, gen: GenerationRequest, request_id: str, token_ids: list[int], max_tokens: int
-    ) -> list:
-        sampling = gen.sampling
+    def _streams(self, prompts: list[Prompt], request_id: str) -> list:
         streams = []
-        for i in range(gen.n):
-            choice_sampling = sampling
-            if sampling.seed is not None and i:
-                choice_sampling = msgspec.structs.replace(
-                    sampling, seed=sampling.seed + i
-                )  # < 2**64
-            choice_id = request_id if gen.n == 1 else f"{request_id}-{i}"
-            streams.append(
-                self.flow.generate(choice_id, gen.model, token_ids, max_tokens, choice_sampling)
-            )
+        for number, (gen, token_ids, max_tokens) in enumerate(prompts):
+            prompt_id = request_id if len(prompts) == 1 else f"{request_id}-{number}"
+            sampling = gen.sampling
+            for i in range(gen.n):
+                choice_sampling = sampling
+                if sampling.seed is not None and i:
+                    choice_sampling = msgspec.structs.replace(
+                        sampling, seed=sampling.seed + i
+                    )  # < 2**64
+                choice_id = prompt_id if gen.n == 1 else f"{prompt_id}-{i}"
+                streams.append(
+                    self.flow.generate(choice_id, gen.model, token_ids, max_tokens, choice_sampling)
+                )
         return streams
 
     async def _generate(
@@ -197,30 +207,32 @@ class Generation:
         parse: Callable[[Any], GenerationRequest],
     ) -> web.StreamResponse:
         arrived = time.monotonic()
-        gen = parse(await read_json(request, self.settings.body_timeout_s))
-        gen, token_ids, max_tokens = self._tokens(gen)
+        parsed = parse(await read_json(request, self.settings.body_timeout_s))
+        prompts = [self._tokens(one) for one in parsed.one_per_prompt()]
+        gen = prompts[0][0]
+        num_prompt_tokens = sum(len(token_ids) for _, token_ids, _ in prompts)
         request_id = _ID_PREFIX[gen.api] + secrets.token_hex(12)
         request[REQUEST_ID] = request_id
         metrics.INFLIGHT.inc()
         self.num_inflight += 1
-        metrics.PROMPT_TOKENS.inc(len(token_ids))
+        metrics.PROMPT_TOKENS.inc(num_prompt_tokens)
         outcome = "error"
         headers = {"X-Request-Id": request_id}
         try:
             with tracer().start_as_current_span("conductor.request", kind=SpanKind.SERVER) as span:
                 span.set_attribute("crescent.request_id", request_id)
-                span.set_attribute("crescent.num_prompt_tokens", len(token_ids))
-                span.set_attribute("crescent.num_choices", gen.n)
+                span.set_attribute("crescent.num_prompt_tokens", num_prompt_tokens)
+                span.set_attribute("crescent.num_choices", gen.n * len(prompts))
                 renderer_type = ResponsesRenderer if gen.api == "responses" else OpenAIRenderer
                 relay = Relay(
-                    self._choices(gen, token_ids),
+                    self._choices(prompts),
                     renderer_type(gen, request_id, int(time.time())),
                     request_id,
-                    len(token_ids),
+                    num_prompt_tokens,
                     arrived,
                     self.ratio.window(gen.model) if self.ratio is not None else None,
                 )
-                streams = self._streams(gen, request_id, token_ids, max_tokens)
+                streams = self._streams(prompts, request_id)
                 if gen.stream:
                     response = await relay.stream(request, streams)
                 else:

@@ -11,7 +11,7 @@ checked once the model is known (model_checks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 import msgspec
@@ -43,6 +43,9 @@ __all__ = [
 ]
 
 MAX_N = 128  # choices per request, as OpenAI allows
+# Choices of one /v1/completions request over all its prompts: each is a request through the
+# cluster, and one that cannot be placed fails the whole response.
+MAX_BATCH_CHOICES = 256
 _TOKEN_IDS = list[Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]]
 
 # Fields known and not implemented, with the values that ask for nothing; any other value is a 400.
@@ -89,11 +92,29 @@ class GenerationRequest:
     stream: bool = False
     include_usage: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    # A /v1/completions request that sends several prompts (an array of strings or of token-id
+    # arrays) has them here, and neither prompt_text nor prompt_token_ids.
+    prompt_batch: list[str | list[int]] = field(default_factory=list)
 
     @property
     def is_chat(self) -> bool:
         """Rendered through the chat template (chat and responses)."""
         return self.api != "completions"
+
+    def one_per_prompt(self) -> list[GenerationRequest]:
+        """The request as one request per prompt, in order: its choices are answered as if
+        each prompt came alone, their indexes running on from one prompt's to the next's."""
+        if not self.prompt_batch:
+            return [self]
+        return [
+            replace(
+                self,
+                prompt_text=prompt if isinstance(prompt, str) else None,
+                prompt_token_ids=prompt if isinstance(prompt, list) else None,
+                prompt_batch=[],
+            )
+            for prompt in self.prompt_batch
+        ]
 
 
 def parse_common(
@@ -143,12 +164,24 @@ def parse_completion(body: Any) -> GenerationRequest:
     )
     prompt = get(body, "prompt", (str, list))
     if isinstance(prompt, str):
-        if not prompt:
-            raise bad_request("'prompt' must not be empty", param="prompt")
-        request.prompt_text = prompt
+        request.prompt_text = _text(prompt)
+    elif prompt and all(isinstance(p, (str, list)) for p in prompt):
+        if len(prompt) * request.n > MAX_BATCH_CHOICES:
+            raise bad_request(
+                f"{len(prompt)} prompts with n={request.n} are {len(prompt) * request.n} "
+                f"choices; a request may have at most {MAX_BATCH_CHOICES}",
+                param="prompt",
+            )
+        request.prompt_batch = [_text(p) if isinstance(p, str) else _token_ids(p) for p in prompt]
     else:
         request.prompt_token_ids = _token_ids(prompt)
     return request
+
+
+def _text(prompt: str) -> str:
+    if not prompt:
+        raise bad_request("'prompt' must not be empty", param="prompt")
+    return prompt
 
 
 def _token_ids(prompt: list[Any]) -> list[int]:
@@ -164,11 +197,10 @@ def _token_ids(prompt: list[Any]) -> list[int]:
         raise bad_request(
             "token ids in 'prompt' must be non-negative 64-bit integers", param="prompt"
         )
-    if prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise bad_request(
-            "batched prompts are not supported: send one prompt per request", param="prompt"
-        )
-    raise bad_request("'prompt' must be a non-empty string or array of token ids", param="prompt")
+    raise bad_request(
+        "'prompt' must be a non-empty string or array of token ids, or an array of those",
+        param="prompt",
+    )
 
 
 def parse_chat(body: Any) -> GenerationRequest:

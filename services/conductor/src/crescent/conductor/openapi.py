@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from crescent.common.bounds import MAX_STOP_TOKENS
-from crescent.conductor.openai_api import INT64_MAX, INT64_MIN, MAX_N
+from crescent.conductor.openai_api import INT64_MAX, INT64_MIN, MAX_BATCH_CHOICES, MAX_N
 from crescent.conductor.openai_sampling import MAX_LOGPROBS, MAX_REPETITION_PENALTY, MAX_TOP_K
 
 _ERROR = {
@@ -93,7 +93,7 @@ _RESPONSE_FORMAT = {
 }
 _COMMON = {
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "top_p": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
     "top_k": {
         "type": "integer",
         "minimum": -1,
@@ -139,6 +139,12 @@ _SAMPLING = {
 }
 _MODEL = {"type": "string", "description": "a model from /v1/models"}
 
+_TEXT_PROMPT = {"type": "string", "minLength": 1}
+_TOKEN_PROMPT = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+}
 _COMPLETION_REQUEST = {
     "type": "object",
     "required": ["model", "prompt"],
@@ -149,11 +155,13 @@ _COMPLETION_REQUEST = {
         "logprobs": _optional({"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS}),
         "prompt": {
             "oneOf": [
-                {"type": "string", "minLength": 1},
+                _TEXT_PROMPT,
+                _TOKEN_PROMPT,
                 {
                     "type": "array",
                     "minItems": 1,
-                    "items": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+                    "maxItems": MAX_BATCH_CHOICES,
+                    "items": {"oneOf": [_TEXT_PROMPT, _TOKEN_PROMPT]},
                 },
             ]
         },

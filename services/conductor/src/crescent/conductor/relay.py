@@ -162,14 +162,14 @@ class Relay:
         self._timings = [_Timing(arrived, slo) for _ in choices]
         self._collected = [Collected(c.index) for c in choices]
         self._has_sent = [False] * len(choices)
-        self._num_cached = 0
+        self._num_cached: dict[int, int] = {}  # prompt index → its cached tokens
         # Why a stream already under way ended with an error event (its status was sent: 200)
         self.failed_midway: str | None = None
 
     @property
     def counts(self) -> TokenUsage:
         num_generated = sum(c.num_tokens for c in self.choices)
-        return TokenUsage(self.num_prompt_tokens, num_generated, self._num_cached)
+        return TokenUsage(self.num_prompt_tokens, num_generated, sum(self._num_cached.values()))
 
     async def _deltas(
         self, streams: Sequence[AsyncIterator[TokenEvent]]
@@ -180,8 +180,10 @@ class Relay:
                 index, event = item
                 choice = self.choices[index]
                 self._timings[index].on_tokens(len(event.token_ids))
-                if event.num_cached_tokens is not None:
-                    self._num_cached = max(self._num_cached, event.num_cached_tokens)
+                if event.num_cached_tokens is not None:  # the most any choice of its prompt had
+                    prompt = choice.prompt_index
+                    cached = max(self._num_cached.get(prompt, 0), event.num_cached_tokens)
+                    self._num_cached[prompt] = cached
                 delta = choice.push(event)
                 self._collected[index].add(delta)
                 self._collected[index].tool_calls = choice.tool_calls
