@@ -379,14 +379,17 @@ def test_fuzzed_bytes_and_headers_never_make_a_5xx(port, path, payload, headers)
 
 
 def _narrowed(document: dict) -> dict:
-    """The conductor's document with `model` narrowed to the model this cluster serves, so that
-    valid cases reach the cluster instead of stopping at 404."""
+    """The conductor's document with `model` (in the bodies and the models path) narrowed to
+    the model this cluster serves, so that valid cases reach the cluster instead of stopping at
+    404."""
     document = copy.deepcopy(document)
     for path in ENDPOINTS:
         schema = document["paths"][path]["post"]["requestBody"]["content"]["application/json"][
             "schema"
         ]
         schema["properties"]["model"] = {"type": "string", "enum": [MODEL]}
+    model_path = document["paths"]["/v1/models/{model}"]["get"]["parameters"][0]
+    model_path["schema"] = {"type": "string", "enum": [MODEL]}
     return document
 
 

@@ -125,6 +125,15 @@ def test_a_batch_of_prompts_answers_each_as_if_it_came_alone(client):
     assert streamed == {c.index: c.text for c in batch.choices}
 
 
+def test_a_model_is_retrieved_by_name(client):
+    model = client.models.retrieve(MODEL)
+    assert model.id == MODEL and model.object == "model"
+    assert model.model_dump() == client.models.list().data[0].model_dump()
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.models.retrieve("no-such-model")
+    assert missing.value.code == "model_not_found"
+
+
 def test_echo_whole_and_streamed(client):
     plain = client.completions.create(model=MODEL, prompt="the prompt", max_tokens=5)
     echoed = client.completions.create(model=MODEL, prompt="the prompt", max_tokens=5, echo=True)

@@ -28,6 +28,7 @@ from crescent.conductor.flow import RequestFlow
 from crescent.conductor.flow_state import FlowTimeouts
 from crescent.conductor.generation import Generation
 from crescent.conductor.http_errors import openai_errors
+from crescent.conductor.openai_fields import ApiError
 from crescent.conductor.openapi import OPENAPI
 from crescent.conductor.policy import ReplicationOrder
 from crescent.conductor.scheduler import Scheduler
@@ -113,6 +114,7 @@ class Conductor:
         app.router.add_post("/v1/responses", generation.responses)
         app.router.add_get("/ready", self.ready)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model}", self.model)
         app.router.add_get("/v1/cluster", self.cluster)
         app.router.add_get("/openapi.json", self.openapi)
 
@@ -286,17 +288,21 @@ class Conductor:
 
     async def models(self, request: web.Request) -> web.Response:
         served = self.view.models()
-        data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "crescent",
-                "max_model_len": length,
-            }
-            for name, length in sorted(served.items())
-        ]
+        data = [_model_object(name, length) for name, length in sorted(served.items())]
         return web.json_response({"object": "list", "data": data})
+
+    async def model(self, request: web.Request) -> web.Response:
+        name = request.match_info["model"]
+        length = self.view.models().get(name)
+        if length is None:
+            raise ApiError(
+                404,
+                f"the model '{name}' does not exist: no instance serves it",
+                type_="not_found_error",
+                param="model",
+                code="model_not_found",
+            )
+        return web.json_response(_model_object(name, length))
 
     def readiness(self) -> tuple[bool, dict[str, dict[str, int]]]:
         """Ready to serve: SERVING, NATS connected, and some model with a live prefill and a
@@ -326,3 +332,14 @@ class Conductor:
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.json_response(OPENAPI)
+
+
+def _model_object(name: str, max_model_len: int) -> dict:
+    """A served model in OpenAI's shape, with vLLM's max_model_len."""
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "crescent",
+        "max_model_len": max_model_len,
+    }

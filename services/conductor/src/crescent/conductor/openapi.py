@@ -139,6 +139,15 @@ _SAMPLING = {
 }
 _MODEL = {"type": "string", "description": "a model from /v1/models"}
 
+_MODEL = {
+    "type": "object",
+    "required": ["id"],
+    "properties": {
+        "id": {"type": "string"},
+        "object": {"type": "string"},
+        "max_model_len": {"type": "integer"},
+    },
+}
 _TEXT_PROMPT = {"type": "string", "minLength": 1}
 _TOKEN_PROMPT = {
     "type": "array",
@@ -492,20 +501,24 @@ OPENAPI: dict[str, Any] = {
                                     "object": {"type": "string", "enum": ["list"]},
                                     "data": {
                                         "type": "array",
-                                        "items": {
-                                            "type": "object",
-                                            "required": ["id"],
-                                            "properties": {
-                                                "id": {"type": "string"},
-                                                "object": {"type": "string"},
-                                                "max_model_len": {"type": "integer"},
-                                            },
-                                        },
+                                        "items": _MODEL,
                                     },
                                 },
                             }
                         ),
                     }
+                },
+            }
+        },
+        "/v1/models/{model}": {
+            "get": {
+                "summary": "One model with a live instance",
+                "parameters": [
+                    {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {
+                    "200": {"description": "the model", "content": _json(_MODEL)},
+                    **_errors(404),
                 },
             }
         },
