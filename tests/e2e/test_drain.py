@@ -125,3 +125,22 @@ async def test_a_request_left_at_the_drain_deadline_goes_on_elsewhere(short_drai
         assert await task == expected_text("a long answer", 1500)
     assert migrations(cluster) == 1
     assert "handing requests back" in decode.log_tail(200)
+
+
+async def test_a_draining_conductor_finishes_its_streams_and_refuses_new_requests(cluster):
+    answers = [f"stream {i}" for i in range(4)]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        tasks = [asyncio.create_task(complete(session, cluster.api_url, p, 400)) for p in answers]
+        await busy(cluster, "decode", "num_running", at_least=len(answers))
+        conductor = cluster.process("conductor-0")
+        code = asyncio.create_task(asyncio.to_thread(conductor.stop))
+        await asyncio.sleep(0.3)  # the signal is handled: the conductor drains
+        body = {"model": MODEL, "prompt": "late", "max_tokens": 4}
+        async with session.post(f"{cluster.api_url}/v1/completions", json=body) as late:
+            assert late.status == 503, await late.text()
+            assert (await late.json())["error"]["code"] == "draining"
+        async with session.get(f"{cluster.api_url}/ready") as ready:
+            assert ready.status == 503
+        assert await asyncio.gather(*tasks) == [expected_text(p, 400) for p in answers]
+        assert await code == 0
+    assert "draining" in conductor.log_tail(200)

@@ -36,6 +36,8 @@ from crescent.conductor.settings import ConductorSettings
 
 log = logging.getLogger(__name__)
 
+DRAIN_POLL_S = 0.05  # how often a draining conductor looks whether its requests are done
+
 
 class Conductor:
     role = "conductor"
@@ -183,7 +185,22 @@ class Conductor:
         )
 
     async def finish_inflight(self) -> None:
-        """In-flight responses finish while aiohttp shuts down; nothing else to wait for."""
+        """New requests get a 503 from now on (and /ready says 503, so a load balancer sends
+        them to another conductor); the requests in flight finish, for up to drain_timeout_s,
+        while the NATS connection they read from is still open."""
+        if self._generation is None:
+            return
+        self._generation.is_draining = True
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        if self._generation.num_inflight:
+            log.info("draining", extra={"num_inflight": self._generation.num_inflight})
+        while self._generation.num_inflight and time.monotonic() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        if self._generation.num_inflight:
+            log.warning(
+                "drain deadline passed; closing the requests left",
+                extra={"num_inflight": self._generation.num_inflight},
+            )
 
     async def drain(self) -> None:
         """Nothing to release."""

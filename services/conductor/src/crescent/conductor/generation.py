@@ -71,6 +71,7 @@ class Generation:
         self.flow = flow
         self.ratio = ratio  # the P/D ratio controller's SLO outcomes (None: the controller is off)
         self.num_inflight = 0
+        self.is_draining = False  # shutting down: the requests in flight finish, no new one starts
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, parse_completion)
@@ -207,6 +208,14 @@ class Generation:
         parse: Callable[[Any], GenerationRequest],
     ) -> web.StreamResponse:
         arrived = time.monotonic()
+        if self.is_draining:
+            raise ApiError(
+                503,
+                "this conductor is shutting down: send the request to another one",
+                type_="service_unavailable",
+                code="draining",
+                headers={"Retry-After": "1"},
+            )
         parsed = parse(await read_json(request, self.settings.body_timeout_s))
         prompts = [self._tokens(one) for one in parsed.one_per_prompt()]
         gen = prompts[0][0]

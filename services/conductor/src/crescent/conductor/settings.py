@@ -32,6 +32,11 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
         "a stream, or a prefill asked for a job's result, may stay silent",
     )
     token_timeout_s: float = setting(30.0, "longest wait between two token chunks of a request")
+    drain_timeout_s: float = setting(
+        30.0,
+        "on SIGTERM, how long the requests in flight may finish (new ones get a 503 meanwhile) "
+        "before the conductor closes their connections",
+    )
     placement_wait_s: float = setting(
         10.0,
         "how long a request waits for a live instance when the "
@@ -146,6 +151,11 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
         super().validate()
         if self.default_max_tokens < 1:
             raise ConfigError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        if not 0 <= self.drain_timeout_s < self.stop_timeout_s:
+            raise ConfigError(
+                f"drain_timeout_s ({self.drain_timeout_s}) must be in [0, stop_timeout_s "
+                f"({self.stop_timeout_s})): the requests finish inside the stop's deadline"
+            )
         self.validate_device()
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
