@@ -139,7 +139,7 @@ _SAMPLING = {
 }
 _MODEL = {"type": "string", "description": "a model from /v1/models"}
 
-_MODEL = {
+_MODEL_OBJECT = {
     "type": "object",
     "required": ["id"],
     "properties": {
@@ -149,11 +149,7 @@ _MODEL = {
     },
 }
 _TEXT_PROMPT = {"type": "string", "minLength": 1}
-_TOKEN_PROMPT = {
-    "type": "array",
-    "minItems": 1,
-    "items": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
-}
+_TOKEN_PROMPT = {"type": "array", "minItems": 1, "items": _TOKEN_ID}
 _COMPLETION_REQUEST = {
     "type": "object",
     "required": ["model", "prompt"],
@@ -501,7 +497,7 @@ OPENAPI: dict[str, Any] = {
                                     "object": {"type": "string", "enum": ["list"]},
                                     "data": {
                                         "type": "array",
-                                        "items": _MODEL,
+                                        "items": _MODEL_OBJECT,
                                     },
                                 },
                             }
@@ -517,7 +513,7 @@ OPENAPI: dict[str, Any] = {
                     {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
                 ],
                 "responses": {
-                    "200": {"description": "the model", "content": _json(_MODEL)},
+                    "200": {"description": "the model", "content": _json(_MODEL_OBJECT)},
                     **_errors(404),
                 },
             }
