@@ -81,6 +81,18 @@ class Service(Protocol):
     def health(self) -> dict: ...
 
 
+DRAIN_POLL_S = 0.05  # how often a draining service looks whether its accepted work is done
+
+
+async def until_drained(num_held: Callable[[], int], timeout_s: float) -> int:
+    """Wait while `num_held()` (the accepted work a service still holds) is above 0, for at
+    most `timeout_s`; what it holds at the end. For `Service.finish_inflight`."""
+    deadline = time.monotonic() + timeout_s
+    while num_held() and time.monotonic() < deadline:
+        await asyncio.sleep(DRAIN_POLL_S)
+    return num_held()
+
+
 class Runtime:
     """The connections and chores a service gets from the platform."""
 

@@ -18,7 +18,7 @@ from crescent.common.errors import RecoverableError
 from crescent.common.etcd import PrefixMirror
 from crescent.common.hf_tokenizer import HfTokenizer
 from crescent.common.messages import Ack, ClusterConfig, InstanceInfo, InstanceLoad, TokenChunk
-from crescent.common.service import Runtime, ServiceStatus
+from crescent.common.service import Runtime, ServiceStatus, until_drained
 from crescent.common.store_messages import ReplicateBlocks, ReplicateReply
 from crescent.common.tokenizer import ByteTokenizer
 from crescent.conductor import metrics
@@ -35,8 +35,6 @@ from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.settings import ConductorSettings
 
 log = logging.getLogger(__name__)
-
-DRAIN_POLL_S = 0.05  # how often a draining conductor looks whether its requests are done
 
 
 class Conductor:
@@ -190,16 +188,14 @@ class Conductor:
         while the NATS connection they read from is still open."""
         if self._generation is None:
             return
-        self._generation.is_draining = True
-        deadline = time.monotonic() + self.settings.drain_timeout_s
-        if self._generation.num_inflight:
-            log.info("draining", extra={"num_inflight": self._generation.num_inflight})
-        while self._generation.num_inflight and time.monotonic() < deadline:
-            await asyncio.sleep(DRAIN_POLL_S)
-        if self._generation.num_inflight:
+        generation = self._generation
+        generation.is_draining = True
+        if generation.num_inflight:
+            log.info("draining", extra={"num_inflight": generation.num_inflight})
+        left = await until_drained(lambda: generation.num_inflight, self.settings.drain_timeout_s)
+        if left:
             log.warning(
-                "drain deadline passed; closing the requests left",
-                extra={"num_inflight": self._generation.num_inflight},
+                "drain deadline passed; closing the requests left", extra={"num_inflight": left}
             )
 
     async def drain(self) -> None:

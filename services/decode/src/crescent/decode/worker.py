@@ -38,7 +38,7 @@ from crescent.common.messages import (
 from crescent.common.payload import num_fitting
 from crescent.common.received import ReceivedAssignments
 from crescent.common.recent import Recent
-from crescent.common.service import Runtime
+from crescent.common.service import Runtime, until_drained
 from crescent.common.telemetry import Ewma
 from crescent.common.tracing import tracer
 from crescent.decode.admission import KvLedger, TbtCheck
@@ -55,7 +55,6 @@ CANCEL_MEMORY_S = 60.0
 RESEND_MEMORY_S = 60.0  # how long a finished stream's chunks can be asked for again
 RESEND_MEMORY_BYTES = 256 << 20  # and what they may hold together (20 logprobs a token: ~1.5 KB)
 EMULATED_KV_CAPACITY_TOKENS = 262144
-DRAIN_POLL_S = 0.05
 HAND_BACK_TIMEOUT_S = 5.0
 
 
@@ -417,7 +416,6 @@ class DecodeWorker:
         drain_timeout_s is handed back: its stream ends with an error, on which its conductor
         continues it on another decode instance, so no request fails."""
         self._is_draining = True
-        deadline = time.monotonic() + self.settings.drain_timeout_s
         if self.num_inflight:
             log.info(
                 "draining",
@@ -426,8 +424,7 @@ class DecodeWorker:
                     "num_reserved": len(self.ledger.reserved),
                 },
             )
-        while self.num_inflight and time.monotonic() < deadline:
-            await asyncio.sleep(DRAIN_POLL_S)
+        await until_drained(lambda: self.num_inflight, self.settings.drain_timeout_s)
         left = list(self._generations.items())
         if left:
             log.warning(

@@ -55,7 +55,7 @@ from crescent.common.messages import (
 )
 from crescent.common.payload import num_fitting
 from crescent.common.received import ReceivedAssignments
-from crescent.common.service import Runtime
+from crescent.common.service import Runtime, until_drained
 from crescent.common.store_messages import (
     REPLICATE_ON_DEMAND,
     LookupBlocks,
@@ -79,7 +79,6 @@ from crescent.transfer import TransferConfig
 
 log = logging.getLogger(__name__)
 
-DRAIN_POLL_S = 0.05
 RESULT_MEMORY_S = 60.0  # how long a finished job's result can be asked for again
 RESULT_MEMORY_BYTES = 256 << 20  # and what they may hold together (prompt logprobs)
 
@@ -482,15 +481,11 @@ class PrefillWorker:
         already accepted finish, or drain_timeout_s passes. The instance is still registered,
         so their conductors wait for them rather than moving them."""
         self._is_draining = True
-        deadline = time.monotonic() + self.settings.drain_timeout_s
         if self._jobs:
             log.info("draining", extra={"num_jobs": len(self._jobs)})
-        while self._jobs and time.monotonic() < deadline:
-            await asyncio.sleep(DRAIN_POLL_S)
-        if self._jobs:
-            log.warning(
-                "drain deadline passed; cancelling jobs left", extra={"num_jobs": len(self._jobs)}
-            )
+        left = await until_drained(lambda: len(self._jobs), self.settings.drain_timeout_s)
+        if left:
+            log.warning("drain deadline passed; cancelling jobs left", extra={"num_jobs": left})
             for task in list(self._jobs.values()):
                 task.cancel()
 
