@@ -205,8 +205,8 @@ class Bus:
             log.warning("NATS error", extra={"error": repr(exc)})
 
         try:
-            client = await asyncio.wait_for(
-                nats.connect(
+            async with asyncio.timeout(timeout_s):
+                client = await nats.connect(
                     servers=url.split(","),
                     name=name,
                     connect_timeout=min(2.0, timeout_s),
@@ -216,9 +216,7 @@ class Bus:
                     error_cb=on_error,
                     disconnected_cb=on_disconnected,
                     reconnected_cb=on_reconnected,
-                ),
-                timeout_s,
-            )
+                )
         except (TimeoutError, OSError, nats.errors.Error) as exc:
             raise UnreachableError("NATS", url, max(attempts, 1), repr(exc)) from exc
         bus = cls(client)
@@ -396,7 +394,8 @@ class Bus:
         self._is_draining = True
         if not self._client.is_closed:
             try:
-                await asyncio.wait_for(self._client.drain(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._client.drain()
             except (TimeoutError, nats.errors.Error) as exc:
                 log.warning("NATS drain incomplete", extra={"error": repr(exc)})
         pending = list(self._handler_tasks)
@@ -406,7 +405,8 @@ class Bus:
                 task.cancel()
         if not self._client.is_closed:
             try:
-                await asyncio.wait_for(self._client.close(), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self._client.close()
             except (TimeoutError, OSError) as exc:  # the server went away first (a whole
                 # cluster stopping at once) or stopped reading
                 log.warning("NATS close incomplete", extra={"error": repr(exc)})

@@ -43,7 +43,8 @@ async def connect_etcd(url: str, timeout_s: float = 10.0) -> aetcd.Client:
         attempts += 1
         client = aetcd.Client(host=host, port=port, timeout=RPC_TIMEOUT_S)
         try:
-            await asyncio.wait_for(client.get(b"/"), min(2.0, timeout_s))
+            async with asyncio.timeout(min(2.0, timeout_s)):
+                await client.get(b"/")
             return client
         except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
             await client.close()
@@ -176,9 +177,8 @@ class PrefixMirror:
             await self._recover()
 
     async def _follow(self) -> None:
-        watch = await asyncio.wait_for(
-            self._client.watch_prefix(self._prefix, start_revision=self.revision + 1), RPC_TIMEOUT_S
-        )
+        async with asyncio.timeout(RPC_TIMEOUT_S):
+            watch = await self._client.watch_prefix(self._prefix, start_revision=self.revision + 1)
         try:
             async for event in watch:
                 key = event.kv.key.decode()
@@ -191,7 +191,8 @@ class PrefixMirror:
                 self.revision = max(self.revision, revision)
         finally:
             try:
-                await asyncio.wait_for(watch.cancel(), 1.0)
+                async with asyncio.timeout(1.0):
+                    await watch.cancel()
             except Exception:
                 log.debug("watch cancel failed", exc_info=True)
 

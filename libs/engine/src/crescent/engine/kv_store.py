@@ -151,7 +151,8 @@ class StoreBridge:
         on the NATS server."""
         try:
             if self.client is not None:
-                await asyncio.wait_for(self.client.close(), CLIENT_CLOSE_S)
+                async with asyncio.timeout(CLIENT_CLOSE_S):
+                    await self.client.close()
         finally:
             if self.bus is not None:
                 await self.bus.drain(timeout_s=CONNECTIONS_CLOSE_S / 3)  # two waits, then etcd

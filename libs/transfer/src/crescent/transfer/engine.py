@@ -139,7 +139,8 @@ class TransferEngine:
             return
         self.status = EngineStatus.CLOSING
         try:
-            await asyncio.wait_for(self._idle.wait(), self.config.close_timeout)
+            async with asyncio.timeout(self.config.close_timeout):
+                await self._idle.wait()
         except TimeoutError:
             log.warning("closing with %d batches still running", self._num_in_flight)
         for segment in self._registry.segments():

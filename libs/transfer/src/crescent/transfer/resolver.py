@@ -92,7 +92,8 @@ async def _await_answer(
     name: str, answer: Awaitable[SegmentDescriptor | None], deadline: Deadline
 ) -> SegmentDescriptor:
     try:
-        result = await asyncio.wait_for(answer, deadline.remaining())
+        async with asyncio.timeout(deadline.remaining()):
+            result = await answer
     except (KeyError, SegmentNotFound):
         raise SegmentNotFound(name) from None
     except TimeoutError:

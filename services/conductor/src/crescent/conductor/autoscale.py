@@ -157,9 +157,8 @@ class RatioLoop:
         next window (the gauges already say the same)."""
         key = runtime.keys.autoscale(desired.model)
         try:
-            await asyncio.wait_for(
-                runtime.leased.put(key, encode(desired)), self.settings.connect_timeout_s
-            )
+            async with asyncio.timeout(self.settings.connect_timeout_s):
+                await runtime.leased.put(key, encode(desired))
         except (TimeoutError, aetcd.exceptions.ClientError, OSError) as exc:
             log.warning(
                 "desired instances not written to etcd", extra={"key": key, "error": repr(exc)}

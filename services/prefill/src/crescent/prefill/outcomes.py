@@ -48,7 +48,8 @@ class JobOutcomes:
         if outcome is None or outcome.cancelled():
             raise JobUnknown(f"no job {job_id} here to answer for")
         try:
-            return await asyncio.wait_for(asyncio.shield(outcome), wait_s)
+            async with asyncio.timeout(wait_s):
+                return await asyncio.shield(outcome)
         except TimeoutError:
             raise JobRunning(f"job {job_id} is still queued or computing") from None
         except asyncio.CancelledError:

@@ -224,7 +224,8 @@ class PrefillWorker:
         if job.decode_instance not in self._decode_nodes:
             key = self._runtime.keys.instance("decode", job.decode_instance)
             try:
-                entry = await asyncio.wait_for(self._runtime.etcd.get(key.encode()), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    entry = await self._runtime.etcd.get(key.encode())
             except (TimeoutError, OSError) as exc:
                 log.warning(
                     "registry unreachable; the decode node gets no KV",

@@ -116,9 +116,8 @@ class MetadataWriter:
             self._urgent.set()
         try:
             async with self._written:
-                await asyncio.wait_for(
-                    self._written.wait_for(lambda: self._flushed >= target), timeout_s
-                )
+                async with asyncio.timeout(timeout_s):
+                    await self._written.wait_for(lambda: self._flushed >= target)
         except TimeoutError:
             raise MetadataNotWritten(self.num_unwritten, timeout_s) from None
 
@@ -150,7 +149,8 @@ class MetadataWriter:
             await self._wake.wait()
             if not self._urgent.is_set():
                 try:
-                    await asyncio.wait_for(self._urgent.wait(), self._interval_s)
+                    async with asyncio.timeout(self._interval_s):
+                        await self._urgent.wait()
                 except TimeoutError:
                     pass
             self._wake.clear()
