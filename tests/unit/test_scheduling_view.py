@@ -95,6 +95,53 @@ def test_deregistered_instances_leave_the_view():
     assert view.snapshot("decode", "m", 100.0) == []
 
 
+def test_an_instance_whose_lease_ends_while_it_is_heard_stays_until_it_registers_again():
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "prefill", "p0")
+    view.apply_load(load("prefill", "p0"))
+    started = view.started_at("prefill", "p0")
+    view.apply_registry(MirrorEvent("/crescent/c/instances/prefill/p0", None))
+    assert view.drop_unregistered() == []
+    assert [s.instance_id for s in eligible_prefill(view.snapshot("prefill", "m", clock.now))] == [
+        "p0"
+    ]
+    assert view.started_at("prefill", "p0") == started and view.models() == {"m": 0}
+    register(view, "prefill", "p0")
+    clock.now += 100.0  # silent from now on, but registered: stale, not gone
+    assert view.drop_unregistered() == [] and view.models() == {"m": 0}
+
+
+def test_an_instance_whose_lease_ended_leaves_once_it_goes_silent():
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "prefill", "p0")
+    register(view, "prefill", "p1")
+    view.apply_load(load("prefill", "p0"))
+    view.apply_registry(MirrorEvent("/crescent/c/instances/prefill/p0", None))
+    clock.now += 0.4
+    view.apply_load(load("prefill", "p1"))
+    assert view.drop_unregistered() == []
+    clock.now += 0.4  # p0 unheard for 0.8 s, p1 heard since: p0 went silent
+    view.apply_load(load("prefill", "p1"))
+    assert view.drop_unregistered() == [("prefill", "p0")]
+    assert view.started_at("prefill", "p0") is None
+
+
+def test_a_draining_or_silent_instance_leaves_as_its_key_goes():
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "decode", "d0")
+    register(view, "decode", "d1")
+    view.apply_load(load("decode", "d0", is_accepting=False, not_accepting_reason="draining"))
+    view.apply_load(load("decode", "d1"))
+    clock.now += 1.0
+    view.apply_load(load("decode", "d0", is_accepting=False, not_accepting_reason="draining"))
+    for instance_id in ("d0", "d1"):  # d0 stops on purpose; d1 was last heard a second ago
+        view.apply_registry(MirrorEvent(f"/crescent/c/instances/decode/{instance_id}", None))
+    assert view.snapshot("decode", "m", clock.now) == []
+
+
 def test_contradictory_or_unknown_telemetry_is_ignored_and_logged_once_per_instance(caplog):
     clock = Clock()
     view = ClusterView(clock=clock)
@@ -154,6 +201,7 @@ def test_a_silent_instance_is_stale_but_still_registered(caplog):
     with caplog.at_level("INFO"):
         view.log_changes(clock.now)
     assert "instance back" in [r.message for r in caplog.records]
+    clock.now += 100.0  # silent again, and then its key goes
     view.apply_registry(MirrorEvent("/crescent/c/instances/prefill/p0", None))
     assert view.started_at("prefill", "p0") is None and view.models() == {}
 

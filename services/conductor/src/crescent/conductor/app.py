@@ -165,6 +165,7 @@ class Conductor:
         }
 
     def load(self) -> InstanceLoad:
+        self.scheduler.drop_unregistered()
         self.view.log_changes(time.monotonic())
         for role, count in self.health()["live_instances"].items():
             metrics.INSTANCES.labels(role).set(count)

@@ -8,6 +8,13 @@ deregistered) is it gone, and its requests move elsewhere. An instance that says
 work (draining, full) is not *accepting*. Snapshots carry both flags (InstanceSnapshot.is_stale,
 is_accepting) and the policies' eligibility filter leaves such instances out.
 
+Nor is an expired lease death when the instance is still heard. etcd stalled past the TTL (a
+slow disk, a paused process) expires every lease at once when it resumes, and each instance
+registers again a second or so later; meanwhile the cluster would have no instance at all
+(404 for every model, 503s). So a key that goes while its instance's telemetry is fresh, and
+the instance is not draining (a deliberate stop), leaves the instance in place, *unregistered*,
+until it registers again or goes silent (`drop_unregistered`).
+
 Silence is judged against what the conductor heard from the others: when its own loop stalls
 (a busy machine), every instance's telemetry waits unread in the NATS client and all of them
 would look silent at once. So an instance is stale only when others were heard after it by more
@@ -61,6 +68,8 @@ class InstanceState:
     # This conductor's assignments the latest telemetry does not count, added to its load.
     unacknowledged: Unacknowledged = field(default_factory=Unacknowledged)
     was_live: bool = True  # at the last look: each change is logged once
+    # When its registry key went while it was still heard (None: registered). See the module doc.
+    unregistered_at: float | None = None
     is_contradiction_logged: bool = False  # contradictory telemetry is logged once per instance
     # The last snapshot built with the scheduler's pricing, until registry, telemetry, an
     # assignment or the instance's price changes it: a decision at 512 + 512 instances spent
@@ -112,12 +121,17 @@ class ClusterView:
             return
         role, instance_id = parts[-2], parts[-1]
         if event.value is None:
-            self._groups.clear()
-            if self.instances.pop((role, instance_id), None) is not None:
-                log.warning(
-                    "instance gone: its lease ended",
-                    extra={"role": role, "instance_id": instance_id},
-                )
+            state = self.instances.get((role, instance_id))
+            if state is not None and self._is_heard_serving(state):
+                if state.unregistered_at is None:
+                    state.unregistered_at = self.clock()
+                    log.warning(
+                        "instance's lease ended while it is still heard; kept until it "
+                        "registers again or goes silent",
+                        extra={"role": role, "instance_id": instance_id},
+                    )
+                return
+            self._remove((role, instance_id), "its lease ended")
             return
         try:
             info = decode(event.value, InstanceInfo)
@@ -137,10 +151,40 @@ class ClusterView:
                 info=info, registered_at=self.clock()
             )
         else:
+            if known.unregistered_at is not None:
+                known.unregistered_at = None
+                log.info(
+                    "instance registered again", extra={"role": role, "instance_id": instance_id}
+                )
             known.info = info
             known.snapshot = None
             known.price = None
             self._groups.clear()
+
+    def _is_heard_serving(self, state: InstanceState) -> bool:
+        """Its telemetry is fresh and it is not draining: alive, whatever etcd says."""
+        return (
+            state.load is not None
+            and state.load.not_accepting_reason != "draining"
+            and self.is_live(state, self.clock())
+        )
+
+    def _remove(self, key: tuple[str, str], why: str) -> None:
+        self._groups.clear()
+        if self.instances.pop(key, None) is not None:
+            log.warning("instance gone: " + why, extra={"role": key[0], "instance_id": key[1]})
+
+    def drop_unregistered(self) -> list[tuple[str, str]]:
+        """Remove the instances kept after their lease ended that went silent or began to
+        drain since; called every telemetry period. Returns their (role, id)."""
+        dropped = [
+            key
+            for key, state in self.instances.items()
+            if state.unregistered_at is not None and not self._is_heard_serving(state)
+        ]
+        for key in dropped:
+            self._remove(key, "its lease ended and it went silent")
+        return dropped
 
     def apply_load(self, load: InstanceLoad) -> None:
         state = self.instances.get((load.role, load.instance_id))

@@ -127,7 +127,14 @@ class Scheduler:
         """A change under instances/<role>/<id>: an instance gone takes its corrections along."""
         self.view.apply_registry(event)
         if event.value is None:
-            self.pricing.correction.forget(event.key.rstrip("/").rsplit("/", 1)[-1])
+            role, instance_id = event.key.rstrip("/").rsplit("/", 2)[-2:]
+            if (role, instance_id) not in self.view.instances:
+                self.pricing.correction.forget(instance_id)
+
+    def drop_unregistered(self) -> None:
+        """Instances kept after their lease ended that went silent leave, corrections and all."""
+        for _, instance_id in self.view.drop_unregistered():
+            self.pricing.correction.forget(instance_id)
 
     def request_for(
         self,
