@@ -243,6 +243,12 @@ class ClusterView:
             self.last_heard_any - last_heard <= window and now - last_heard <= DEAF_PERIODS * period
         )
 
+    def hears_anyone(self, now: float) -> bool:
+        """Whether any instance (this conductor's own telemetry, which crosses NATS too,
+        included) was heard within a stale window: if not, a silence is NATS's or this
+        conductor's own, not one instance's."""
+        return now - self.last_heard_any <= self.stale_periods * self.default_period_s
+
     def log_changes(self, now: float) -> None:
         """Log each instance that went stale or came back since the last call (once per change)."""
         for (role, instance_id), state in self.instances.items():

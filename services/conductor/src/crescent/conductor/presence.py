@@ -46,16 +46,26 @@ class Presence:
             task.cancel()
 
     async def next_chunk(self, decode_id: str, stream: Stream, deadline_s: float) -> TokenChunk:
-        """The stream's next chunk within `deadline_s`. It checks between short waits on the
-        stream instead of running the wait as a task: chunks are frequent."""
+        """The stream's next chunk within `deadline_s` of silence the decode answers for. It
+        checks between short waits on the stream instead of running the wait as a task: chunks
+        are frequent.
+
+        While this conductor hears no instance at all (NATS stalled; chunks wait in the server
+        or are kept by the decode for a resend), the silence is not the decode's and does not
+        count, for up to another `deadline_s`: a move then would only find every instance
+        silent too, and fail a stream that goes on once NATS does."""
         sent = self.sent_to("decode", decode_id)
         waited_s = 0.0
+        unheard_s = 0.0
         while True:
             wait_s = min(PRESENCE_CHECK_S, deadline_s - waited_s)
             try:
                 return await stream.next(wait_s)
             except RequestTimeoutError:
-                waited_s += wait_s
+                if unheard_s < deadline_s and not self._view.hears_anyone(self._view.clock()):
+                    unheard_s += wait_s
+                else:
+                    waited_s += wait_s
                 if waited_s >= deadline_s:
                     raise
             self._check("decode", decode_id, sent)
