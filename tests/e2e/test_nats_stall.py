@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import urllib.request
 
 import aiohttp
 import pytest
+from scrape import metric_total
 from test_faults import assert_all_correct, prompt, stream
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
@@ -35,16 +35,6 @@ def cluster(tmp_path):
     cluster.stop()
 
 
-def num_moves(cluster: LocalCluster) -> float:
-    with urllib.request.urlopen(f"{cluster.api_url}/metrics", timeout=5) as response:
-        lines = response.read().decode().splitlines()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in lines
-        if line.startswith("crescent_request_migrations_total{")
-    )
-
-
 async def test_streams_wait_out_a_nats_stall_longer_than_the_token_timeout(cluster):
     prompts = [prompt(i) for i in range(4)]
     nats_server = cluster.process("nats")
@@ -58,4 +48,4 @@ async def test_streams_wait_out_a_nats_stall_longer_than_the_token_timeout(clust
             nats_server.signal(signal.SIGCONT)
         results = await asyncio.gather(*tasks)
     assert_all_correct(list(zip(prompts, results)))
-    assert num_moves(cluster) == 0
+    assert metric_total(cluster.api_url, "crescent_request_migrations_total") == 0

@@ -114,11 +114,12 @@ class ClusterView:
     # (role, model) → its priced instances as of the last decision (view_cache)
     _groups: dict[tuple[str, str], RoleColumns] = field(default_factory=dict)
 
-    def apply_registry(self, event: MirrorEvent) -> None:
-        """A change under instances/<role>/<id> in etcd."""
+    def apply_registry(self, event: MirrorEvent) -> tuple[str, str] | None:
+        """A change under instances/<role>/<id> in etcd; the (role, id) of an instance it
+        removed from the view."""
         parts = event.key.rstrip("/").split("/")
         if len(parts) < 2:
-            return
+            return None
         role, instance_id = parts[-2], parts[-1]
         if event.value is None:
             state = self.instances.get((role, instance_id))
@@ -130,16 +131,15 @@ class ClusterView:
                         "registers again or goes silent",
                         extra={"role": role, "instance_id": instance_id},
                     )
-                return
-            self._remove((role, instance_id), "its lease ended")
-            return
+                return None
+            return self._remove((role, instance_id), "its lease ended")
         try:
             info = decode(event.value, InstanceInfo)
         except MessageError as exc:
             log.warning(
                 "ignoring malformed registry entry", extra={"key": event.key, "error": str(exc)}
             )
-            return
+            return None
         known = self.instances.get((role, instance_id))
         if known is None:
             log.info(
@@ -160,6 +160,7 @@ class ClusterView:
             known.snapshot = None
             known.price = None
             self._groups.clear()
+        return None
 
     def _is_heard_serving(self, state: InstanceState) -> bool:
         """Its telemetry is fresh and it is not draining: alive, whatever etcd says."""
@@ -169,10 +170,13 @@ class ClusterView:
             and self.is_live(state, self.clock())
         )
 
-    def _remove(self, key: tuple[str, str], why: str) -> None:
+    def _remove(self, key: tuple[str, str], why: str) -> tuple[str, str] | None:
+        """Take the instance out of the view; `key` if it was in it."""
         self._groups.clear()
-        if self.instances.pop(key, None) is not None:
-            log.warning("instance gone: " + why, extra={"role": key[0], "instance_id": key[1]})
+        if self.instances.pop(key, None) is None:
+            return None
+        log.warning("instance gone: " + why, extra={"role": key[0], "instance_id": key[1]})
+        return key
 
     def drop_unregistered(self) -> list[tuple[str, str]]:
         """Remove the instances kept after their lease ended that went silent or began to

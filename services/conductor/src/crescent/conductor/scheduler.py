@@ -125,11 +125,9 @@ class Scheduler:
 
     def apply_registry_event(self, event: MirrorEvent) -> None:
         """A change under instances/<role>/<id>: an instance gone takes its corrections along."""
-        self.view.apply_registry(event)
-        if event.value is None:
-            role, instance_id = event.key.rstrip("/").rsplit("/", 2)[-2:]
-            if (role, instance_id) not in self.view.instances:
-                self.pricing.correction.forget(instance_id)
+        gone = self.view.apply_registry(event)
+        if gone is not None:
+            self.pricing.correction.forget(gone[1])
 
     def drop_unregistered(self) -> None:
         """Instances kept after their lease ended that went silent leave, corrections and all."""
