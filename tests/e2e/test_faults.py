@@ -56,10 +56,17 @@ def prompt(i: int) -> str:
 
 
 async def stream(
-    session: aiohttp.ClientSession, url: str, text: str, max_tokens: int = MAX_TOKENS, on_token=None
+    session: aiohttp.ClientSession,
+    url: str,
+    text: str,
+    max_tokens: int = MAX_TOKENS,
+    on_token=None,
+    logprobs: int | None = None,
 ) -> tuple[int, str, str | None]:
     """(HTTP status, streamed text, finish reason) of one streaming completion."""
     body = {"model": MODEL, "prompt": text, "max_tokens": max_tokens, "stream": True}
+    if logprobs is not None:
+        body["logprobs"] = logprobs
     async with session.post(f"{url}/v1/completions", json=body) as response:
         if response.status != 200:
             return response.status, await response.text(), None

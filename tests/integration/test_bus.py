@@ -1,6 +1,7 @@
 """The NATS bus on a real nats-server."""
 
 import asyncio
+import signal
 import time
 
 import nats
@@ -10,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from crescent.common import tracing
-from crescent.common.bus import Bus, within
+from crescent.common.bus import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S, Bus, within
 from crescent.common.codec import decode
 from crescent.common.errors import (
     ConnectionLostError,
@@ -310,3 +311,50 @@ async def _answered_once_nats_is_back(client: Bus, request_id: str) -> Ack:
         except (RequestTimeoutError, NoRespondersError, ConnectionLostError):
             assert time.monotonic() < deadline, "no reply after NATS came back"
             await asyncio.sleep(0.2)
+
+
+async def test_a_connection_whose_server_stops_answering_is_opened_again(infra):
+    """NATS stalled (SIGSTOP) past MAX_OUTSTANDING_PINGS unanswered pings: the bus drops the
+    connection and opens another once the server answers, rather than keep one whose writes
+    may sit in the kernel long after the server resumed. Its epoch tells readers that what
+    was due on the old one may be lost."""
+    server, client = (
+        await Bus.connect(infra.nats_url, "server"),
+        await Bus.connect(infra.nats_url, "client"),
+    )
+    try:
+        await server.serve("x.cancel", DecodeCancel, _ack)
+        epoch_before = client.epoch
+        infra.nats.signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep((MAX_OUTSTANDING_PINGS + 2) * PING_INTERVAL_S)
+        finally:
+            infra.nats.signal(signal.SIGCONT)
+        assert client.epoch > epoch_before
+        reply = await _answered_once_nats_is_back(client, "after")
+        assert reply.request_id == "after"
+    finally:
+        await client.drain()
+        await server.drain()
+
+
+async def test_a_send_while_nats_is_down_past_the_reconnect_buffer_is_a_lost_connection(infra):
+    """nats-py holds what is sent while disconnected, up to a buffer; past it, a publish or a
+    request is ConnectionLostError (a recoverable error every caller handles), not nats-py's
+    own error, which a telemetry loop would die of."""
+    client = await Bus.connect(infra.nats_url, "client")
+    try:
+        infra.nats.stop()
+        deadline = time.monotonic() + 10
+        while client.is_connected:
+            assert time.monotonic() < deadline, "the bus did not notice NATS stopped"
+            await asyncio.sleep(0.05)
+        chunk = TokenChunk(request_id="r", seq=0, token_ids=list(range(50_000)), step_at=0.0)
+        with pytest.raises(ConnectionLostError, match="buffer"):
+            for _ in range(100):  # ~250 KB each: past nats-py's 2 MiB
+                await client.publish("x.tokens", chunk)
+        with pytest.raises(ConnectionLostError, match="buffer"):
+            big = DecodeCancel(request_id="r" * 300_000)  # more than the buffer has left
+            await client.request("x.cancel", big, Ack, timeout_s=1)
+    finally:
+        await client.drain(timeout_s=0.5)

@@ -320,3 +320,22 @@ def test_a_stop_whose_peers_hang_ends_at_its_deadline(infra, cluster_name, tmp_p
         infra.etcd.signal(signal.SIGCONT)
         infra.nats.signal(signal.SIGCONT)
         worker.stop()
+
+
+def test_a_sigterm_while_nats_is_down_stops_cleanly(infra, cluster_name, tmp_path):
+    """NATS gone, a worker holds telemetry for the reconnect; a SIGTERM then ends it with 0.
+    (nats-py's close writes what it held to the closed socket, which uvloop refuses with a
+    RuntimeError: the service used to exit 1 with a traceback.)"""
+    worker = service(infra, cluster_name, "decode", "decode-a", tmp_path, "--log-format", "text")
+    try:
+        deadline = time.monotonic() + 30
+        while "serving" not in worker.log_tail():
+            assert worker.is_running and time.monotonic() < deadline, worker.log_tail()
+            time.sleep(0.05)
+        infra.nats.stop()
+        time.sleep(1.0)  # a few telemetry periods held for the reconnect
+        worker.signal(signal.SIGTERM)
+        code = worker.popen.wait(30)
+        assert code == 0, worker.log_path.read_text()
+    finally:
+        worker.stop()

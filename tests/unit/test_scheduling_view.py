@@ -351,3 +351,26 @@ def test_telemetry_whose_running_job_outweighs_its_queue_is_ignored(caplog):
         view.apply_load(load("prefill", "p0", queue_time_s=0.1, running_predicted_s=0.5))
     assert view.snapshot("prefill", "m", clock.now)[0].queue_time_s == pytest.approx(0.5)
     assert [r.message for r in caplog.records] == ["ignoring contradictory telemetry"]
+
+
+def test_the_heard_clock_stops_while_no_instance_is_heard_up_to_the_allowance():
+    """Deadlines on one instance's answer run on it: an outage of NATS (nobody heard, the
+    view's default stale window of 0.75 s after the last telemetry) is not that instance's
+    silence, for up to outage_allowance_s of each outage."""
+    clock = Clock()
+    view = ClusterView(clock=clock, outage_allowance_s=10.0)
+    register(view, "decode", "d0")
+    view.apply_load(load("decode", "d0"))
+    start = view.heard_clock()
+    clock.now += 0.5
+    assert view.heard_clock() - start == pytest.approx(0.5)  # heard lately: it runs
+    clock.now += 4.5  # nobody heard for 5 s: it stopped at 0.75 s
+    assert view.heard_clock() - start == pytest.approx(0.75)
+    view.apply_load(load("decode", "d0"))  # heard again: on from where it stopped
+    assert view.heard_clock() - start == pytest.approx(0.75)
+    clock.now += 0.5
+    assert view.heard_clock() - start == pytest.approx(1.25)
+    clock.now += 30.0  # a longer outage: stopped for the allowance only
+    assert view.heard_clock() - start == pytest.approx(1.25 + 30.0 - 10.0)
+    view.apply_load(load("decode", "d0"))
+    assert view.heard_clock() - start == pytest.approx(1.25 + 30.0 - 10.0)

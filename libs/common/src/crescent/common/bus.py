@@ -41,6 +41,14 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 FLUSH_TIMEOUT_S = 5.0
+# A connection whose server answers no PING for about (1 + MAX_OUTSTANDING_PINGS) intervals is
+# dropped and opened again. Without it, a connection whose writes stopped (NATS stalled until
+# the socket's send queue filled) can stay stuck after the server resumes: the kernel probes
+# the closed window with a backoff that reached 26 s after a 35 s stall, and holds every
+# message until then while the rest of the cluster has moved on.
+PING_INTERVAL_S = 2.0
+MAX_OUTSTANDING_PINGS = 2
+DEFAULT_RECONNECT_BUFFER_BYTES = 2 << 20  # nats-py's own default
 
 Handler = Callable[[Any], Awaitable[Message | None]]
 
@@ -152,6 +160,14 @@ class Replies:
             due.set_exception(exc)
 
 
+def _not_sent(subject: str) -> ConnectionLostError:
+    """What a send while disconnected raises once nats-py's buffer for the reconnect is full."""
+    return ConnectionLostError(
+        f"not sent on {subject}: NATS is disconnected and the messages held for the reconnect "
+        "fill their buffer"
+    )
+
+
 def _reply_of(data: bytes, reply_type: Any, request_subject: str) -> Any:
     """A reply decoded as `reply_type`; an ErrorReply raises RemoteError."""
     reply = decode(data, reply_type | ErrorReply)
@@ -181,10 +197,16 @@ class Bus:
         self._lost = asyncio.get_running_loop().create_future()  # done when this connection drops
 
     @classmethod
-    async def connect(cls, url: str, name: str, timeout_s: float = 10.0) -> Bus:
+    async def connect(
+        cls,
+        url: str,
+        name: str,
+        timeout_s: float = 10.0,
+        reconnect_buffer_bytes: int = DEFAULT_RECONNECT_BUFFER_BYTES,
+    ) -> Bus:
         """Connect within `timeout_s` or raise UnreachableError; once connected, nats-py
         reconnects forever (it would also retry the first connection forever, hence the
-        outer deadline)."""
+        outer deadline), holding up to `reconnect_buffer_bytes` of what is sent meanwhile."""
         attempts = 0
         bus: Bus | None = None
 
@@ -213,6 +235,9 @@ class Bus:
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.5,
+                    ping_interval=PING_INTERVAL_S,
+                    max_outstanding_pings=MAX_OUTSTANDING_PINGS,
+                    pending_size=reconnect_buffer_bytes,
                     error_cb=on_error,
                     disconnected_cb=on_disconnected,
                     reconnected_cb=on_reconnected,
@@ -259,6 +284,8 @@ class Bus:
             raise NoRespondersError(subject) from exc
         except nats.errors.TimeoutError as exc:
             raise RequestTimeoutError(subject, timeout_s) from exc
+        except nats.errors.OutboundBufferLimitError as exc:
+            raise _not_sent(subject) from exc
         except asyncio.CancelledError as exc:
             current = asyncio.current_task()
             if lost.done() and (current is None or not current.cancelling()):
@@ -277,7 +304,10 @@ class Bus:
         span from them (token chunks): headers cost a build here and a parse at every reader.
         `reply`: where the handler's answer goes (another service's Replies)."""
         headers = tracing.inject_headers() if with_trace else None
-        await self._client.publish(subject, encode(message), reply=reply, headers=headers)
+        try:
+            await self._client.publish(subject, encode(message), reply=reply, headers=headers)
+        except nats.errors.OutboundBufferLimitError as exc:
+            raise _not_sent(subject) from exc
 
     async def serve(
         self, subject: str, request_type: Any, handler: Handler, queue: str = ""
@@ -317,6 +347,11 @@ class Bus:
                 await msg.respond(self._sendable(encode(reply), msg.subject))
         except nats.errors.ConnectionClosedError:
             log.info("reply dropped: connection closed", extra={"subject": msg.subject})
+        except nats.errors.OutboundBufferLimitError:
+            log.warning(
+                "reply dropped: NATS disconnected, its send buffer full",
+                extra={"subject": msg.subject},
+            )
         finally:
             otel_context.detach(token)
 
@@ -407,6 +442,8 @@ class Bus:
             try:
                 async with asyncio.timeout(timeout_s):
                     await self._client.close()
-            except (TimeoutError, OSError) as exc:  # the server went away first (a whole
-                # cluster stopping at once) or stopped reading
+            except (TimeoutError, OSError, RuntimeError) as exc:
+                # The server went away first (a whole cluster stopping at once) or stopped
+                # reading; or it is down: nats-py 2.x then writes what it held for the reconnect
+                # to the closed socket, which uvloop refuses with a RuntimeError.
                 log.warning("NATS close incomplete", extra={"error": repr(exc)})

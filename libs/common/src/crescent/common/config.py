@@ -152,6 +152,11 @@ class CommonSettings:
         5, "etcd lease TTL: a dead instance leaves the registry within this time"
     )
     telemetry_period_s: float = setting(0.2, "interval of InstanceLoad telemetry on NATS")
+    nats_reconnect_buffer_bytes: int = setting(
+        2 << 20,
+        "what is held for NATS while the connection is down, sent once it is back; past it, "
+        "messages are not sent (telemetry goes out next period, token chunks are asked for again)",
+    )
     connect_timeout_s: float = setting(
         10.0, "how long to keep retrying NATS and etcd at start before exiting"
     )
@@ -164,6 +169,10 @@ class CommonSettings:
     log_format: str = setting("json", "log format: json or text")
 
     def validate(self) -> None:
+        if self.nats_reconnect_buffer_bytes < 1:
+            raise ConfigError(
+                f"nats_reconnect_buffer_bytes must be >= 1, got {self.nats_reconnect_buffer_bytes}"
+            )
         if self.lease_ttl_s < 1:
             raise ConfigError(f"lease_ttl_s must be >= 1, got {self.lease_ttl_s}")
         if not 0.01 <= self.telemetry_period_s <= 10:

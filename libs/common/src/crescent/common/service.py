@@ -38,7 +38,7 @@ from crescent.common import tracing
 from crescent.common.bus import Bus
 from crescent.common.codec import encode
 from crescent.common.config import CommonSettings
-from crescent.common.errors import ConfigError, FatalError
+from crescent.common.errors import ConfigError, ConnectionLostError, FatalError
 from crescent.common.etcd import LeasedKeys, connect_etcd
 from crescent.common.heartbeat import LeaseHeartbeat
 from crescent.common.http_server import JsonErrorRunner
@@ -132,7 +132,10 @@ class Runtime:
     async def connect(self) -> None:
         self.status = ServiceStatus.STARTING
         self.bus = await Bus.connect(
-            self.settings.nats_url, self.instance_id, self.settings.connect_timeout_s
+            self.settings.nats_url,
+            self.instance_id,
+            self.settings.connect_timeout_s,
+            self.settings.nats_reconnect_buffer_bytes,
         )
         self.etcd = await connect_etcd(self.settings.etcd_url, self.settings.connect_timeout_s)
         self.leased = LeasedKeys(self.etcd, self.settings.lease_ttl_s)
@@ -171,7 +174,10 @@ class Runtime:
 
     async def _publish_telemetry(self, load: Callable[[], InstanceLoad]) -> None:
         while True:
-            await self.publish_load(load)
+            try:
+                await self.publish_load(load)
+            except ConnectionLostError:  # a long NATS outage: the next period's report goes out
+                pass
             await asyncio.sleep(self.settings.telemetry_period_s)
 
     async def publish_load(self, load: Callable[[], InstanceLoad]) -> None:

@@ -43,7 +43,7 @@ class Conductor:
     def __init__(self, settings: ConductorSettings) -> None:
         self.settings = settings
         self.tokenizer = HfTokenizer(settings.tokenizer) if settings.tokenizer else ByteTokenizer()
-        self.view = ClusterView(clock=time.monotonic)
+        self.view = ClusterView(clock=time.monotonic, outage_allowance_s=settings.nats_outage_s)
         self.scheduler = Scheduler(settings, self.view, time.monotonic)
         self.ratio = (
             RatioLoop(settings, self.view, self.scheduler) if settings.ratio_window_s > 0 else None

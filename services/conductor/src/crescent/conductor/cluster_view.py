@@ -104,6 +104,8 @@ class ClusterView:
     default_period_s: float = 0.25
     instances: dict[tuple[str, str], InstanceState] = field(default_factory=dict)
     last_heard_any: float = 0.0  # when the newest telemetry from any instance was received
+    outage_allowance_s: float = 45.0  # how much of one outage heard_clock skips
+    _outage_skipped_s: float = 0.0  # what heard_clock skipped in outages that ended
     conductor_id: str = "conductor"  # whose assignment numbers the telemetry acknowledges
     # The next assignment number: from the start time in µs, so that a restarted conductor of
     # the same id never reuses a number its predecessor sent.
@@ -211,7 +213,9 @@ class ClusterView:
                 )
             return
         state.load = load
-        state.load_received_at = self.last_heard_any = self.clock()
+        now = self.clock()
+        self._outage_skipped_s += self._outage_s(now)
+        state.load_received_at = self.last_heard_any = now
         key = (load.role, load.instance_id)
         in_flight = state.unacknowledged
         in_flight.acknowledge(load.received.get(self.conductor_id, 0), state.load_received_at)
@@ -252,6 +256,20 @@ class ClusterView:
         included) was heard within a stale window: if not, a silence is NATS's or this
         conductor's own, not one instance's."""
         return now - self.last_heard_any <= self.stale_periods * self.default_period_s
+
+    def heard_clock(self) -> float:
+        """A clock that stops while this conductor hears no instance at all (NATS stalled or
+        down, or this conductor cut off from it), for up to `outage_allowance_s` of each such
+        outage. A deadline on one instance's answer measured on it counts only the silence
+        that is that instance's: the answer may wait in NATS, or be asked again once it is
+        back (a resend)."""
+        now = self.clock()
+        return now - self._outage_skipped_s - self._outage_s(now)
+
+    def _outage_s(self, now: float) -> float:
+        """How much of the outage going on now (0 when someone is heard) heard_clock skips."""
+        deaf_since = self.last_heard_any + self.stale_periods * self.default_period_s
+        return min(max(now - deaf_since, 0.0), self.outage_allowance_s)
 
     def log_changes(self, now: float) -> None:
         """Log each instance that went stale or came back since the last call (once per change)."""

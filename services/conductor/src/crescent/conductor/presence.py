@@ -50,25 +50,24 @@ class Presence:
         checks between short waits on the stream instead of running the wait as a task: chunks
         are frequent.
 
-        While this conductor hears no instance at all (NATS stalled; chunks wait in the server
-        or are kept by the decode for a resend), the silence is not the decode's and does not
-        count, for up to another `deadline_s`: a move then would only find every instance
+        The deadline runs on the view's heard clock: while this conductor hears no instance at
+        all (NATS stalled or down; chunks wait in the server or are kept by the decode for a
+        resend), the silence is not the decode's. A move then would only find every instance
         silent too, and fail a stream that goes on once NATS does."""
         sent = self.sent_to("decode", decode_id)
-        waited_s = 0.0
-        unheard_s = 0.0
+        started = self.heard_clock()
         while True:
-            wait_s = min(PRESENCE_CHECK_S, deadline_s - waited_s)
+            left_s = deadline_s - (self.heard_clock() - started)
             try:
-                return await stream.next(wait_s)
+                return await stream.next(min(PRESENCE_CHECK_S, max(left_s, 0.0)))
             except RequestTimeoutError:
-                if unheard_s < deadline_s and not self._view.hears_anyone(self._view.clock()):
-                    unheard_s += wait_s
-                else:
-                    waited_s += wait_s
-                if waited_s >= deadline_s:
+                if self.heard_clock() - started >= deadline_s:
                     raise
             self._check("decode", decode_id, sent)
+
+    def heard_clock(self) -> float:
+        """The view's clock that stops while no instance at all is heard (ClusterView)."""
+        return self._view.heard_clock()
 
     def _check(self, role: str, instance_id: str, sent: SentTo) -> None:
         if self._view.started_at(role, instance_id) != sent.started_at:  # gone, or a new process

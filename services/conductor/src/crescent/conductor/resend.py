@@ -44,7 +44,7 @@ from crescent.conductor.presence import Presence
 log = logging.getLogger(__name__)
 
 RESULT_ASK_WAIT_S = 1.0  # how long the prefill instance holds an ask for a job not yet done
-MOST_ASK_AGAIN_S = 1.0  # the longest pause between asks of a silent prefill instance
+MOST_ASK_AGAIN_S = 1.0  # the longest pause between asks of a silent instance
 
 
 class ChunkOrder:
@@ -102,14 +102,15 @@ async def resent_chunks(
     stream_id: str,
     from_seq: int,
     deadline_s: float,
-    clock: Callable[[], float] = time.monotonic,
 ) -> tuple[int, list[TokenChunk], int]:
     """The connection epoch the ask went out on, the chunks of `stream_id` from `from_seq` on
     (as many as one message holds) and how many more follow them. Asked again, at doubling
     intervals, while the decode does not answer (it may reconnect after this conductor, or
-    resubscribe late); ConnectionLostError when it cannot resend within `deadline_s`;
-    InstanceLostError when it left the cluster meanwhile."""
+    resubscribe late); ConnectionLostError when it cannot resend within `deadline_s` on the
+    heard clock (a NATS outage is not the decode's silence); InstanceLostError when it left
+    the cluster meanwhile."""
     ask = ResendTokens(request_id=stream_id, from_seq=from_seq)
+    clock = presence.heard_clock
     deadline = clock() + deadline_s
     wait_s = FIRST_ASK_AGAIN_S
     with tracer().start_as_current_span("conductor.resend") as span:
@@ -130,7 +131,7 @@ async def resent_chunks(
                         f"NATS connection dropped: {exc}"
                     ) from exc
                 await asyncio.sleep(wait_s)
-                wait_s *= 2
+                wait_s = min(wait_s * 2, MOST_ASK_AGAIN_S)
                 continue
             except RemoteError:
                 metrics.STREAM_RESENDS.labels("refused").inc()
@@ -171,8 +172,9 @@ async def prefill_result_after_drop(
     connection dropped while it waited for the reply. Waits while the job is queued or
     computing, until the job's own deadline (sent at `sent_at` on `clock`, with `timeout_s`:
     RequestTimeoutError past it, as the job's request would have); ConnectionLostError when
-    the instance does not know the job or gives no answer for `unanswered_s`; the job's own
-    error (RemoteError) if it failed."""
+    the instance does not know the job or gives no answer for `unanswered_s` on the heard
+    clock (a NATS outage is not the instance's silence); the job's own error (RemoteError) if
+    it failed."""
     subject = subjects.prefill_result(prefill_id)
     deadline = sent_at + timeout_s
     silent_since: float | None = None
@@ -200,9 +202,9 @@ async def prefill_result_after_drop(
                     raise ConnectionLostError(str(exc)) from exc
                 raise
             except (NoRespondersError, RequestTimeoutError, ConnectionLostError) as exc:
-                now = clock()
-                silent_since = silent_since if silent_since is not None else now
-                if now + again_s >= silent_since + unanswered_s:
+                heard_now = presence.heard_clock()
+                silent_since = silent_since if silent_since is not None else heard_now
+                if heard_now + again_s >= silent_since + unanswered_s:
                     metrics.PREFILL_RESULT_ASKS.labels("unanswered").inc()
                     raise ConnectionLostError(
                         f"prefill {prefill_id} gave no result of job {job_id} after the NATS "

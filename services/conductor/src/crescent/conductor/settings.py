@@ -42,6 +42,11 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
         "how long a request waits for a live instance when the "
         "model's instances are all briefly silent or restarting",
     )
+    nats_outage_s: float = setting(
+        45.0,
+        "how much of one outage of NATS (no instance heard at all) the requests in flight wait "
+        "out before it counts against their instances' token and resend deadlines",
+    )
     policy: str = setting("kv-centric", f"scheduling policy: {', '.join(POLICIES)}")
     admission: str = setting("early", f"admission control: {', '.join(ADMISSIONS)}")
     ttft_slo_s: float = setting(30.0, "TTFT SLO that admission predicts against")
@@ -169,6 +174,8 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
             raise ConfigError(f"local_prefill: {exc}") from exc
         if self.block_size < 1 or self.kv_bytes_per_block < 1:
             raise ConfigError("block_size and kv_bytes_per_block must be >= 1")
+        if self.nats_outage_s < 0:
+            raise ConfigError(f"nats_outage_s must be >= 0, got {self.nats_outage_s}")
         if self.ratio_window_s < 0:
             raise ConfigError(f"ratio_window_s must be >= 0, got {self.ratio_window_s}")
         try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from crescent.common.cluster_config import ConfigFollower
 from crescent.common.codec import encode
 from crescent.common.config import setting
-from crescent.common.errors import ConfigError, RecoverableError
+from crescent.common.errors import ConfigError, ConnectionLostError, RecoverableError
 from crescent.common.messages import (
     Ack,
     DecodeCancel,
@@ -319,7 +319,10 @@ class DecodeWorker:
 
         async def publish(chunk: TokenChunk) -> None:
             # No trace context per chunk: the conductor reads none, and headers cost both sides.
-            await bus.publish(subject, chunk, with_trace=False)
+            try:
+                await bus.publish(subject, chunk, with_trace=False)
+            except ConnectionLostError:  # a long NATS outage: kept for the conductor's resend
+                pass
 
         return publish
 
