@@ -220,7 +220,9 @@ class RequestFlow:
                     skipped -= {i for i in silent if unanswered[i].ask_at <= now}
                     continue
                 span.set_attribute("crescent.rejected", outcome.reason.value)
-                raise RejectedError(with_refusals(outcome, refusals or {}))
+                raise RejectedError(
+                    with_refusals(outcome, refusals or {}, (unanswered or {}).keys())
+                )
             self._scheduler.record(request, outcome, model)
             span.set_attribute("crescent.prefill", outcome.prefill.instance_id)
             span.set_attribute("crescent.decode", outcome.decode.instance_id)
@@ -668,7 +670,7 @@ class RequestFlow:
                 refused[choice.instance_id] = why_not.reason
             elif self._clock() >= deadline:
                 decode.instance_id = ""
-                raise RejectedError(with_refusals(choice, refused))
+                raise RejectedError(with_refusals(choice, refused, failed=lost.ids()))
             else:
                 await asyncio.sleep(PLACEMENT_RETRY_S)
                 excluded = lost.ids()
@@ -738,10 +740,26 @@ class RequestFlow:
             log.warning("cancel not sent", extra={"subject": subject, "error": repr(exc)})
 
 
-def with_refusals(rejection: Rejection, refusals: Mapping[str, str]) -> Rejection:
-    """A rejection for want of a decode instance, saying why those that were asked refused:
-    the policy saw only the others, and "no room" alone would misname a refusal for TBT."""
-    if rejection.reason is not RejectReason.NO_DECODE or not refusals:
+def with_refusals(
+    rejection: Rejection,
+    refusals: Mapping[str, str],
+    unanswered: Collection[str] = (),
+    failed: Collection[str] = (),
+) -> Rejection:
+    """A rejection for want of a decode instance, saying which instances failed the request
+    (`failed`, mid-stream) and why those that were asked did not take it: the policy saw only
+    the others, and "no room" alone would misname a refusal for TBT, or a failure. When none of
+    them answered (`unanswered`: silent, gone or failed), the cause is the instances' failure,
+    not load: unavailable (503), not a 429."""
+    if rejection.reason is not RejectReason.NO_DECODE or not (refusals or failed):
         return rejection
-    why = "; ".join(f"{instance} refused it: {reason}" for instance, reason in refusals.items())
-    return dataclasses.replace(rejection, detail=f"{why}; {rejection.detail} among the others")
+    why = [f"{instance} failed it mid-stream" for instance in sorted(failed)]
+    why += [
+        f"{instance} {'did not answer' if instance in unanswered else 'refused it'}: {reason}"
+        for instance, reason in refusals.items()
+    ]
+    is_unavailable = all(instance in unanswered for instance in refusals)
+    detail = rejection.detail.replace("no live decode instance", "no other live decode instance")
+    return dataclasses.replace(
+        rejection, detail="; ".join([*why, detail]), is_unavailable=is_unavailable
+    )

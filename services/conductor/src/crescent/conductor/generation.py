@@ -42,7 +42,7 @@ from crescent.conductor.openai_api import (
 )
 from crescent.conductor.openai_responses import ResponsesRenderer, parse_responses
 from crescent.conductor.openai_shapes import OpenAIRenderer
-from crescent.conductor.policy import RejectReason
+from crescent.conductor.policy import Rejection, RejectReason
 from crescent.conductor.relay import Relay
 from crescent.conductor.scheduler import Scheduler
 from crescent.conductor.settings import ConductorSettings
@@ -253,7 +253,9 @@ class Generation:
             outcome = "rejected"
             if self.ratio is not None:
                 self.ratio.record_rejection(gen.model, exc.rejection.reason)
-            raise self._rejection_error(exc.rejection, request_id) from exc
+            raise rejection_error(
+                exc.rejection, request_id, self.view.count("decode", time.monotonic())
+            ) from exc
         except RequestRefusedError as exc:
             raise ApiError(
                 400, f"the model's engine refused the request: {exc}", headers=headers
@@ -275,30 +277,37 @@ class Generation:
             metrics.REQUESTS.labels(gen.api, outcome).inc()
             metrics.E2E.observe(time.monotonic() - arrived)
 
-    def _rejection_error(self, rejection, request_id: str) -> ApiError:
-        """429 when the cluster is too loaded for the SLOs (retry later), 503 when it has no
-        instance at all for this model."""
-        metrics.REJECTED.labels(rejection.reason.value).inc()
-        headers = {
-            "Retry-After": str(max(1, math.ceil(rejection.retry_after_s))),
-            "X-Request-Id": request_id,
-        }
-        has_no_instance = rejection.reason is RejectReason.NO_PREFILL or (
-            rejection.reason is RejectReason.NO_DECODE
-            and not self.view.count("decode", time.monotonic())
-        )
-        if has_no_instance:
-            return ApiError(
-                503,
-                rejection.detail,
-                type_="service_unavailable",
-                code="no_capacity",
-                headers=headers,
-            )
+
+def rejection_error(rejection: Rejection, request_id: str, num_live_decodes: int) -> ApiError:
+    """429 when the cluster is too loaded (retry later): no decode room, or the SLOs; 503
+    when it has no instance at all for this model, or those that could take the request
+    failed it."""
+    metrics.REJECTED.labels(rejection.reason.value).inc()
+    headers = {
+        "Retry-After": str(max(1, math.ceil(rejection.retry_after_s))),
+        "X-Request-Id": request_id,
+    }
+    has_no_instance = rejection.reason is RejectReason.NO_PREFILL or (
+        rejection.reason is RejectReason.NO_DECODE
+        and (rejection.is_unavailable or not num_live_decodes)
+    )
+    if has_no_instance:
         return ApiError(
-            429,
-            f"the cluster cannot serve this request within its SLOs now: {rejection.detail}",
-            type_="rate_limit_error",
-            code=rejection.reason.value,
+            503,
+            rejection.detail,
+            type_="service_unavailable",
+            code="no_capacity",
             headers=headers,
         )
+    why = (
+        "no decode instance can take this request now"
+        if rejection.reason is RejectReason.NO_DECODE
+        else "the cluster cannot serve this request within its SLOs now"
+    )
+    return ApiError(
+        429,
+        f"{why}: {rejection.detail}",
+        type_="rate_limit_error",
+        code=rejection.reason.value,
+        headers=headers,
+    )

@@ -140,10 +140,13 @@ class RejectReason(enum.Enum):
 
 @dataclass(frozen=True)
 class Rejection:
-    """Decided before any prefill runs (HTTP 429 with Retry-After)."""
+    """Decided before any prefill runs (HTTP 429 with Retry-After; 503 when unavailable)."""
 
     reason: RejectReason
     detail: str
     retry_after_s: float
     predicted_ttft_s: float | None = None
     predicted_tbt_s: float | None = None
+    # Every decode instance that could take the request failed it or gave no answer: the
+    # cause is their failure, not the cluster's load.
+    is_unavailable: bool = False
