@@ -251,14 +251,9 @@ class ClusterView:
             self.last_heard_any - last_heard <= window and now - last_heard <= DEAF_PERIODS * period
         )
 
-    def hears_anyone(self, now: float) -> bool:
-        """Whether any instance (this conductor's own telemetry, which crosses NATS too,
-        included) was heard within a stale window: if not, a silence is NATS's or this
-        conductor's own, not one instance's."""
-        return now - self.last_heard_any <= self.stale_periods * self.default_period_s
-
     def heard_clock(self) -> float:
-        """A clock that stops while this conductor hears no instance at all (NATS stalled or
+        """A clock that stops while this conductor hears no instance at all (none, its own
+        telemetry included, which crosses NATS too, within a stale window: NATS stalled or
         down, or this conductor cut off from it), for up to `outage_allowance_s` of each such
         outage. A deadline on one instance's answer measured on it counts only the silence
         that is that instance's: the answer may wait in NATS, or be asked again once it is

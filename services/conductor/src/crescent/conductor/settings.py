@@ -45,7 +45,8 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
     nats_outage_s: float = setting(
         45.0,
         "how much of one outage of NATS (no instance heard at all) the requests in flight wait "
-        "out before it counts against their instances' token and resend deadlines",
+        "out before it counts against their instances' token and resend deadlines (keep it under "
+        "the 60 s a decode instance keeps an ended stream's chunks for a resend)",
     )
     policy: str = setting("kv-centric", f"scheduling policy: {', '.join(POLICIES)}")
     admission: str = setting("early", f"admission control: {', '.join(ADMISSIONS)}")
