@@ -54,6 +54,10 @@ async def decode(infra, cluster_name, tmp_path):
             "2",
             "--log-format",
             "text",
+            # The tests hold reservations they never start: a stop waiting for them would take
+            # the whole stop deadline. The drain test asks for its own.
+            "--drain-timeout-s",
+            "0",
             *flags,
         ]
         process = ManagedProcess(ProcessSpec(name="decode-a", argv=argv), tmp_path / "logs")
@@ -174,7 +178,7 @@ async def test_a_draining_decode_instance_says_so_and_waits_for_what_it_reserved
     infra, cluster_name, decode
 ):
     bus, start = decode
-    process = await start("--emulated-time-scale", "0")
+    process = await start("--emulated-time-scale", "0", "--drain-timeout-s", "30")
     seen: list[InstanceLoad] = []
     await bus.subscribe(
         Subjects(cluster_name).telemetry("decode", "decode-a"), InstanceLoad, seen.append

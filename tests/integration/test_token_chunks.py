@@ -52,6 +52,10 @@ async def decode_worker(infra, cluster_name, tmp_path):
             "decode-a",
             "--log-format",
             "text",
+            # The warm-up reservation is never started: a stop waiting for it would take the
+            # whole stop deadline.
+            "--drain-timeout-s",
+            "0",
             *flags,
         ]
         process = ManagedProcess(
