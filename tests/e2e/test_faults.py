@@ -98,10 +98,39 @@ async def load_with_fault(
     return list(zip(prompts, results))
 
 
-def assert_all_correct(results: list[tuple[str, tuple]]) -> None:
+async def load_while_decoding(
+    cluster: LocalCluster, texts: list[str], max_tokens: int, fault, **stream_args
+) -> list[tuple[str, tuple]]:
+    """Stream each of `texts`; apply `fault` once every stream has a token (all are decoding),
+    then wait for them all."""
+    tokens_seen = [0] * len(texts)
+
+    def counter(i: int):
+        def on_token() -> None:
+            tokens_seen[i] += 1
+
+        return on_token
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        tasks = [
+            asyncio.create_task(
+                stream(session, cluster.api_url, text, max_tokens, counter(i), **stream_args)
+            )
+            for i, text in enumerate(texts)
+        ]
+        deadline = time.monotonic() + 20
+        while min(tokens_seen) == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert min(tokens_seen) > 0, "not every stream was decoding"
+        await fault()
+        results = await asyncio.gather(*tasks)
+    return list(zip(texts, results))
+
+
+def assert_all_correct(results: list[tuple[str, tuple]], max_tokens: int = MAX_TOKENS) -> None:
     for text, (status, output, finish) in results:
         assert status == 200, output
-        assert output == expected_text(text, MAX_TOKENS)
+        assert output == expected_text(text, max_tokens)
         assert finish == "length"
 
 
@@ -254,31 +283,10 @@ async def test_nats_restart_mid_stream_keeps_every_stream_on_its_decode(cluster)
     prompt and tokens again on another decode instance."""
     num_streams, max_tokens = 6, 400  # ~4 s of decode: longer than the restart
     texts = [prompt(i) for i in range(num_streams)]
-    tokens_seen = [0] * num_streams
-
-    def counter(i: int):
-        def on_token() -> None:
-            tokens_seen[i] += 1
-
-        return on_token
-
     before = await _metrics(cluster)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        tasks = [
-            asyncio.create_task(stream(session, cluster.api_url, text, max_tokens, counter(i)))
-            for i, text in enumerate(texts)
-        ]
-        deadline = time.monotonic() + 20
-        while min(tokens_seen) == 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert min(tokens_seen) > 0, "not every stream was decoding"
-        await restart_nats(cluster)
-        results = await asyncio.gather(*tasks)
+    results = await load_while_decoding(cluster, texts, max_tokens, lambda: restart_nats(cluster))
     after = await _metrics(cluster)
-    for text, (status, output, finish) in zip(texts, results):
-        assert status == 200, output
-        assert output == expected_text(text, max_tokens)
-        assert finish == "length"
+    assert_all_correct(results, max_tokens)
 
     def moved(metrics: str) -> float:
         return _sample(metrics, "crescent_request_migrations_total", stage="decode")

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 
 import aiohttp
 import pytest
-from expected import expected_text
 from scrape import metric_total
-from test_faults import assert_all_correct, prompt, stream
+from test_faults import assert_all_correct, load_while_decoding, prompt, stream
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.ports import free_port
@@ -72,35 +70,16 @@ async def test_streams_wait_out_a_nats_stall_longer_than_the_token_timeout(clust
 async def test_streams_read_on_after_a_nats_outage_longer_than_the_start_timeout(cluster):
     num_streams, max_tokens = 4, 900  # ~9 s of decode: longer than the outage
     prompts = [prompt(i) for i in range(num_streams)]
-    tokens_seen = [0] * num_streams
     nats_server = cluster.process("nats")
 
-    def counter(i: int):
-        def on_token() -> None:
-            tokens_seen[i] += 1
-
-        return on_token
-
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        tasks = [
-            asyncio.create_task(
-                stream(session, cluster.api_url, p, max_tokens, counter(i), logprobs=5)
-            )
-            for i, p in enumerate(prompts)
-        ]
-        deadline = time.monotonic() + 20
-        while min(tokens_seen) == 0 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert min(tokens_seen) > 0, "not every stream was decoding"
+    async def outage() -> None:
         await asyncio.to_thread(nats_server.stop)
         await asyncio.sleep(OUTAGE_S)
         nats_server.start()
         await asyncio.to_thread(nats_server.wait_ready, 30)
-        results = await asyncio.gather(*tasks)
-    for text, (status, output, finish) in zip(prompts, results):
-        assert status == 200, output
-        assert output == expected_text(text, max_tokens)
-        assert finish == "length"
+
+    results = await load_while_decoding(cluster, prompts, max_tokens, outage, logprobs=5)
+    assert_all_correct(results, max_tokens)
     assert cluster.process("decode-0").is_running
     assert metric_total(cluster.api_url, "crescent_request_migrations_total") == 0
     resent = metric_total(cluster.api_url, "crescent_stream_resends_total", outcome="resent")

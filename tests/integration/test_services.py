@@ -58,6 +58,14 @@ def service(infra, cluster, role, instance_id, tmp_path, *extra):
     return process
 
 
+def wait_serving(worker: ManagedProcess, timeout_s: float = 30) -> None:
+    """Until the worker (started with --log-format text) logs that it serves."""
+    deadline = time.monotonic() + timeout_s
+    while "serving" not in worker.log_tail():
+        assert worker.is_running and time.monotonic() < deadline, worker.log_tail()
+        time.sleep(0.05)
+
+
 async def wait_until(predicate, timeout_s, what):
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -301,10 +309,7 @@ def test_a_stop_whose_peers_hang_ends_at_its_deadline(infra, cluster_name, tmp_p
         "text",
     )
     try:
-        deadline = time.monotonic() + 30
-        while "serving" not in worker.log_tail():
-            assert worker.is_running and time.monotonic() < deadline, worker.log_tail()
-            time.sleep(0.05)
+        wait_serving(worker)
         infra.etcd.signal(signal.SIGSTOP)  # the lease revoke now waits for its RPC timeout
         infra.nats.signal(signal.SIGSTOP)
         stopping_at = time.monotonic()
@@ -328,10 +333,7 @@ def test_a_sigterm_while_nats_is_down_stops_cleanly(infra, cluster_name, tmp_pat
     RuntimeError: the service used to exit 1 with a traceback.)"""
     worker = service(infra, cluster_name, "decode", "decode-a", tmp_path, "--log-format", "text")
     try:
-        deadline = time.monotonic() + 30
-        while "serving" not in worker.log_tail():
-            assert worker.is_running and time.monotonic() < deadline, worker.log_tail()
-            time.sleep(0.05)
+        wait_serving(worker)
         infra.nats.stop()
         time.sleep(1.0)  # a few telemetry periods held for the reconnect
         worker.signal(signal.SIGTERM)

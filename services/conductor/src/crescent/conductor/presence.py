@@ -56,12 +56,13 @@ class Presence:
         silent too, and fail a stream that goes on once NATS does."""
         sent = self.sent_to("decode", decode_id)
         started = self.heard_clock()
+        left_s = deadline_s
         while True:
-            left_s = deadline_s - (self.heard_clock() - started)
             try:
-                return await stream.next(min(PRESENCE_CHECK_S, max(left_s, 0.0)))
+                return await stream.next(min(PRESENCE_CHECK_S, left_s))
             except RequestTimeoutError:
-                if self.heard_clock() - started >= deadline_s:
+                left_s = deadline_s - (self.heard_clock() - started)
+                if left_s <= 0:
                     raise
             self._check("decode", decode_id, sent)
 
