@@ -78,3 +78,13 @@ def test_a_resend_cut_to_fit_one_message_is_asked_on_from_where_it_stopped():
     for _ in range(3):
         assert order.is_next(order.resent_chunk())
     assert not order.needs_resend(epoch=1) and order.expected_seq == 6
+
+
+def test_a_stream_read_again_after_its_decode_came_back_asks_from_the_first_chunk_missing():
+    order = ChunkOrder("r", read_epoch=0)
+    assert read(order, [chunk(0), chunk(1)]) == [0, 1]
+    order.lost_since_read()
+    assert order.needs_resend(epoch=0) and order.expected_seq == 2
+    order.on_resent(0, [chunk(2), chunk(3)])
+    assert read(order, [chunk(4)]) == [2, 3, 4]
+    assert not order.needs_resend(epoch=0)

@@ -87,6 +87,7 @@ class Conductor:
             start_s=self.settings.start_timeout_s,
             token_gap_s=self.settings.token_timeout_s,
             placement_wait_s=self.settings.placement_wait_s,
+            rejoin_wait_s=self.settings.rejoin_wait_s,
         )
         streams = await runtime.bus.stream_group(
             runtime.subjects.tokens_of(runtime.instance_id), TokenChunk

@@ -10,7 +10,10 @@ No admitted request is lost to an instance that dies (DESIGN §10). A prefill in
 gone (its registry lease ended, or nobody answers on its subject) or that fails the job before
 the first token → the request is placed again without it. A decode instance that is gone or
 breaks the stream mid-way → the request goes on, on another decode instance, from its prompt
-plus the tokens already streamed, so the client sees one uninterrupted stream. A reply that may
+plus the tokens already streamed, so the client sees one uninterrupted stream. An instance
+that left the registry may only be paused past its lease: when no other can take its request,
+it is waited for and, back in the same process, read on from (a decode's stream, a prefill's
+job result), as after a NATS reconnect. A reply that may
 have been lost across a NATS reconnect is treated the same way; token chunks that may have been
 lost (across a reconnect, or missing from the numbering) are asked of the decode again
 (resend.py), and the request moves only when it cannot answer. A slow instance (stale
@@ -27,6 +30,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Collection, Mapping
+from dataclasses import dataclass
 
 import msgspec
 
@@ -56,6 +60,7 @@ from crescent.conductor.flow_errors import (
     INVALID_REQUEST,
     MOVABLE_ERRORS,
     START_REFUSED,
+    InstanceLostError,
     RejectedError,
     RequestRefusedError,
     StreamBrokenError,
@@ -90,6 +95,24 @@ log = logging.getLogger(__name__)
 
 PLACEMENT_RETRY_S = 0.1
 MAX_MIGRATIONS = 4  # per stage: more means the request itself is the problem
+
+
+@dataclass
+class StreamReading:
+    """Where reading one decode attempt's token stream stands: which chunk is due, and for a
+    replayed request what of the output already streamed is still to be regenerated. Kept
+    when the attempt's stream is read again from its decode (a rejoin)."""
+
+    order: ChunkOrder
+    replay: Replay
+
+    @classmethod
+    def of(cls, decode: DecodeSide, progress: Progress, attempt: Attempt) -> StreamReading:
+        # A replayed request's new decode first regenerates what the client already has.
+        return cls(
+            ChunkOrder(decode.attempt_id, attempt.sent_to.epoch),
+            Replay(progress.generated if progress.is_replayed else []),
+        )
 
 
 class RequestFlow:
@@ -377,7 +400,17 @@ class RequestFlow:
                     result = await self._presence.wait(
                         "prefill", prefill.instance_id, prefilling, sent_to
                     )
-                except ConnectionLostError:  # the reply may be lost, the job may go on: ask
+                except (ConnectionLostError, InstanceLostError) as exc:
+                    # The reply may be lost, the job may go on: ask. An instance that left the
+                    # cluster is asked once it is back, if no other could take the job.
+                    if isinstance(exc, InstanceLostError) and not await self._is_back(
+                        request.request_id,
+                        "prefill",
+                        prefill.instance_id,
+                        sent_to.started_at,
+                        model,
+                    ):
+                        raise
                     prefilled_at.clear()  # the wait was cut off: no result came then
                     result = await prefill_result_after_drop(
                         self._bus,
@@ -430,6 +463,29 @@ class RequestFlow:
             finally:
                 if handed is not None and not is_handed_over:  # refused, moved or failed
                     await handed.drop()
+
+    async def _is_back(
+        self, request_id: str, role: str, instance_id: str, started_at: float | None, model: str
+    ) -> bool:
+        """Whether the instance that left the cluster while it held a request comes back in
+        the same process (`started_at`: paused or cut off past its lease, not dead) within
+        rejoin_wait_s, while no other live instance of its role could take the request over;
+        False as soon as one could."""
+        deadline = self._clock() + self._timeouts.rejoin_wait_s
+        while True:
+            if started_at is not None and self._view.started_at(role, instance_id) == started_at:
+                self._rejoined(request_id, role, instance_id)
+                return True
+            if self._view.count_live(role, model, self._clock()) or self._clock() >= deadline:
+                return False
+            await asyncio.sleep(PLACEMENT_RETRY_S)
+
+    def _rejoined(self, request_id: str, role: str, instance_id: str) -> None:
+        log.info(
+            "instance back; reading on from it",
+            extra={"request_id": request_id, "role": role, "instance_id": instance_id},
+        )
+        metrics.REJOINS.labels(role).inc()
 
     def _hand_over(self, progress: Progress, decode: DecodeSide) -> HandedStart | None:
         """The decode's start for the prefill instance to send, with its token stream and its
@@ -523,13 +579,16 @@ class RequestFlow:
         attempt: Attempt | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Stream from the decode instance (`attempt`: its start already sent); when it is
-        lost, go on from where it stopped on another one, within MAX_MIGRATIONS moves."""
+        lost, go on from where it stopped on another one, within MAX_MIGRATIONS moves, or read
+        on from the same one when it comes back (`_move_decode`)."""
         lost = Gone(self._view, "decode")
         num_moves = 0
+        reading: StreamReading | None = None
         while True:
             attempt = attempt or self._begin(decode, progress)
+            reading = reading or StreamReading.of(decode, progress, attempt)
             try:
-                async for event in self._stream_from(decode, progress, attempt):
+                async for event in self._stream_from(decode, progress, attempt, reading):
                     yield event
                 return
             except MOVABLE_ERRORS as exc:
@@ -541,10 +600,24 @@ class RequestFlow:
                 )
                 if not isinstance(exc, ConnectionLostError):
                     lost.add(decode.instance_id, attempt.sent_to.started_at)
+                may_rejoin = isinstance(exc, InstanceLostError) and self._timeouts.rejoin_wait_s > 0
             finally:
                 await attempt.close()
-            attempt = None
-            await self._move_decode(request, model, progress, decode, lost)
+            if await self._move_decode(request, model, progress, decode, lost, may_rejoin):
+                attempt, reading = None, None
+            else:
+                attempt = self._rejoin(decode, reading)
+
+    def _rejoin(self, decode: DecodeSide, reading: StreamReading) -> Attempt:
+        """Read the attempt's stream again, from the decode that left the cluster and came
+        back: the chunks it sent meanwhile are asked for again (it keeps them), so the stream
+        goes on where it stopped and nothing is computed again."""
+        self._rejoined(decode.request_id, "decode", decode.instance_id)
+        stream = self._streams.open(self._subjects.tokens(decode.attempt_id, self._owner))
+        reading.order.lost_since_read()
+        started = asyncio.get_running_loop().create_future()
+        started.set_result(None)
+        return Attempt(stream, self._presence.sent_to("decode", decode.instance_id), started)
 
     def _begin(
         self, decode: DecodeSide, progress: Progress, admit_as: int | None = None
@@ -568,7 +641,7 @@ class RequestFlow:
         return Attempt(stream, self._presence.sent_to("decode", decode.instance_id), starting)
 
     async def _stream_from(
-        self, decode: DecodeSide, progress: Progress, attempt: Attempt
+        self, decode: DecodeSide, progress: Progress, attempt: Attempt, reading: StreamReading
     ) -> AsyncIterator[TokenEvent]:
         decode_id = decode.instance_id
         stream = attempt.stream
@@ -582,9 +655,7 @@ class RequestFlow:
             pass  # the answer may be lost: the stream's first resend tells if the start came
         self._scheduler.on_decode_started(decode.request_id)
         steady = SteadyGaps(self._view.stale_window_s("decode", decode_id))
-        # A replayed request's new decode first regenerates what the client already has.
-        replay = Replay(progress.generated if progress.is_replayed else [])
-        order = ChunkOrder(decode.attempt_id, attempt.sent_to.epoch)
+        order, replay = reading.order, reading.replay
         while True:
             if order.needs_resend(self._bus.epoch):
                 order.on_resent(
@@ -643,22 +714,28 @@ class RequestFlow:
         progress: Progress,
         decode: DecodeSide,
         lost: Gone,
-    ) -> None:
-        """Release the old attempt and reserve room for the next one on a live decode instance."""
-        await self._cancel_decode(decode)
+        may_rejoin: bool,
+    ) -> bool:
+        """Reserve room for the next attempt on another live decode instance, then release the
+        old one; True once moved. `may_rejoin`: the old one left the cluster, which a process
+        paused or cut off past its lease does too; while no other instance takes the request,
+        it is waited for (rejoin_wait_s), and False is returned if it comes back in the same
+        process: its stream reads on there."""
         old_id = decode.instance_id
-        decode.attempt += 1
-        start = progress.decode_start(decode.attempt_id)
+        start = progress.decode_start(decode.next_attempt_id)
         excluded = lost.ids()
         refused: dict[str, str] = {}  # since the last retry
-        deadline = self._clock() + self._timeouts.placement_wait_s
+        now = self._clock()
+        deadline = now + self._timeouts.placement_wait_s
+        if may_rejoin:
+            deadline = max(deadline, now + self._timeouts.rejoin_wait_s)
         while True:
             choice = self._scheduler.schedule_decode(request, model, excluded)
             if isinstance(choice, DecodeChoice):
                 number = self._view.next_number()
                 why_not = await self._reserve(
                     choice.instance_id,
-                    decode.attempt_id,
+                    decode.next_attempt_id,
                     len(start.token_ids) + 1,
                     start.max_tokens - 1,
                     number,
@@ -668,16 +745,22 @@ class RequestFlow:
                     break
                 excluded.add(choice.instance_id)
                 refused[choice.instance_id] = why_not.reason
+            elif may_rejoin and lost.is_back(old_id):
+                return False
             elif self._clock() >= deadline:
+                await self._cancel_decode(decode)
                 decode.instance_id = ""
                 raise RejectedError(with_refusals(choice, refused, failed=lost.ids()))
             else:
                 await asyncio.sleep(PLACEMENT_RETRY_S)
                 excluded = lost.ids()
                 refused = {}
+        await self._cancel_decode(decode)
+        decode.attempt += 1
         decode.instance_id = choice.instance_id
         decode.is_moved = True
         self._scheduler.move_decode(request, old_id, choice.instance_id, number)
+        return True
 
     def _migrated(
         self, stage: str, request_id: str, instance_id: str, cause: Exception, num_generated: int

@@ -21,6 +21,7 @@ class FlowTimeouts:
     start_s: float = 5.0
     token_gap_s: float = 30.0
     placement_wait_s: float = 10.0  # how long a request waits for a live instance to exist
+    rejoin_wait_s: float = 30.0  # how long it waits for its instance that left to come back
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,15 @@ class DecodeSide:
 
     @property
     def attempt_id(self) -> str:
-        return self.request_id if self.attempt == 0 else f"{self.request_id}-m{self.attempt}"
+        return self._id_of(self.attempt)
+
+    @property
+    def next_attempt_id(self) -> str:
+        """The id the attempt after this one (a move) will have."""
+        return self._id_of(self.attempt + 1)
+
+    def _id_of(self, attempt: int) -> str:
+        return self.request_id if attempt == 0 else f"{self.request_id}-m{attempt}"
 
 
 @dataclass(frozen=True)
@@ -162,3 +171,9 @@ class Gone:
             for i, started in self._started_at.items()
             if self._view.started_at(self._role, i) in (started, None)
         }
+
+    def is_back(self, instance_id: str) -> bool:
+        """`instance_id` is registered again in the incarnation that failed the request: the
+        same process, only unheard past its lease (paused, cut off), not a restarted one."""
+        started = self._started_at.get(instance_id)
+        return started is not None and self._view.started_at(self._role, instance_id) == started

@@ -78,6 +78,12 @@ MIGRATIONS = Counter(
     "Requests moved to another instance, by stage and cause",
     ["stage", "cause"],
 )
+REJOINS = Counter(
+    "crescent_rejoins",
+    "Requests read on from their instance after it left the cluster and came back in the same "
+    "process (paused or cut off past its lease) while no other could take them, by role",
+    ["role"],
+)
 STREAM_RESENDS = Counter(
     "crescent_stream_resends",
     "Token streams asked for their chunks again after a NATS drop, by outcome: resent (read "

@@ -58,13 +58,20 @@ class ChunkOrder:
         self.read_epoch = read_epoch
         self._skipped_to: int | None = None  # a chunk seen past a gap
         self._resent: deque[TokenChunk] = deque()  # chunks sent again, read before the stream
-        self._is_resend_cut = False  # more chunks followed those resent than one message held
+        # chunks still to ask for: more followed those resent than one message held, or the
+        # stream went unread a while
+        self._asks_on = False
+
+    def lost_since_read(self) -> None:
+        """The stream was not read for a while (its decode left the cluster and came back):
+        what it sent meanwhile is to be asked for."""
+        self._asks_on = True
 
     def needs_resend(self, epoch: int) -> bool:
         """Whether chunks may have been lost, now that the connection is `epoch`, or the last
         resend's rest is still to ask for."""
         return not self._resent and (
-            self._is_resend_cut or self._skipped_to is not None or epoch != self.read_epoch
+            self._asks_on or self._skipped_to is not None or epoch != self.read_epoch
         )
 
     def on_resent(self, epoch: int, chunks: list[TokenChunk], num_left: int = 0) -> None:
@@ -77,7 +84,7 @@ class ChunkOrder:
             )
         self.read_epoch = epoch
         self._skipped_to = None
-        self._is_resend_cut = num_left > 0
+        self._asks_on = num_left > 0
         self._resent.extend(chunks)
 
     def resent_chunk(self) -> TokenChunk | None:

@@ -42,6 +42,12 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
         "how long a request waits for a live instance when the "
         "model's instances are all briefly silent or restarting",
     )
+    rejoin_wait_s: float = setting(
+        30.0,
+        "how long requests wait for their instance to come back after it left the registry "
+        "(a process paused past its lease) when no other instance can take them; "
+        "0: never wait for it",
+    )
     nats_outage_s: float = setting(
         45.0,
         "how much of one outage of NATS (no instance heard at all) the requests in flight wait "
@@ -183,6 +189,8 @@ class ConductorSettings(EmulatedDevice, CommonSettings):
             self.ratio_config().validate()
         except RatioConfigError as exc:
             raise ConfigError(f"autoscale bounds: {exc}") from exc
+        if self.rejoin_wait_s < 0:
+            raise ConfigError(f"rejoin_wait_s must be >= 0, got {self.rejoin_wait_s}")
         for name in (
             "ttft_slo_s",
             "tbt_slo_s",
