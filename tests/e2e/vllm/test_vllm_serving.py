@@ -168,6 +168,25 @@ async def test_conditional_disaggregation_decode_computes_the_prompt_as_plain_vl
     assert committed["A"]["num_blocks"] == len(cold) // BLOCK_SIZE
 
 
+async def test_a_prompt_computed_on_decode_answers_before_its_blocks_are_committed(
+    vllm_cluster, conductor, reference
+):
+    """decode-A computes a prompt itself (conditional disaggregation) and saves its blocks to
+    its node's store for later reuse, each commit held 1 s by its fault: nothing reads them
+    back for this request, so its first token waits for none of them, as it would on a
+    prefill instance (where decode reads them right after). A slow store would otherwise hold
+    every running stream's step."""
+    prompt = prompt_tokens(600, seed=310)
+    [want] = reference_tokens(reference, [prompt], MAX_TOKENS)
+    arrivals: list[float] = []
+
+    got, request_id = await conductor.generate_on_decode(prompt, MAX_TOKENS, arrivals=arrivals)
+
+    assert got == want
+    committed = await wait_for_events(vllm_cluster, "decode-A", request_id, "committed", {"A"})
+    assert arrivals[0] < committed["A"]["t"]
+
+
 async def test_prefill_on_node_b_computes_a_prefix_held_only_on_node_a_when_no_pull_is_planned(
     vllm_cluster, conductor, reference
 ):
@@ -244,7 +263,7 @@ async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull_o
 
 async def test_first_token_waits_for_the_decode_store_only(vllm_cluster, conductor, reference):
     """prefill-B saves to A (decode-A's node) and to B (its own), whose commits its fault
-    holds 3 s: the prefill answers before B has committed, and decode-A still finds every
+    holds 1 s: the prefill answers before B has committed, and decode-A still finds every
     block in A's store."""
     prompt = prompt_tokens(600, seed=250)
     [want] = reference_tokens(reference, [prompt], MAX_TOKENS)

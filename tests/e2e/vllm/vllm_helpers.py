@@ -158,8 +158,14 @@ class VllmCluster:
             self._service(
                 "decode",
                 "decode-A",
-                *engine_flags(
-                    self.model_dir, "A", self.event_log("decode-A"), "--telemetry-period-s", "0.05"
+                *engine_flags(  # its own prompts' commits 1 s late
+                    self.model_dir,
+                    "A",
+                    self.event_log("decode-A"),
+                    "--telemetry-period-s",
+                    "0.05",
+                    "--kv-fault",
+                    "delay_other_commits",
                 ),
             )
         )

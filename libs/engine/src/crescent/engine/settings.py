@@ -118,8 +118,9 @@ class EngineSettings(EmulatedDevice, CommonSettings):
     )
     kv_fault: str = setting(
         "",
-        "vllm, testing only: inject a store fault (delay_other_commits: commits to "
-        "every store but the decode node's start 3 s late; evict_after_lookup: the store "
+        "vllm, testing only: inject a store fault (delay_other_commits: every commit "
+        "no first token waits for starts 1 s late: on prefill, to every store but the decode "
+        "node's; on decode, all; evict_after_lookup: the store "
         "loses block 1 of a prefix between the connector's lookup and its load; slow_load: "
         "every load starts 2 s late)",
     )

@@ -43,7 +43,7 @@ class ConnectorConfig:
     log_level: str = "INFO"
     log_format: str = "json"
     # testing only: "evict_after_lookup" drops block 1 between lookup and load;
-    # "delay_other_commits" holds commits to every target but the first 3 s (saver.py);
+    # "delay_other_commits" holds 1 s every commit no first token waits for (saver.py);
     # "slow_load" starts every load 2 s late (worker_side.py)
     fault: str = ""
 
@@ -72,9 +72,10 @@ class SaveSpec:
     vllm_block_ids: list[int]  # vllm_blocks_per_block per store block, in order
     targets: list[str]
     trace: dict[str, str] = field(default_factory=dict)
-    is_last: bool = (
-        False  # the prompt ends in this step: its first token waits for targets[0]'s commit
-    )
+    # The prompt ends in this step on a prefill instance: its first token waits for
+    # targets[0]'s (the decode node's) commit, since decode looks the blocks up right after.
+    # A decode instance that computes a prompt itself reads nothing back: no wait.
+    first_token_waits: bool = False
 
 
 @dataclass

@@ -10,8 +10,10 @@ each target store (in place on a copier thread when the store is on this host, o
 plane otherwise), then, after the step, committing or aborting each target's blocks.
 
 The only wait left in a step is the one the first token needs: in the step that ends a
-prompt, the decode node's store (the first target) must have committed every block of that
-prompt before vLLM emits the token, because decode looks them up right after it. The commit
+prompt on a prefill instance, the decode node's store (the first target) must have committed
+every block of that prompt before vLLM emits the token, because decode looks them up right
+after it. A decode instance computing a prompt itself saves it for later reuse only, and waits
+for nothing (a slow store would otherwise hold every running stream's step). The commit
 does not wait for etcd (the store serves committed blocks at once; the cluster index follows).
 The other targets (this node's store, for later reuse) finish whenever they finish. A target
 whose write or commit fails or misses its deadline simply does not hold those blocks: decode
@@ -35,7 +37,7 @@ from crescent.engine.vllm.runtime import ConnectorRuntime
 
 log = logging.getLogger(__name__)
 
-OTHER_COMMITS_DELAY_S = 3.0  # kv_fault delay_other_commits (tests)
+OTHER_COMMITS_DELAY_S = 1.0  # kv_fault delay_other_commits (tests)
 
 
 class _SaveJob:
@@ -195,7 +197,7 @@ class Saver:
                 job.is_failed = job.is_failed or job.num_layers != self.num_layers
                 self._start_commits(job)
         for job in self._jobs:
-            if job.spec.is_last:
+            if job.spec.first_token_waits:
                 self._wait_first_commits(job.spec.request_id)
         self._jobs = []
         for request_id, commits in list(self._first_commits.items()):
@@ -211,6 +213,10 @@ class Saver:
                 done = self.runtime.bridge.submit(self._finish(job, target))
                 if i == 0:
                     self._first_commits.setdefault(job.spec.request_id, []).append(done)
+
+    def _is_awaited(self, job: _SaveJob, target: str) -> bool:
+        """Whether a first token waits for this commit (SaveSpec.first_token_waits)."""
+        return self.runtime.config.role == "prefill" and target == job.spec.targets[0]
 
     def _wait_first_commits(self, request_id: str) -> None:
         deadline = time.monotonic() + self.runtime.config.engine_wait_s
@@ -242,7 +248,7 @@ class Saver:
             span.end()
             return
         is_failed = job.is_failed or not await self._writes_done(job, target)
-        if self.runtime.config.fault == "delay_other_commits" and target != job.spec.targets[0]:
+        if self.runtime.config.fault == "delay_other_commits" and not self._is_awaited(job, target):
             await asyncio.sleep(OTHER_COMMITS_DELAY_S)
         span.set_attribute("crescent.failed", is_failed)
         try:
