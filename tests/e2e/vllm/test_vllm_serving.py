@@ -369,6 +369,44 @@ async def test_a_decode_steps_its_running_requests_while_a_new_one_loads(
     assert len(tokens) == 1000
 
 
+async def test_a_decode_steps_its_running_requests_while_the_store_does_not_answer(
+    vllm_cluster, conductor, reference
+):
+    """store-A stops (SIGSTOP) while a request decodes on decode-A and a new one arrives there
+    (a prompt it computes itself). The new request's lookup gets no answer for
+    --kv-engine-wait-s (2 s), and meanwhile decode-A steps the running request on, because the
+    lookup runs beside the steps; then the new prompt is computed and answered as plain vLLM
+    would. (With the lookup inside a step, the running request got no token in those 2 s.)"""
+    arrivals: list[float] = []  # wall-clock arrival of each token of the running request
+    running = asyncio.create_task(
+        conductor.generate_on_decode(prompt_tokens(50, seed=610), 1000, arrivals=arrivals)
+    )
+    deadline = time.monotonic() + 60
+    while len(arrivals) < 20:
+        assert time.monotonic() < deadline and not running.done(), "the running request stalled"
+        await asyncio.sleep(0.01)
+    prompt = prompt_tokens(600, seed=611)
+    [want] = reference_tokens(reference, [prompt], 2)
+    new_arrivals: list[float] = []
+    store = vllm_cluster.processes["store-A"]
+    store.signal(signal.SIGSTOP)
+    try:
+        sent_at = time.time()
+        got, _ = await asyncio.wait_for(
+            conductor.generate_on_decode(prompt, 2, arrivals=new_arrivals), 20
+        )
+    finally:
+        store.signal(signal.SIGCONT)
+
+    assert got == want
+    # the heart of the lookup's wait: from 0.5 s after the request went out to 0.5 s before
+    # its first token (computed once the lookup is given up, ~2 s in)
+    during_lookup = [t for t in arrivals if sent_at + 0.5 < t < new_arrivals[0] - 0.5]
+    assert len(during_lookup) >= 20, f"{len(during_lookup)} tokens of the running request"
+    tokens, _ = await running
+    assert len(tokens) == 1000
+
+
 async def test_kv_reaches_the_decode_store_layer_by_layer(vllm_cluster, conductor):
     prompt = prompt_tokens(2000, seed=400)
     _, prefill = await conductor.generate(prompt, 2)

@@ -1,6 +1,11 @@
 """The scheduler side of CrescentConnector: per request, how many prompt tokens this node's store
 supplies; per step, which loads to run and which newly completed full blocks to save where.
 
+The store is asked beside the steps, not inside one: the first time vLLM asks about a request,
+the lookup goes to the bridge and vLLM is told "not known yet" (None), so it steps the running
+requests and asks again at its next step. A lookup that has no answer within the engine's wait
+(`engine_wait_s`: a store paused or gone) counts as nothing held, and the prompt is computed.
+
 It never looks at another node's store: where a prefix comes from is the conductor's plan
 (DESIGN §7), and a planned pull has already copied the prefix into this node's store before the
 request reaches vLLM (the prefill worker's `_pull_prefix`). So what this node's store holds is
@@ -8,12 +13,13 @@ exactly what the request reuses; everything else is computed."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from crescent.common.hashing import block_hashes
-from crescent.engine.kv_store import KvStoreError
 from crescent.engine.vllm.plan import (
     PARAM_LOAD,
     PARAM_SAVE_TO,
@@ -33,8 +39,13 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Lookup:
+    """One request's question to the store: its answer in tokens once `asking` is done."""
+
     num_computed: int
-    num_tokens: int
+    limit: int  # the prompt tokens a load may supply (the last one is always computed)
+    asking: concurrent.futures.Future[int] | None  # leading blocks held; None: nothing to ask
+    deadline: float  # monotonic: past it, an unanswered lookup counts as nothing held
+    num_tokens: int = 0
 
 
 @dataclass
@@ -84,36 +95,61 @@ class SchedulerSide:
         self, request: Request, num_computed: int
     ) -> tuple[int | None, bool]:
         """Prompt tokens past `num_computed` that this node's store holds, and whether vLLM
-        is to load them asynchronously (ConnectorConfig.load_async, when there are any)."""
+        is to load them asynchronously (ConnectorConfig.load_async, when there are any); None
+        while the store's answer is on its way."""
         params = request.kv_transfer_params or {}
         if not params.get(PARAM_LOAD, True):
             return 0, False
-        cached = self._lookups.get(request.request_id)
-        if cached is not None and cached.num_computed == num_computed:
-            return cached.num_tokens, self._is_async(cached.num_tokens)
+        lookup = self._lookups.get(request.request_id)
+        if lookup is None or lookup.num_computed != num_computed:
+            if lookup is not None and lookup.asking is not None:
+                lookup.asking.cancel()
+            lookup = self._ask(request, num_computed)
+            self._lookups[request.request_id] = lookup
+        if lookup.asking is not None:
+            if not lookup.asking.done() and time.monotonic() < lookup.deadline:
+                return None, False
+            lookup.num_tokens = self._answer(request, lookup)
+            lookup.asking = None
+        return lookup.num_tokens, self._is_async(lookup.num_tokens)
+
+    def _ask(self, request: Request, num_computed: int) -> _Lookup:
+        """Send the request's lookup to the bridge (none when no full block is left to load)."""
         prompt = list(request.prompt_token_ids or [])
         vbs, bs = self.runtime.vllm_block_size, self.runtime.config.block_size
         limit = (len(prompt) - 1) // vbs * vbs  # the last prompt token is always computed
         hashes = self._hashes(request)[: (limit + bs - 1) // bs]
-        lookup = _Lookup(num_computed, 0)
+        asking = None
         if hashes and limit > num_computed:
-            try:
-                local = self.runtime.bridge.call(
-                    self.runtime.ops.lookup(self.runtime.config.node, hashes),
-                    self.runtime.config.engine_wait_s,
-                )
-                lookup.num_tokens = max(0, min(local * bs, limit) - num_computed)
-                if self.runtime.config.fault == "evict_after_lookup" and local >= 2:
-                    self.runtime.bridge.call(
-                        self.runtime.ops.evict(self.runtime.config.node, hashes[1:2])
-                    )
-            except KvStoreError as exc:
-                log.warning(
-                    "store lookup failed; computing the whole prompt",
-                    extra={"request_id": request.request_id, "error": str(exc)},
-                )
-        self._lookups[request.request_id] = lookup
-        return lookup.num_tokens, self._is_async(lookup.num_tokens)
+            asking = self.runtime.bridge.submit(
+                self.runtime.ops.lookup(self.runtime.config.node, hashes)
+            )
+        deadline = time.monotonic() + self.runtime.config.engine_wait_s
+        return _Lookup(num_computed, limit, asking, deadline)
+
+    def _answer(self, request: Request, lookup: _Lookup) -> int:
+        """The tokens a done (or overdue) lookup found; 0 when it failed or had no answer."""
+        asking = lookup.asking
+        if not asking.done():
+            asking.cancel()
+            log.warning(
+                "store lookup missed its deadline; computing the whole prompt",
+                extra={"request_id": request.request_id},
+            )
+            return 0
+        try:
+            local = asking.result()
+            if self.runtime.config.fault == "evict_after_lookup" and local >= 2:
+                evicted = self._hashes(request)[1:2]
+                self.runtime.bridge.call(self.runtime.ops.evict(self.runtime.config.node, evicted))
+        except Exception as exc:
+            log.warning(
+                "store lookup failed; computing the whole prompt",
+                extra={"request_id": request.request_id, "error": repr(exc)},
+            )
+            return 0
+        bs = self.runtime.config.block_size
+        return max(0, min(local * bs, lookup.limit) - lookup.num_computed)
 
     def _is_async(self, num_tokens: int) -> bool:
         return self.runtime.config.load_async and num_tokens > 0
@@ -241,6 +277,8 @@ class SchedulerSide:
     def forget(self, request_id: str) -> None:
         """Drop a finished request: its loads end, and its saves are snapshotted, inside the
         step that ran them."""
-        self._lookups.pop(request_id, None)
+        lookup = self._lookups.pop(request_id, None)
+        if lookup is not None and lookup.asking is not None:
+            lookup.asking.cancel()
         self._tracked.pop(request_id, None)
         self._loads.pop(request_id, None)
