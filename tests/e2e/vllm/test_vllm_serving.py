@@ -332,6 +332,22 @@ async def test_a_block_lost_while_loading_is_not_counted_as_cached(
     assert conductor.num_cached_tokens[request_id] == BLOCK_SIZE
 
 
+async def decoding(conductor, seed: int, decode_id: str) -> tuple[asyncio.Task, list[float]]:
+    """A 1,000-token request decoding on `decode_id` (its 50-token prompt computed there), once
+    it has 20 tokens: its task and the wall-clock arrival of each of its tokens."""
+    arrivals: list[float] = []
+    running = asyncio.create_task(
+        conductor.generate_on_decode(
+            prompt_tokens(50, seed=seed), 1000, decode_id=decode_id, arrivals=arrivals
+        )
+    )
+    deadline = time.monotonic() + 60
+    while len(arrivals) < 20:
+        assert time.monotonic() < deadline and not running.done(), "the running request stalled"
+        await asyncio.sleep(0.01)
+    return running, arrivals
+
+
 async def test_a_decode_steps_its_running_requests_while_a_new_one_loads(
     vllm_cluster, conductor, reference
 ):
@@ -340,16 +356,7 @@ async def test_a_decode_steps_its_running_requests_while_a_new_one_loads(
     the decode loads asynchronously: the new request waits, no step does. (With
     --no-kv-load-async the load runs inside a step, and the running request gets a token or
     two in those 2 s.)"""
-    arrivals: list[float] = []  # wall-clock arrival of each token of the running request
-    running = asyncio.create_task(
-        conductor.generate_on_decode(
-            prompt_tokens(50, seed=600), 1000, decode_id="decode-S", arrivals=arrivals
-        )
-    )
-    deadline = time.monotonic() + 60
-    while len(arrivals) < 20:
-        assert time.monotonic() < deadline and not running.done(), "the running request stalled"
-        await asyncio.sleep(0.01)
+    running, arrivals = await decoding(conductor, seed=600, decode_id="decode-S")
     prompt = prompt_tokens(700, seed=601)
     [want] = reference_tokens(reference, [prompt], 2)
 
@@ -377,14 +384,7 @@ async def test_a_decode_steps_its_running_requests_while_the_store_does_not_answ
     --kv-engine-wait-s (2 s), and meanwhile decode-A steps the running request on, because the
     lookup runs beside the steps; then the new prompt is computed and answered as plain vLLM
     would. (With the lookup inside a step, the running request got no token in those 2 s.)"""
-    arrivals: list[float] = []  # wall-clock arrival of each token of the running request
-    running = asyncio.create_task(
-        conductor.generate_on_decode(prompt_tokens(50, seed=610), 1000, arrivals=arrivals)
-    )
-    deadline = time.monotonic() + 60
-    while len(arrivals) < 20:
-        assert time.monotonic() < deadline and not running.done(), "the running request stalled"
-        await asyncio.sleep(0.01)
+    running, arrivals = await decoding(conductor, seed=610, decode_id="decode-A")
     prompt = prompt_tokens(600, seed=611)
     [want] = reference_tokens(reference, [prompt], 2)
     new_arrivals: list[float] = []
