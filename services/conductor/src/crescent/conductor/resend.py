@@ -68,8 +68,8 @@ class ChunkOrder:
         self._asks_on = True
 
     def needs_resend(self, epoch: int) -> bool:
-        """Whether chunks may have been lost, now that the connection is `epoch`, or the last
-        resend's rest is still to ask for."""
+        """Whether chunks may have been lost, now that the connection is `epoch` or after the
+        stream went unread (`lost_since_read`), or the last resend's rest is still to ask for."""
         return not self._resent and (
             self._asks_on or self._skipped_to is not None or epoch != self.read_epoch
         )
