@@ -521,13 +521,10 @@ class ClusterView:
 
     def has_left_since(self, role: str, model: str, since: float) -> bool:
         """Whether an instance of `role` serving `model` left the view at or after `since` and
-        has not registered again: it may be paused past its lease, or restarting. Those that
-        left before `since` are forgotten (its one caller asks with a window that only moves
-        on), so instances scaled away do not pile up."""
-        for key in [k for k, (left_at, _) in self._left.items() if left_at < since]:
-            del self._left[key]
+        has not registered again: it may be paused past its lease, or restarting."""
         return any(
-            r == role and left_model == model for (r, _), (_, left_model) in self._left.items()
+            r == role and left_model == model and left_at >= since
+            for (r, _), (left_at, left_model) in self._left.items()
         )
 
     def count_registered(self, role: str, model: str) -> int:
