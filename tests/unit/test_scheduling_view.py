@@ -374,17 +374,3 @@ def test_the_heard_clock_stops_while_no_instance_is_heard_up_to_the_allowance():
     assert view.heard_clock() - start == pytest.approx(1.25 + 30.0 - 10.0)
     view.apply_load(load("decode", "d0"))
     assert view.heard_clock() - start == pytest.approx(1.25 + 30.0 - 10.0)
-
-
-def test_an_instance_that_left_is_remembered_until_it_registers_again():
-    clock = Clock()
-    view = ClusterView(clock=clock)
-    register(view, "decode", "d0")
-    view.apply_registry(MirrorEvent("/crescent/c/instances/decode/d0", None))  # unheard: gone
-    assert view.has_left_since("decode", "m", clock.now - 10.0)
-    assert not view.has_left_since("decode", "other-model", clock.now - 10.0)
-    assert not view.has_left_since("prefill", "m", clock.now - 10.0)
-    clock.now += 11.0
-    assert not view.has_left_since("decode", "m", clock.now - 10.0)  # left too long ago
-    register(view, "decode", "d0")
-    assert not view.has_left_since("decode", "m", 0.0)

@@ -113,8 +113,6 @@ class ClusterView:
     # request → instance → its assignment there, until the request is done with the instance
     # (acknowledged or not: what a release takes back)
     _assigned: dict[str, dict[tuple[str, str], Assigned]] = field(default_factory=dict)
-    # (role, id) → when it left the view and the model it served: requests may wait for it
-    _left: dict[tuple[str, str], tuple[float, str]] = field(default_factory=dict)
     # (role, model) → its priced instances as of the last decision (view_cache)
     _groups: dict[tuple[str, str], RoleColumns] = field(default_factory=dict)
 
@@ -151,7 +149,6 @@ class ClusterView:
                 extra={"role": role, "instance_id": instance_id, "node": info.node},
             )
             self._groups.clear()
-            self._left.pop((role, instance_id), None)
             self.instances[(role, instance_id)] = InstanceState(
                 info=info, registered_at=self.clock()
             )
@@ -178,10 +175,8 @@ class ClusterView:
     def _remove(self, key: tuple[str, str], why: str) -> tuple[str, str] | None:
         """Take the instance out of the view; `key` if it was in it."""
         self._groups.clear()
-        state = self.instances.pop(key, None)
-        if state is None:
+        if self.instances.pop(key, None) is None:
             return None
-        self._left[key] = (self.clock(), state.info.model)
         log.warning("instance gone: " + why, extra={"role": key[0], "instance_id": key[1]})
         return key
 
@@ -518,14 +513,6 @@ class ClusterView:
         restarted instance from the one that failed under the same id."""
         state = self.instances.get((role, instance_id))
         return state.info.started_at if state is not None else None
-
-    def has_left_since(self, role: str, model: str, since: float) -> bool:
-        """Whether an instance of `role` serving `model` left the view at or after `since` and
-        has not registered again: it may be paused past its lease, or restarting."""
-        return any(
-            r == role and left_model == model and left_at >= since
-            for (r, _), (left_at, left_model) in self._left.items()
-        )
 
     def count_registered(self, role: str, model: str) -> int:
         return sum(1 for (r, _), s in self.instances.items() if r == role and s.info.model == model)

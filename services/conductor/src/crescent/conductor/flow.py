@@ -271,21 +271,15 @@ class RequestFlow:
         }
 
     def _may_wait(self, rejection: Rejection, model: str) -> bool:
-        """No live instance of a role the model has registered instances of, or had one of
-        within placement_wait_s: one is slow, restarting, or paused past its lease and about to
-        register again, so wait for it. A decode side that is live but full is a 429 at once."""
+        """No live instance of a role the model has registered instances of: one is slow or
+        restarting, so wait for it. A decode side that is live but full is a 429 at once."""
         if rejection.reason is RejectReason.NO_PREFILL:
-            role = "prefill"
-        elif rejection.reason is RejectReason.NO_DECODE:
-            role = "decode"
-        else:
-            return False
-        now = self._clock()
-        if role == "decode" and self._view.count_live(role, model, now):
-            return False
-        return self._view.count_registered(role, model) > 0 or self._view.has_left_since(
-            role, model, now - self._timeouts.placement_wait_s
-        )
+            return self._view.count_registered("prefill", model) > 0
+        if rejection.reason is RejectReason.NO_DECODE:
+            return self._view.count_registered("decode", model) > 0 and not self._view.count_live(
+                "decode", model, self._clock()
+            )
+        return False
 
     async def _reserve(
         self,
