@@ -72,10 +72,8 @@ class SaveSpec:
     vllm_block_ids: list[int]  # vllm_blocks_per_block per store block, in order
     targets: list[str]
     trace: dict[str, str] = field(default_factory=dict)
-    # The prompt ends in this step on a prefill instance: its first token waits for
-    # targets[0]'s (the decode node's) commit, since decode looks the blocks up right after.
-    # A decode instance that computes a prompt itself reads nothing back: no wait.
-    first_token_waits: bool = False
+    # the prompt ends in this step: its first token waits for the commits it needs (saver.py)
+    is_last: bool = False
 
 
 @dataclass

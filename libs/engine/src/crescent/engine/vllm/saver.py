@@ -197,7 +197,7 @@ class Saver:
                 job.is_failed = job.is_failed or job.num_layers != self.num_layers
                 self._start_commits(job)
         for job in self._jobs:
-            if job.spec.first_token_waits:
+            if job.spec.is_last:
                 self._wait_first_commits(job.spec.request_id)
         self._jobs = []
         for request_id, commits in list(self._first_commits.items()):
@@ -208,14 +208,15 @@ class Saver:
 
     def _start_commits(self, job: _SaveJob) -> None:
         job.is_committing = True
-        for i, target in enumerate(job.spec.targets):
+        for target in job.spec.targets:
             if target in job.slots:
                 done = self.runtime.bridge.submit(self._finish(job, target))
-                if i == 0:
+                if self._is_awaited(job, target):
                     self._first_commits.setdefault(job.spec.request_id, []).append(done)
 
     def _is_awaited(self, job: _SaveJob, target: str) -> bool:
-        """Whether a first token waits for this commit (SaveSpec.first_token_waits)."""
+        """Whether the request's first token waits for this commit: on a prefill instance, the
+        decode node's (the first target); on a decode instance, which reads nothing back, none."""
         return self.runtime.config.role == "prefill" and target == job.spec.targets[0]
 
     def _wait_first_commits(self, request_id: str) -> None:

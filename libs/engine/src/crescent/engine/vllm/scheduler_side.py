@@ -227,9 +227,8 @@ class SchedulerSide:
         self, meta: CrescentMetadata, request_id: str, tracked: _Tracked, end_tokens: int
     ) -> None:
         """Save the blocks completed up to `end_tokens`; the step that ends the prompt always
-        gets a SaveSpec (maybe with no new block) once any block was saved, so that on a
-        prefill instance the worker knows when the first token must wait for the decode
-        node's commits (SaveSpec.first_token_waits)."""
+        gets a SaveSpec (is_last, maybe with no new block) once any block was saved, so the
+        worker knows when the first token must wait for the decode node's commits."""
         if tracked.is_last_planned:
             return
         last = min(end_tokens // self.runtime.config.block_size, len(tracked.hashes))
@@ -245,7 +244,7 @@ class SchedulerSide:
                 ids,
                 tracked.save_to,
                 tracked.trace,
-                first_token_waits=is_last and self.runtime.config.role == "prefill",
+                is_last,
             )
         )
         tracked.num_planned = last
