@@ -85,13 +85,16 @@ async def stream(
 
 
 async def load_with_fault(
-    cluster: LocalCluster, fault, num_requests: int = 8
+    cluster: LocalCluster, fault, texts: list[str] | None = None, max_tokens: int = MAX_TOKENS
 ) -> list[tuple[str, tuple]]:
-    """Start `num_requests` streams, apply `fault` once they are under way, wait for them all."""
-    prompts = [prompt(i) for i in range(num_requests)]
+    """Stream each of `texts` (default: eight prompts), apply `fault` once they are under way,
+    wait for them all."""
+    prompts = texts or [prompt(i) for i in range(8)]
     timeout = aiohttp.ClientTimeout(total=60)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        tasks = [asyncio.create_task(stream(session, cluster.api_url, p)) for p in prompts]
+        tasks = [
+            asyncio.create_task(stream(session, cluster.api_url, p, max_tokens)) for p in prompts
+        ]
         await asyncio.sleep(0.5)
         await fault()
         results = await asyncio.gather(*tasks)
@@ -206,7 +209,7 @@ async def test_killed_prefill_jobs_are_placed_again(cluster):
     try:
         await watcher.subscribe(Subjects(cluster.spec.cluster).prefill_job("*"), cb=record)
         await watcher.flush()
-        assert_all_correct(await load_with_fault(cluster, kill, num_requests=12))
+        assert_all_correct(await load_with_fault(cluster, kill, [prompt(i) for i in range(12)]))
     finally:
         await watcher.close()
         await restart(cluster, "prefill-1")

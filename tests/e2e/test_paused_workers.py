@@ -17,7 +17,7 @@ import time
 import aiohttp
 import pytest
 from scrape import metric_total
-from test_faults import assert_all_correct, load_while_decoding, prompt, stream
+from test_faults import assert_all_correct, load_while_decoding, load_with_fault, prompt
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.ports import free_port
@@ -126,13 +126,6 @@ async def test_prompts_wait_for_a_prefill_paused_past_its_lease(short_lease_clus
     # ~0.8 s of emulated prefill each: the pause finds one computing and the others queued
     prompts = [f"prefill paused {i} at {time.monotonic_ns()}: " + "x" * 6000 for i in range(4)]
     pause = paused(cluster.process("prefill-0"), PAUSE_PAST_LEASE_S)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        tasks = [
-            asyncio.create_task(stream(session, cluster.api_url, text, max_tokens))
-            for text in prompts
-        ]
-        await asyncio.sleep(0.5)
-        await pause()
-        results = await asyncio.gather(*tasks)
-    assert_all_correct(list(zip(prompts, results)), max_tokens)
+    results = await load_with_fault(cluster, pause, prompts, max_tokens)
+    assert_all_correct(results, max_tokens)
     assert metric_total(cluster.api_url, "crescent_rejoins_total", role="prefill") >= 1
