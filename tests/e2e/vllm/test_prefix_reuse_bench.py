@@ -19,3 +19,12 @@ def test_prefix_reuse_bench_measures_every_system(tiny_model_dir):
         for share in (0, 90)
     }
     assert all(ttft > 0 for ttft in cases.values())
+    ratios = {ratio["case"]: ratio for ratio in result["ratios"]}
+    assert set(ratios) == {
+        "crescent-0/vllm-0-512",
+        "crescent-store-90/vllm-prefix-cache-90-512",
+        "crescent-90/vllm-prefix-cache-90-512",
+        "vllm-prefix-cache-0/vllm-0-512",
+    }
+    assert all(ratio["paired_ratio"] > 0 for ratio in ratios.values())
+    assert ratios["vllm-prefix-cache-0/vllm-0-512"]["same_work"]
