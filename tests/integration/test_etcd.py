@@ -220,3 +220,36 @@ async def test_a_put_after_the_lease_lapsed_takes_a_new_lease(infra):
         assert await etcd_state(client, "/t/") == {"/t/a": b"1", "/t/b": b"2"}
     finally:
         await client.close()
+
+
+async def test_etcd_as_crescent_starts_it_compacts_its_history(tmp_path):
+    """The retention here is a second (crescent up: COMPACTION_RETENTION): a revision older
+    than that is soon compacted away, so churning block keys do not grow etcd without bound."""
+    import grpc
+    from aetcd.rpc import rpc_pb2
+
+    from crescent.cluster.infra import etcd_spec
+    from crescent.cluster.processes import ManagedProcess
+    from crescent.common.ports import free_port
+
+    port = free_port()
+    etcd = ManagedProcess(etcd_spec(port, tmp_path / "etcd", compaction_retention="1s"), tmp_path)
+    etcd.start()
+    etcd.wait_ready(30)
+    client = await connect_etcd(f"http://127.0.0.1:{port}")
+    try:
+        first = (await client.put(b"/churn", b"0")).header.revision
+        deadline = time.monotonic() + 20
+        compacted = False
+        while not compacted:
+            assert time.monotonic() < deadline, "etcd kept its history"
+            await client.put(b"/churn", b"1")
+            await asyncio.sleep(0.5)
+            try:
+                await client.kvstub.Range(rpc_pb2.RangeRequest(key=b"/churn", revision=first))
+            except grpc.aio.AioRpcError as exc:
+                assert "compacted" in exc.details()
+                compacted = True
+    finally:
+        await client.close()
+        etcd.stop()

@@ -86,3 +86,21 @@ def test_the_conductors_readiness_is_ready_and_its_liveness_health():
         "/health" in " ".join(services()[name]["healthcheck"]["test"])
         for name in CRESCENT - {"conductor"}
     )
+
+
+def test_etcd_compacts_its_history_as_every_other_etcd_crescent_runs():
+    """Block metadata churns: with etcd's defaults its database grew until the quota would stop
+    writes, and its memory with it."""
+    from crescent.cluster.infra import COMPACTION_RETENTION, SNAPSHOT_COUNT, etcd_spec
+
+    expected = {
+        "auto-compaction-mode": "periodic",
+        "auto-compaction-retention": COMPACTION_RETENTION,
+        "snapshot-count": str(SNAPSHOT_COUNT),
+    }
+    flags = dict(arg[2:].split("=", 1) for arg in services()["etcd"]["command"][1:])
+    argv = etcd_spec(2379, Path("/tmp/etcd")).argv
+    local = {name: argv[argv.index(f"--{name}") + 1] for name in expected}
+    outside = yaml.safe_load((ROOT / "deploy/etcd/etcd-member.yml").read_text())
+    for name, value in expected.items():
+        assert flags[name] == local[name] == str(outside[name]) == value, name

@@ -269,6 +269,7 @@ def test_etcd_is_three_members_that_name_each_other():
         "initial-cluster-state",
         "auto-compaction-mode",
         "auto-compaction-retention",
+        "snapshot-count",
         "quota-backend-bytes",
     ):
         assert flags[key] == str(outside[key]), key

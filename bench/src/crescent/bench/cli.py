@@ -191,6 +191,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="keep the cluster's logs and measured profiles here (default: a temporary directory)",
     )
+    soak = benches.add_parser(
+        "soak",
+        help="whether memory and etcd's history stay bounded under steady load (an emulated "
+        "1P1D cluster)",
+    )
+    soak.add_argument("--minutes", type=float, default=10.0, help="load duration (default 10)")
+    soak.add_argument("--concurrency", type=int, default=8, help="clients (default 8)")
+    soak.add_argument(
+        "--sample-s", type=float, default=30.0, help="seconds between samples (default 30)"
+    )
+    soak.add_argument(
+        "--etcd-compaction-retention",
+        default=None,
+        help="etcd's periodic compaction retention (default: crescent up's, 1m; 0: off)",
+    )
     for sub in (prefix, decode_load):
         sub.add_argument(
             "--model",
@@ -209,6 +224,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         aiperf,
         lag,
         predict,
+        soak,
     ):
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
@@ -311,6 +327,16 @@ def run(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             workdir=args.workdir,
             local_prefill=args.local_prefill,
+        )
+    elif args.bench == "soak":
+        from crescent.bench.soak import run_soak_bench
+        from crescent.cluster.infra import COMPACTION_RETENTION
+
+        result = run_soak_bench(
+            args.minutes,
+            args.concurrency,
+            args.sample_s,
+            args.etcd_compaction_retention or COMPACTION_RETENTION,
         )
     else:
         from crescent.bench.transfer_bench import run_transfer_bench

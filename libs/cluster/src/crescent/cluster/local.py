@@ -16,7 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crescent.cluster.infra import etcd_spec, nats_spec
+from crescent.cluster.infra import COMPACTION_RETENTION, etcd_spec, nats_spec
 from crescent.cluster.processes import ManagedProcess, ProcessError, ProcessSpec, restart_exited
 from crescent.cluster.restarts import Backoff, RestartSchedule
 from crescent.common.ports import free_port
@@ -47,6 +47,7 @@ class ClusterSpec:
     block_size: int = 64  # tokens per stored KV block (vllm; a multiple of vLLM's 32)
     nats_max_payload: int | None = None  # the NATS server's largest message; None: 1 MiB
     restart_backoff: Backoff = field(default_factory=Backoff)
+    etcd_compaction_retention: str = COMPACTION_RETENTION  # "0": etcd keeps every revision
 
     def nodes(self) -> dict[str, str]:
         """instance id → node of every prefill and decode instance."""
@@ -214,7 +215,11 @@ class LocalCluster:
         try:
             for spec in (
                 nats_spec(self.nats_port, config=self._nats_config()),
-                etcd_spec(self.etcd_port, self.spec.workdir / "etcd-data"),
+                etcd_spec(
+                    self.etcd_port,
+                    self.spec.workdir / "etcd-data",
+                    compaction_retention=self.spec.etcd_compaction_retention,
+                ),
             ):
                 self._launch(spec).wait_ready(timeout_s)
             for spec in self._specs():
