@@ -7,14 +7,13 @@ Every prompt is computed on the prefill instance (`--local-prefill off`) and is 
 long: one of 16 shared prefixes and a tail of its own, so every request commits new blocks to
 the store, and the full pool evicts old ones: block metadata churns in etcd as it does under
 real traffic. Every `sample_s` the bench reads each process's resident memory and etcd's
-database size and raft index (the writes it has
-taken).
+database size and raft index (the entries it has written).
 
 Per process, `mb_per_min` is the slope of a least-squares line through the samples after
 `warmup_s` (a minute: start-up and the pool filling are over by then); a process whose memory
 is bounded reads near 0. etcd compacts its history every `compaction_retention` (crescent up's
-COMPACTION_RETENTION; "0" turns compaction off, as etcd ran before), so its figures level off
-only in a run several retentions long.
+COMPACTION_RETENTION; "0" turns compaction off), so its figures level off only in a run
+several retentions long.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from crescent.common.ports import free_port
 MODEL = "crescent-emulated"
 WARMUP_S = 60.0
 NUM_PREFIXES = 16
-PREFIX_BYTES = 1024  # 16 emulated 64-token blocks
+PREFIX_BYTES = 1024  # two of the emulated engine's 512-token blocks (a byte a token)
 TAIL_BYTES = (600, 2000)
 MAX_TOKENS = 16
 
@@ -48,7 +47,7 @@ class Samples:
     at_s: list[float] = field(default_factory=list)
     rss_mb: dict[str, list[float]] = field(default_factory=dict)  # process → one per sample
     etcd_db_mb: list[float] = field(default_factory=list)
-    etcd_raft_index: list[int] = field(default_factory=list)  # its writes so far
+    etcd_raft_index: list[int] = field(default_factory=list)  # its raft entries so far
 
 
 @dataclass
