@@ -23,5 +23,5 @@ def test_soak_bench_reports_the_memory_of_every_process_and_etcd_history():
     }
     assert all(case["end_mb"] > 0 for name, case in cases.items() if name.startswith("rss-"))
     etcd = cases["etcd-db"]
-    assert etcd["raft_entries_per_min"] > 0  # every request's blocks reached etcd
+    assert etcd["raft_entries_per_min"] > 0  # etcd took writes while the load ran
     assert result["config"]["etcd_compaction_retention"] == "1m"
