@@ -3,11 +3,16 @@
 import asyncio
 import time
 
+import grpc
 import pytest
+from aetcd.rpc import rpc_pb2
 
+from crescent.cluster.infra import etcd_spec
+from crescent.cluster.processes import ManagedProcess
 from crescent.common.errors import UnreachableError
 from crescent.common.etcd import LeasedKeys, MirrorEvent, PrefixMirror, connect_etcd
 from crescent.common.heartbeat import LeaseHeartbeat
+from crescent.common.ports import free_port
 
 
 async def wait_for(predicate, timeout_s=10.0):
@@ -225,13 +230,6 @@ async def test_a_put_after_the_lease_lapsed_takes_a_new_lease(infra):
 async def test_etcd_as_crescent_starts_it_compacts_its_history(tmp_path):
     """The retention here is a second (crescent up: COMPACTION_RETENTION): a revision older
     than that is soon compacted away, so churning block keys do not grow etcd without bound."""
-    import grpc
-    from aetcd.rpc import rpc_pb2
-
-    from crescent.cluster.infra import etcd_spec
-    from crescent.cluster.processes import ManagedProcess
-    from crescent.common.ports import free_port
-
     port = free_port()
     etcd = ManagedProcess(etcd_spec(port, tmp_path / "etcd", compaction_retention="1s"), tmp_path)
     etcd.start()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from crescent.bench.aiperf_replay import CASES
+    from crescent.cluster.infra import COMPACTION_RETENTION
 
     benches = parser.add_subparsers(dest="bench", required=True)
     control = benches.add_parser(
@@ -203,8 +204,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     soak.add_argument(
         "--etcd-compaction-retention",
-        default=None,
-        help="etcd's periodic compaction retention (default: crescent up's, 1m; 0: off)",
+        default=COMPACTION_RETENTION,
+        help=f"etcd's periodic compaction retention (default: crescent up's, "
+        f"{COMPACTION_RETENTION}; 0: off)",
     )
     for sub in (prefix, decode_load):
         sub.add_argument(
@@ -330,13 +332,12 @@ def run(args: argparse.Namespace) -> int:
         )
     elif args.bench == "soak":
         from crescent.bench.soak import run_soak_bench
-        from crescent.cluster.infra import COMPACTION_RETENTION
 
         result = run_soak_bench(
             args.minutes,
             args.concurrency,
             args.sample_s,
-            args.etcd_compaction_retention or COMPACTION_RETENTION,
+            args.etcd_compaction_retention,
         )
     else:
         from crescent.bench.transfer_bench import run_transfer_bench
