@@ -86,6 +86,10 @@ class BlockPool:
             Tier.DRAM: OrderedDict(),
             Tier.SSD: OrderedDict(),
         }
+        # What `expire` looks at: blocks with pins, and allocations not committed yet. A few
+        # among all the node's blocks, which may be millions with an SSD tier.
+        self._pinned: set[BlockKey] = set()
+        self._writing: set[BlockKey] = set()
 
     def num_free(self, tier: Tier) -> int:
         return len(self._free[tier])
@@ -110,6 +114,7 @@ class BlockPool:
             raise PoolError(f"block {key[1].hex()} of {key[0]} already exists or is being written")
         plan = self._take_dram_slot(now)
         self.blocks[key] = Block(key, Tier.DRAM, plan.slot, State.WRITING, expires_at=now + ttl_s)
+        self._writing.add(key)
         return plan
 
     def allocate_free(self, keys: list[BlockKey], now: float, ttl_s: float) -> list[int] | None:
@@ -128,6 +133,7 @@ class BlockPool:
         blocks = self.blocks
         for key, slot in zip(keys, slots):
             blocks[key] = Block(key, Tier.DRAM, slot, State.WRITING, expires_at=expires_at)
+        self._writing.update(keys)
         return slots
 
     def commit_all(self, keys: list[BlockKey]) -> list[Block]:
@@ -142,6 +148,7 @@ class BlockPool:
         for block in blocks:
             block.state = State.READY
             lru[block.key] = None
+        self._writing.difference_update(keys)
         return blocks
 
     def commit(self, key: BlockKey) -> Block:
@@ -150,6 +157,7 @@ class BlockPool:
             raise PoolError(f"commit of block {key[1].hex()} of {key[0]}, which was not allocated")
         block.state = State.READY
         self._lru[Tier.DRAM][key] = None
+        self._writing.discard(key)
         return block
 
     def abort(self, key: BlockKey) -> None:
@@ -157,6 +165,7 @@ class BlockPool:
         block = self.blocks.get(key)
         if block is not None and block.state is State.WRITING:
             del self.blocks[key]
+            self._writing.discard(key)
             self._free[Tier.DRAM].append(block.slot)
 
     def pin(self, key: BlockKey, now: float, ttl_s: float) -> Block:
@@ -166,6 +175,7 @@ class BlockPool:
         if block is None or block.tier is not Tier.DRAM:
             raise PoolError(f"pin of block {key[1].hex()} of {key[0]}, which is not ready in DRAM")
         block.pins.append(now + ttl_s)
+        self._pinned.add(key)
         self._lru[Tier.DRAM].move_to_end(key)
         return block
 
@@ -173,6 +183,8 @@ class BlockPool:
         block = self.blocks.get(key)
         if block is not None and block.pins:
             block.pins.remove(min(block.pins))
+            if not block.pins:
+                self._pinned.discard(key)
 
     def promote(self, key: BlockKey, now: float) -> tuple[Plan, int]:
         """Plan moving an SSD block back to DRAM; returns (plan for the DRAM slot, its SSD slot).
@@ -206,26 +218,47 @@ class BlockPool:
 
     def expire(self, now: float) -> list[BlockKey]:
         """Drop runs-out pins and reclaim allocations never committed; returns reclaimed keys."""
-        reclaimed = []
-        for block in list(self.blocks.values()):
-            if block.pins:
-                block.pins = [t for t in block.pins if t > now]
-            if block.state is State.WRITING and block.expires_at <= now:
-                self.abort(block.key)
-                reclaimed.append(block.key)
+        for key in list(self._pinned):
+            self._drop_pins_run_out(self.blocks[key], now)
+        reclaimed = [key for key in self._writing if self.blocks[key].expires_at <= now]
+        for key in reclaimed:
+            self.abort(key)
         return reclaimed
 
+    def _drop_pins_run_out(self, block: Block, now: float) -> None:
+        block.pins = [t for t in block.pins if t > now]
+        if not block.pins:
+            self._pinned.discard(block.key)
+
     def _take_dram_slot(self, now: float) -> Plan:
-        if self._free[Tier.DRAM]:
-            return Plan(slot=self._free[Tier.DRAM].pop())
+        """A free DRAM slot, else the slot of the least recently used block no pin holds (that
+        block demoted to SSD or dropped). A full pool is a long-running store's usual state, so
+        the pass over every block for allocations that ran out uncommitted (`expire`, which
+        the store also runs every second) comes only when no block can be evicted."""
+        free = self._free[Tier.DRAM]
+        if free:
+            return Plan(slot=free.pop())
+        victim = self._lru_victim(now)
+        if victim is not None:
+            return self._displace(victim)
         self.expire(now)
-        if self._free[Tier.DRAM]:
-            return Plan(slot=self._free[Tier.DRAM].pop())
-        victim = next(
-            (self.blocks[k] for k in self._lru[Tier.DRAM] if not self.blocks[k].is_pinned), None
-        )
-        if victim is None:
-            raise PoolFullError("DRAM", sum(1 for b in self.blocks.values() if b.is_pinned))
+        if free:
+            return Plan(slot=free.pop())
+        raise PoolFullError("DRAM", len(self._pinned))
+
+    def _lru_victim(self, now: float) -> Block | None:
+        """The least recently used ready DRAM block that no pin still running holds; the pins
+        that ran out are dropped on the way."""
+        for key in self._lru[Tier.DRAM]:
+            block = self.blocks[key]
+            if block.pins:
+                self._drop_pins_run_out(block, now)
+            if not block.pins:
+                return block
+        return None
+
+    def _displace(self, victim: Block) -> Plan:
+        """Free `victim`'s DRAM slot: it moves to an SSD slot, or leaves the node."""
         plan = Plan(slot=victim.slot)
         del self._lru[Tier.DRAM][victim.key]
         ssd_slot = self._take_ssd_slot(plan)
