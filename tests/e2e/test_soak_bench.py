@@ -1,5 +1,5 @@
 """The soak bench serves its load with nothing failed and reports every process of the cluster
-and etcd (figures: bench/README.md, soak)."""
+and etcd, memory and CPU (figures: bench/README.md, soak)."""
 
 import pytest
 
@@ -22,6 +22,10 @@ def test_soak_bench_reports_the_memory_of_every_process_and_etcd_history():
         "rss-conductor-0",
     }
     assert all(case["end_mb"] > 0 for name, case in cases.items() if name.startswith("rss-"))
+    assert {name[4:] for name in cases if name.startswith("cpu-")} == {
+        name[4:] for name in cases if name.startswith("rss-")
+    }
+    assert cases["cpu-store-node0"]["end_pct"] > 0  # the store worked through the load
     etcd = cases["etcd-db"]
     assert etcd["raft_entries_per_min"] > 0  # etcd took writes while the load ran
     assert result["config"]["etcd_compaction_retention"] == "1m"

@@ -194,8 +194,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     soak = benches.add_parser(
         "soak",
-        help="whether memory and etcd's history stay bounded under steady load (an emulated "
-        "1P1D cluster)",
+        help="whether memory and etcd's history stay bounded under steady load (a 1P1D "
+        "cluster, emulated or vLLM)",
+    )
+    soak.add_argument(
+        "--engine",
+        choices=("emulated", "vllm"),
+        default="emulated",
+        help="the cluster's engine (default emulated, at time scale 0; vllm runs --model)",
     )
     soak.add_argument("--minutes", type=float, default=10.0, help="load duration (default 10)")
     soak.add_argument("--concurrency", type=int, default=8, help="clients (default 8)")
@@ -208,7 +214,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"etcd's periodic compaction retention (default: crescent up's, "
         f"{COMPACTION_RETENTION}; 0: off)",
     )
-    for sub in (prefix, decode_load):
+    for sub in (prefix, decode_load, soak):
         sub.add_argument(
             "--model",
             type=Path,
@@ -338,6 +344,8 @@ def run(args: argparse.Namespace) -> int:
             args.concurrency,
             args.sample_s,
             args.etcd_compaction_retention,
+            engine=args.engine,
+            model_dir=args.model,
         )
     else:
         from crescent.bench.transfer_bench import run_transfer_bench
