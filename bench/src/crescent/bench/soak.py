@@ -235,7 +235,7 @@ async def _client(
     session: aiohttp.ClientSession,
     url: str,
     workload: Workload,
-    prefixes: list,
+    prefixes: list[str | list[int]],
     deadline: float,
     load: Load,
     seed: int,
