@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 def test_control_plane_bench_writes_every_case(tmp_path):
     out = tmp_path / "cp.json"
     crescent = Path(sys.executable).parent / "crescent"
-    subprocess.run(
+    run = subprocess.run(
         [
             str(crescent),
             "bench",
@@ -25,10 +25,11 @@ def test_control_plane_bench_writes_every_case(tmp_path):
             "--concurrency",
             "4",
         ],
-        check=True,
         timeout=300,
         capture_output=True,
+        text=True,
     )
+    assert run.returncode == 0, run.stderr[-3000:]  # the bench's own reason, when it fails
     result = json.loads(out.read_text())
     assert result["bench"] == "control-plane"
     cases = {case["case"]: case for case in result["cases"]}
@@ -50,12 +51,13 @@ def test_control_plane_bench_compares_another_checkout_side_by_side(tmp_path):
     crescent = str(Path(sys.executable).parent / "crescent")
     repository = Path(__file__).resolve().parents[2]
     argv = [crescent, "bench", "control-plane", "--json", str(out), "--requests", "40"]
-    subprocess.run(
+    run = subprocess.run(
         [*argv, "--concurrency", "4", "--cases", "1P1D", "--compare", str(repository)],
-        check=True,
         timeout=300,
         capture_output=True,
+        text=True,
     )
+    assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     cases = {case["case"]: case for case in result["cases"]}
     assert set(cases) == {"http-direct", "1P1D", "parse-8000-token-ids"}
