@@ -233,8 +233,8 @@ class BlockPool:
     def _take_dram_slot(self, now: float) -> Plan:
         """A free DRAM slot, else the slot of the least recently used block no pin holds (that
         block demoted to SSD or dropped). A full pool is a long-running store's usual state, so
-        the pass over every block for allocations that ran out uncommitted (`expire`, which
-        the store also runs every second) comes only when no block can be evicted."""
+        reclaiming allocations that ran out uncommitted (`expire`, which the store also runs
+        every second) comes only when no block can be evicted."""
         free = self._free[Tier.DRAM]
         if free:
             return Plan(slot=free.pop())
