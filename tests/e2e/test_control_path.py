@@ -3,11 +3,15 @@ instead of one after the other."""
 
 from __future__ import annotations
 
+import time
+
 import aiohttp
 import nats
 import pytest
 from expected import expected_first_token, expected_text
 
+from crescent.common.codec import decode
+from crescent.common.messages import PrefillJob
 from crescent.common.naming import Subjects
 
 pytestmark = pytest.mark.e2e
@@ -80,3 +84,31 @@ async def test_a_first_token_that_ends_the_answer_starts_no_decode(dev_cluster):
                 assert len(starts) == num_starts, (extra, starts)
     finally:
         await watcher.close()
+
+
+async def test_the_prefill_job_carries_the_prefix_the_conductor_planned_to_reuse(dev_cluster):
+    """The job says how much of the prompt the conductor counts on the prefill node's store
+    for (the engine asks the store only when its own cache holds less): none for a new
+    prompt, the two full 512-token blocks once the same prompt's blocks are in the index."""
+    subjects = Subjects(dev_cluster.spec.cluster)
+    watcher = await nats.connect(dev_cluster.nats_url)
+    planned: list[int | None] = []
+
+    async def record(msg) -> None:
+        planned.append(decode(msg.data, PrefillJob).planned_prefix_tokens)
+
+    prompt = "plan the reuse of this prefix. " * 40  # 1,240 tokens: two full blocks
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+    try:
+        await watcher.subscribe(subjects.prefix + "prefill.*.job", cb=record)
+        await watcher.flush()
+        async with aiohttp.ClientSession() as session:
+            deadline = time.monotonic() + 10  # etcd is written just after a store commit
+            while not planned or planned[-1] == 0:
+                assert time.monotonic() < deadline, planned
+                async with session.post(f"{dev_cluster.api_url}/v1/completions", json=body) as r:
+                    assert r.status == 200, await r.text()
+                await watcher.flush()
+    finally:
+        await watcher.close()
+    assert planned[0] == 0 and planned[-1] == 1024, planned

@@ -119,6 +119,26 @@ async def test_shared_prefix_is_loaded_from_the_store_not_recomputed(
     assert load["num_loaded"] >= len(prefix) // BLOCK_SIZE
 
 
+async def test_a_prefix_the_plan_does_not_count_on_is_computed_not_looked_up(
+    vllm_cluster, conductor, reference
+):
+    """The conductor's plan bounds what the connector asks the store for: with a plan of no
+    stored prefix, prefill-A (vLLM's own cache off) computes the whole prompt although store A
+    holds its prefix; with the prefix planned, it loads it. Both answer as plain vLLM does."""
+    prefix = prompt_tokens(1024, seed=110)
+    first, unplanned, planned = (prefix + prompt_tokens(100 + i, seed=111 + i) for i in range(3))
+    expected = reference_tokens(reference, [first, unplanned, planned], MAX_TOKENS)
+
+    got_first, _ = await conductor.generate(first, MAX_TOKENS)
+    got_unplanned, computed = await conductor.generate(unplanned, MAX_TOKENS, planned=0)
+    got_planned, loaded = await conductor.generate(planned, MAX_TOKENS, planned=len(prefix))
+
+    assert [got_first, got_unplanned, got_planned] == expected
+    assert computed.num_cached_tokens == 0 and computed.num_computed_tokens == len(unplanned)
+    assert not events_of(vllm_cluster, "prefill-A", computed.request_id, "load")
+    assert loaded.num_cached_tokens == len(prefix)
+
+
 async def test_blocks_every_target_store_holds_are_not_snapshotted_again(
     vllm_cluster, conductor, reference
 ):

@@ -296,8 +296,10 @@ class Conductor:
         decode_id: str = "decode-A",
         request_id: str | None = None,
         pull: tuple[str, list[bytes]] = ("", []),
+        planned: int | None = None,
     ) -> PrefillResult:
-        """Run a prefill job; `pull` is the transfer plan (source node, blocks to pull)."""
+        """Run a prefill job; `pull` is the transfer plan (source node, blocks to pull) and
+        `planned` the prefix the plan counts on the node's store for (None: no plan)."""
         self._count += 1
         request_id = request_id or f"req-{self._run}-{self._count}"
         job = PrefillJob(
@@ -308,6 +310,7 @@ class Conductor:
             decode_instance=decode_id,
             source_node=pull[0],
             pull_hashes=pull[1],
+            planned_prefix_tokens=planned,
         )
         return await self.bus.request(
             self.subjects.prefill_job(prefill_id), job, PrefillResult, 120
@@ -320,10 +323,11 @@ class Conductor:
         prefill_id: str = "prefill-A",
         decode_id: str = "decode-A",
         pull: tuple[str, list[bytes]] = ("", []),
+        planned: int | None = None,
     ) -> tuple[list[int], PrefillResult]:
         """Prompt → all generated tokens (first from prefill, the rest from decode)."""
         request_id = await self._reserve(token_ids, max_tokens, decode_id)
-        result = await self.prefill(prefill_id, token_ids, decode_id, request_id, pull)
+        result = await self.prefill(prefill_id, token_ids, decode_id, request_id, pull, planned)
         self.prefilled_at = time.time()
         return await self._decode(
             request_id, token_ids, result.first_token, max_tokens, decode_id

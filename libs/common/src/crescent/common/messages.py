@@ -190,6 +190,11 @@ class PrefillJob(Message):
     block_size: TokenCount = 0
     source_node: OptionalId = ""  # first copy pull_hashes from this node's store into ours
     pull_hashes: BlockHashes = []
+    # The prompt's prefix the conductor planned this node's store to supply, pulled blocks
+    # included: the engine asks the store only when its own cache holds less than that, so a
+    # request the store cannot help skips the lookup's round trip. A block committed after the
+    # conductor's index last heard is not counted on, as in the placement. None: always ask.
+    planned_prefix_tokens: TokenCount | None = None
     timeout_s: Seconds = 0.0  # how long the conductor waits for the result; 0: no deadline
     # The sending conductor and its number for this assignment, which the instance's telemetry
     # acknowledges (InstanceLoad.received); 0: not numbered.

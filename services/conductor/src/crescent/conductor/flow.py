@@ -362,6 +362,7 @@ class RequestFlow:
                 block_size=request.block_size,
                 source_node=prefill.source_node or "",
                 pull_hashes=list(prefill.pull_hashes),
+                planned_prefix_tokens=prefill.prefix_tokens,
                 timeout_s=self._timeouts.prefill_s,
                 conductor=self._owner,
                 assignment=self._scheduler.assignment_number(

@@ -353,6 +353,7 @@ class PrefillWorker:
                             request_id=job.request_id,
                             sampling=job.sampling,
                             save_to=save_to,
+                            planned_prefix_tokens=job.planned_prefix_tokens,
                         )
                     else:
                         output = await self.engine.compute(plan, job.sampling.logprobs)

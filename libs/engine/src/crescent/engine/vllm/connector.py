@@ -42,6 +42,7 @@ from crescent.engine.vllm.events import EventLog
 from crescent.engine.vllm.parent_watch import exit_with_parent
 from crescent.engine.vllm.plan import (
     PARAM_LOAD,
+    PARAM_PLANNED,
     PARAM_SAVE_TO,
     PARAM_TRACE,
     ConnectorConfig,
@@ -60,7 +61,14 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["PARAM_LOAD", "PARAM_SAVE_TO", "PARAM_TRACE", "CrescentConnector", "CrescentMetadata"]
+__all__ = [
+    "PARAM_LOAD",
+    "PARAM_PLANNED",
+    "PARAM_SAVE_TO",
+    "PARAM_TRACE",
+    "CrescentConnector",
+    "CrescentMetadata",
+]
 
 
 def log_like_the_worker(config: ConnectorConfig) -> None:

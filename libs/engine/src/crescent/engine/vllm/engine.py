@@ -21,7 +21,7 @@ from crescent.common.errors import ConfigError, RecoverableError
 from crescent.common.messages import SamplingParams as CrescentSampling
 from crescent.engine.base import FINISH_ABORT, DecodeStep, InvalidRequestError, PrefillOutput
 from crescent.engine.settings import EngineSettings
-from crescent.engine.vllm.connector import PARAM_LOAD, PARAM_SAVE_TO, PARAM_TRACE
+from crescent.engine.vllm.connector import PARAM_LOAD, PARAM_PLANNED, PARAM_SAVE_TO, PARAM_TRACE
 from crescent.engine.vllm.sampling import output_logprobs, prompt_logprobs, vllm_params
 
 log = logging.getLogger(__name__)
@@ -238,8 +238,11 @@ class VllmEngine:
         request_id: str,
         sampling: CrescentSampling | None = None,
         save_to: Sequence[str] = (),
+        planned_prefix_tokens: int | None = None,
     ) -> PrefillOutput:
-        """Compute the prompt (loading what the store has), return its first token."""
+        """Compute the prompt (loading what the store has), return its first token. With
+        `planned_prefix_tokens` (the conductor's plan), the store is asked only when vLLM's own
+        cache holds less of the prompt than that."""
         from vllm.inputs import TokensPrompt
 
         self._check_length(len(token_ids))
@@ -248,6 +251,7 @@ class VllmEngine:
         kv = {
             PARAM_SAVE_TO: list(save_to),
             **({PARAM_LOAD: False} if sampling.prompt_logprobs is not None else {}),
+            **({PARAM_PLANNED: planned_prefix_tokens} if planned_prefix_tokens is not None else {}),
         }
         params = self._params(sampling, 1, kv)
         started = time.monotonic()

@@ -9,6 +9,9 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 PARAM_LOAD = "crescent_load"  # kv_transfer_params: False skips the store lookup
+# kv_transfer_params: prompt tokens the conductor planned this node's store to supply
+# (PrefillJob.planned_prefix_tokens); the store is asked only when vLLM's cache holds fewer
+PARAM_PLANNED = "crescent_planned_prefix_tokens"
 # kv_transfer_params: nodes whose stores get the prompt's blocks. The first is the decode
 # node's: the step that ends the prompt waits until its store has committed them (decode looks
 # them up right after the first token); the others are written and committed off the request path.

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from crescent.common.hashing import block_hashes
 from crescent.engine.vllm.plan import (
     PARAM_LOAD,
+    PARAM_PLANNED,
     PARAM_SAVE_TO,
     PARAM_TRACE,
     CrescentMetadata,
@@ -100,6 +101,9 @@ class SchedulerSide:
         params = request.kv_transfer_params or {}
         if not params.get(PARAM_LOAD, True):
             return 0, False
+        planned = params.get(PARAM_PLANNED)
+        if planned is not None and planned <= num_computed:
+            return 0, False  # the conductor's plan has the store add nothing to vLLM's cache
         lookup = self._lookups.get(request.request_id)
         if lookup is None or lookup.num_computed != num_computed:
             if lookup is not None and lookup.asking is not None:

@@ -1,0 +1,85 @@
+"""The connector's scheduler side asks the store only where the conductor's plan has the store
+add to what vLLM's own cache holds (pure logic: a recorded bridge stands in for the store)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass, field
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")
+
+from crescent.engine.vllm.plan import PARAM_PLANNED, ConnectorConfig
+from crescent.engine.vllm.runtime import ConnectorRuntime
+from crescent.engine.vllm.scheduler_side import SchedulerSide
+
+BLOCK = 64
+STORED_BLOCKS = 16
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    kv_transfer_params: dict = field(default_factory=dict)
+
+
+class _Ops:
+    def lookup(self, node: str, hashes: list[bytes]) -> int:
+        return min(len(hashes), STORED_BLOCKS)  # what the bridge's future resolves to
+
+
+class _Bridge:
+    """Runs each lookup at once, recording it, as the store would answer."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def submit(self, blocks_held: int) -> concurrent.futures.Future[int]:
+        self.asked += 1
+        future: concurrent.futures.Future[int] = concurrent.futures.Future()
+        future.set_result(blocks_held)
+        return future
+
+
+def _side() -> tuple[SchedulerSide, _Bridge]:
+    config = ConnectorConfig(
+        nats_url="", etcd_url="", cluster="c", node="n", model="m", block_size=BLOCK
+    )
+    bridge = _Bridge()
+    runtime = ConnectorRuntime(config, bridge, _Ops(), None, None, 16, BLOCK // 16)
+    return SchedulerSide(runtime), bridge
+
+
+def _request(planned: int | None) -> _Request:
+    params = {} if planned is None else {PARAM_PLANNED: planned}
+    return _Request("r", list(range(2000)), params)
+
+
+def _matched(side: SchedulerSide, request: _Request, num_computed: int) -> int | None:
+    """vLLM's question, asked again as at its next step until the answer is known."""
+    for _ in range(2):
+        num_tokens, _ = side.num_new_matched_tokens(request, num_computed)
+        if num_tokens is not None:
+            return num_tokens
+    raise AssertionError("the answer never came")
+
+
+@pytest.mark.parametrize("num_computed", [0, 512, 1024])
+def test_a_plan_covered_by_vllms_own_cache_asks_the_store_nothing(num_computed):
+    side, bridge = _side()
+    assert _matched(side, _request(planned=num_computed), num_computed) == 0
+    assert bridge.asked == 0
+
+
+def test_a_plan_beyond_vllms_cache_asks_the_store_and_loads_what_it_holds():
+    side, bridge = _side()
+    assert _matched(side, _request(planned=1024), 512) == STORED_BLOCKS * BLOCK - 512
+    assert bridge.asked == 1
+
+
+def test_a_job_with_no_plan_always_asks_the_store():
+    side, bridge = _side()
+    assert _matched(side, _request(planned=None), 0) == STORED_BLOCKS * BLOCK
+    assert bridge.asked == 1
