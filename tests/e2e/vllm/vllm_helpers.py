@@ -158,14 +158,14 @@ class VllmCluster:
             self._service(
                 "decode",
                 "decode-A",
-                *engine_flags(  # its own prompts' commits 1 s late
+                *engine_flags(  # its own prompts' commits 0.5 s late
                     self.model_dir,
                     "A",
                     self.event_log("decode-A"),
                     "--telemetry-period-s",
                     "0.05",
                     "--kv-fault",
-                    "delay_other_commits",
+                    "delay_commits",
                 ),
             )
         )
@@ -181,10 +181,10 @@ class VllmCluster:
                     "--kv-transports",
                     "tcp",  # its own
                     "--kv-fault",
-                    "delay_other_commits",
+                    "delay_commits",  # every commit 0.5 s late
                 ),
             )
-        )  # store is slow
+        )
         self._launch(
             self._service(
                 "decode",

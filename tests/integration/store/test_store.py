@@ -24,6 +24,8 @@ from crescent.common.store_messages import (
     BlockSlots,
     CommitBlocks,
     Done,
+    LookupBlocks,
+    LookupReply,
     PinBlocks,
     PinnedBlocks,
     UnpinBlocks,
@@ -177,6 +179,38 @@ async def test_uncommitted_block_is_invisible(stores, client_factory):
     assert await client.lookup(MODEL, "n1", hashes) == []
     count, _ = await read_back(client, "n1", hashes)
     assert count == 0 and await client.lookup_prefix(MODEL, hashes) == {}
+
+
+async def test_a_lookup_may_wait_for_blocks_being_written_until_they_settle(stores, client_factory):
+    """A decode's lookup waits (wait_writing_s) for blocks of the prefix still being written,
+    as its prefill's first token no longer waits for their commit: a commit ends the wait with
+    the blocks found, an abort with them missing, and the deadline with what is there. A block
+    nobody is writing is not waited for."""
+    stores.start("n1")
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    hashes, _ = blocks(4)
+    await client.put_blocks(MODEL, "n1", hashes[:1], [bytes(BLOCK)])
+
+    def lookup(wait_s: float) -> asyncio.Future[LookupReply]:
+        request = LookupBlocks(model=MODEL, hashes=hashes, wait_writing_s=wait_s)
+        return asyncio.ensure_future(client.ctl("n1", request, LookupReply))
+
+    assert len((await lookup(5)).tiers) == 1  # block 1 is not being written: no wait
+    await client.ctl("n1", AllocBlocks(model=MODEL, hashes=hashes[1:3]), BlockSlots)
+    assert len((await lookup(0)).tiers) == 1  # not asked to wait
+    waiting = lookup(30)
+    await asyncio.sleep(0.3)
+    assert not waiting.done()
+    await client.ctl("n1", CommitBlocks(model=MODEL, hashes=hashes[1:2]), Done)
+    await asyncio.sleep(0.3)
+    assert not waiting.done()  # block 2 is still being written
+    await client.ctl("n1", AbortBlocks(model=MODEL, hashes=hashes[2:3]), Done)
+    assert len((await waiting).tiers) == 2  # block 2 aborted, block 3 never allocated
+    await client.ctl("n1", AllocBlocks(model=MODEL, hashes=hashes[2:3]), BlockSlots)
+    assert len((await lookup(0.5)).tiers) == 2  # its deadline: block 2 still being written
+    await client.ctl("n1", CommitBlocks(model=MODEL, hashes=hashes[2:3]), Done)
+    assert len((await lookup(5)).tiers) == 3
 
 
 async def test_the_staged_road_of_rdma_round_trips_over_tcp(stores, client_factory):

@@ -26,7 +26,7 @@ class _Request:
 
 
 class _Ops:
-    def lookup(self, node: str, hashes: list[bytes]) -> int:
+    def lookup(self, node: str, hashes: list[bytes], wait_writing_s: float) -> int:
         return min(len(hashes), STORED_BLOCKS)  # what the bridge's future resolves to
 
 

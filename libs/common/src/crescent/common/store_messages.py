@@ -8,7 +8,17 @@ the ranges a decoded body must respect.
 
 from __future__ import annotations
 
-from crescent.common.bounds import BlockHashes, BlockTiers, Count, Id, Name, NumBytes, Offsets, Ttl
+from crescent.common.bounds import (
+    BlockHashes,
+    BlockTiers,
+    Count,
+    Id,
+    Name,
+    NumBytes,
+    Offsets,
+    Seconds,
+    Ttl,
+)
 from crescent.common.codec import Message
 
 
@@ -54,8 +64,14 @@ class AbortBlocks(Message):
 
 
 class LookupBlocks(Message):
+    """How much of a prefix this node holds. With `wait_writing_s`, a block of the prefix
+    still being written here (allocated, not yet committed or aborted) is waited for up to that
+    long: a decode instance asks for a prompt its prefill's save may still be committing, as
+    the prefill's first token does not wait for that commit."""
+
     model: Name
     hashes: BlockHashes
+    wait_writing_s: Seconds = 0.0
 
 
 class LookupReply(Message):

@@ -252,12 +252,11 @@ class BlockOps:
             self.subjects.store_ctl(node), request, reply_type, self.timeout_s
         )
 
-    async def lookup(self, node: str, hashes: Sequence[bytes]) -> int:
-        """How many leading blocks of `hashes` the store on `node` holds right now."""
-        reply = await self.ctl(
-            node, LookupBlocks(model=self.model, hashes=list(hashes)), LookupReply
-        )
-        return len(reply.tiers)
+    async def lookup(self, node: str, hashes: Sequence[bytes], wait_writing_s: float = 0.0) -> int:
+        """How many leading blocks of `hashes` the store on `node` holds, waiting up to
+        `wait_writing_s` for those of them still being written."""
+        request = LookupBlocks(model=self.model, hashes=list(hashes), wait_writing_s=wait_writing_s)
+        return len((await self.ctl(node, request, LookupReply)).tiers)
 
     async def pin(self, node: str, hashes: Sequence[bytes]) -> PinnedBlocks:
         request = PinBlocks(model=self.model, hashes=list(hashes), ttl_s=4 * self.timeout_s)

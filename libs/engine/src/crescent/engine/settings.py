@@ -11,7 +11,7 @@ from crescent.storeclient.transport_choice import transport_choice
 from crescent.transfer import TransportKind, parse_transports
 
 ENGINES = ("emulated", "vllm")
-KV_FAULTS = ("delay_other_commits", "evict_after_lookup", "slow_load")
+KV_FAULTS = ("delay_commits", "evict_after_lookup", "slow_load")
 
 
 @dataclass
@@ -74,10 +74,10 @@ class EngineSettings(EmulatedDevice, CommonSettings):
     )
     kv_engine_wait_s: float = setting(
         2.0,
-        "vllm: the longest the engine's own thread waits on the store in a step (a lookup, a "
-        "load inside a step, the decode node's commits before a first token), so that a store "
-        "that died holding a request stalls no step for longer: past it the prompt is computed, "
-        "or the decode recomputes what it lacks",
+        "vllm: the longest the engine's own thread waits on the store in a step (a lookup, "
+        "of which a decode's store may spend half waiting for blocks still being written; a "
+        "load inside a step), so that a store that died holding a request stalls no step for "
+        "longer: past it the prompt is computed, or the decode recomputes what it lacks",
     )
     cost_profile: str = setting(
         "",
@@ -118,9 +118,8 @@ class EngineSettings(EmulatedDevice, CommonSettings):
     )
     kv_fault: str = setting(
         "",
-        "vllm, testing only: inject a store fault (delay_other_commits: every commit "
-        "no first token waits for starts 1 s late: on prefill, to every store but the decode "
-        "node's; on decode, all; evict_after_lookup: the store "
+        "vllm, testing only: inject a store fault (delay_commits: every commit starts 0.5 s "
+        "late; evict_after_lookup: the store "
         "loses block 1 of a prefix between the connector's lookup and its load; slow_load: "
         "every load starts 2 s late)",
     )

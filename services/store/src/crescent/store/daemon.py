@@ -10,6 +10,7 @@ move outside the lock, on the data plane, between allocate and commit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -99,6 +100,8 @@ class StoreDaemon:
         self.transfer: TransferEngine | None = None
         self.metadata: MetadataWriter | None = None
         self._lock = asyncio.Lock()
+        # set, and replaced, whenever blocks being written are committed, aborted or reclaimed
+        self._settled = asyncio.Event()
         self._runtime: Runtime | None = None
         self.pull_rate: dict[str, Ewma] = {}  # source node → recent bytes/s of replication pulls
         self._handlers = {
@@ -230,6 +233,7 @@ class StoreDaemon:
             async with self._lock:
                 reclaimed = self.pool.expire(time.monotonic())
             if reclaimed:
+                self._note_settled()
                 log.warning(
                     "reclaimed uncommitted allocations", extra={"num_blocks": len(reclaimed)}
                 )
@@ -280,6 +284,7 @@ class StoreDaemon:
             put, meta = self.metadata.put, self._meta
             for block in blocks:
                 put(*block.key, meta(block.tier, block.slot))
+        self._note_settled()
         if request.wait_metadata:
             await self.metadata.sync()
         return Done(num_blocks=len(keys))
@@ -288,10 +293,30 @@ class StoreDaemon:
         async with self._lock:
             for key in _keys(request.model, request.hashes):
                 self.pool.abort(key)
+        self._note_settled()
         return Done(num_blocks=len(request.hashes))
 
+    def _note_settled(self) -> None:
+        """Wake the lookups waiting for blocks being written: some were committed, aborted or
+        reclaimed."""
+        self._settled.set()
+        self._settled = asyncio.Event()
+
     async def lookup(self, request: LookupBlocks) -> LookupReply:
-        blocks = self.pool.longest_prefix(_keys(request.model, request.hashes))
+        """The longest prefix held here; where it stops at a block being written, waits (up
+        to `wait_writing_s`) for that block to settle and looks again."""
+        keys = _keys(request.model, request.hashes)
+        deadline = time.monotonic() + request.wait_writing_s
+        while True:
+            blocks = self.pool.longest_prefix(keys)
+            if len(blocks) == len(keys) or not self.pool.is_writing(keys[len(blocks)]):
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            with contextlib.suppress(TimeoutError):  # then one last look
+                async with asyncio.timeout(remaining):
+                    await self._settled.wait()
         return LookupReply(tiers=[b.tier.value for b in blocks])
 
     async def pin(self, request: PinBlocks) -> PinnedBlocks:

@@ -287,6 +287,10 @@ class BlockPool:
         self._lru[block.tier].pop(block.key, None)
         self._free[block.tier].append(block.slot)
 
+    def is_writing(self, key: BlockKey) -> bool:
+        """Whether `key` is allocated here and not yet committed or aborted."""
+        return key in self._writing
+
     def longest_prefix(self, keys: list[BlockKey]) -> list[Block]:
         """The ready blocks of the longest prefix of `keys` held here, in order. Finding a block
         is a use of it: each found block becomes the most recently used of its tier, so a hot

@@ -10,9 +10,9 @@ Worker side (same process, inside the forward pass): loads pin their blocks once
 them layer by layer on the bridge loop, so `wait_for_layer_load(i)` waits only for layer i;
 `save_kv_layer(i)` only snapshots layer i of every newly completed block and hands it to the
 bridge, which writes it into each target store (the decode node's and this node's) while the
-model computes on; commits follow the step. `wait_for_save` waits for nothing but, in the
-step that ends a prompt, the decode node's commits, which decode needs to find the blocks
-(saver.py). A decode worker loads asynchronously (ConnectorConfig.load_async): vLLM holds the
+model computes on; commits follow the step. `wait_for_save` waits for nothing: decode, which
+reads the blocks right after the first token, has its store wait for those still being
+written (saver.py). A decode worker loads asynchronously (ConnectorConfig.load_async): vLLM holds the
 new request back while its KV is read and steps the running requests meanwhile;
 `get_finished` hands the request back once its blocks are in. A block that is missing or
 fails is reported to vLLM (invalid block ids) and

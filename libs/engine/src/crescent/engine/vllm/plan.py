@@ -12,9 +12,8 @@ PARAM_LOAD = "crescent_load"  # kv_transfer_params: False skips the store lookup
 # kv_transfer_params: prompt tokens the conductor planned this node's store to supply
 # (PrefillJob.planned_prefix_tokens); the store is asked only when vLLM's cache holds fewer
 PARAM_PLANNED = "crescent_planned_prefix_tokens"
-# kv_transfer_params: nodes whose stores get the prompt's blocks. The first is the decode
-# node's: the step that ends the prompt waits until its store has committed them (decode looks
-# them up right after the first token); the others are written and committed off the request path.
+# kv_transfer_params: nodes whose stores get the prompt's blocks (the decode node's first, which
+# decode reads right after the first token), written and committed off the request path.
 PARAM_SAVE_TO = "crescent_save_to"
 PARAM_TRACE = "crescent_trace"  # kv_transfer_params: the request's W3C trace context (traceparent)
 
@@ -31,8 +30,8 @@ class ConnectorConfig:
     block_size: int
     role: str = "prefill"
     timeout_s: float = 10.0
-    # the longest the engine's own thread waits on the store in a step: a lookup, a load inside
-    # a step, the decode node's commits before a first token (EngineSettings.kv_engine_wait_s)
+    # the longest the engine's own thread waits on the store in a step: a lookup (on decode, half
+    # of it for blocks still being written), a load inside a step (EngineSettings.kv_engine_wait_s)
     engine_wait_s: float = 2.0
     event_log: str = ""
     use_mapping: bool = True
@@ -46,7 +45,7 @@ class ConnectorConfig:
     log_level: str = "INFO"
     log_format: str = "json"
     # testing only: "evict_after_lookup" drops block 1 between lookup and load;
-    # "delay_other_commits" holds 1 s every commit no first token waits for (saver.py);
+    # "delay_commits" starts every commit 0.5 s late (saver.py);
     # "slow_load" starts every load 2 s late (worker_side.py)
     fault: str = ""
 
@@ -75,8 +74,6 @@ class SaveSpec:
     vllm_block_ids: list[int]  # vllm_blocks_per_block per store block, in order
     targets: list[str]
     trace: dict[str, str] = field(default_factory=dict)
-    # the prompt ends in this step: its first token waits for the commits it needs (saver.py)
-    is_last: bool = False
 
 
 @dataclass

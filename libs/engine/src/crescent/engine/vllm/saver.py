@@ -9,15 +9,13 @@ runs beside the model on the bridge loop: waiting for the allocation, copying th
 each target store (in place on a copier thread when the store is on this host, over the data
 plane otherwise), then, after the step, committing or aborting each target's blocks.
 
-The only wait left in a step is the one the first token needs: in the step that ends a
-prompt on a prefill instance, the decode node's store (the first target) must have committed
-every block of that prompt before vLLM emits the token, because decode looks them up right
-after it. A decode instance computing a prompt itself saves it for later reuse only, and waits
-for nothing (a slow store would otherwise hold every running stream's step). The commit
-does not wait for etcd (the store serves committed blocks at once; the cluster index follows).
-The other targets (this node's store, for later reuse) finish whenever they finish. A target
-whose write or commit fails or misses its deadline simply does not hold those blocks: decode
-then recomputes what it does not find.
+No step waits for a save, not even the one that ends a prompt: its first token goes out while
+the last blocks are still being committed. The decode instance that reads them next asks its
+node's store to wait for blocks still being written (LookupBlocks.wait_writing_s), which is
+where the paper's decode waits too: it joins the batch once all of the request's KV has
+arrived (§3.1, step 4). The commit does not wait for etcd (the store serves committed blocks
+at once; the cluster index follows). A target whose write or commit fails or misses its
+deadline simply does not hold those blocks: decode then recomputes what it does not find.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ from crescent.engine.vllm.runtime import ConnectorRuntime
 
 log = logging.getLogger(__name__)
 
-OTHER_COMMITS_DELAY_S = 1.0  # kv_fault delay_other_commits (tests)
+COMMIT_DELAY_S = 0.5  # kv_fault delay_commits (tests)
 
 
 class _SaveJob:
@@ -80,8 +78,6 @@ class Saver:
         self.layer_bytes = 0
         self._step = 0
         self._jobs: list[_SaveJob] = []
-        # request → commits of its first target not yet known to be done (all its steps)
-        self._first_commits: dict[str, list[concurrent.futures.Future[None]]] = {}
         self._copier = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="crescent-kv-copy"
         )
@@ -189,48 +185,21 @@ class Saver:
         )
 
     def end_step(self) -> int:
-        """Hand each job's commits to the bridge; wait only for the decode node's commits of
-        the prompts that end in this step. Returns the number of this step's save jobs."""
+        """Hand each job's commits to the bridge (none is waited for). Returns the number of
+        this step's save jobs."""
         num_jobs = len(self._jobs)
         for job in self._jobs:
             if not job.is_committing:
                 job.is_failed = job.is_failed or job.num_layers != self.num_layers
                 self._start_commits(job)
-        for job in self._jobs:
-            if job.spec.is_last:
-                self._wait_first_commits(job.spec.request_id)
         self._jobs = []
-        for request_id, commits in list(self._first_commits.items()):
-            commits[:] = [c for c in commits if not c.done()]
-            if not commits:
-                del self._first_commits[request_id]
         return num_jobs
 
     def _start_commits(self, job: _SaveJob) -> None:
         job.is_committing = True
         for target in job.spec.targets:
             if target in job.slots:
-                done = self.runtime.bridge.submit(self._finish(job, target))
-                if self._is_awaited(job, target):
-                    self._first_commits.setdefault(job.spec.request_id, []).append(done)
-
-    def _is_awaited(self, job: _SaveJob, target: str) -> bool:
-        """Whether the request's first token waits for this commit: on a prefill instance, the
-        decode node's (the first target); on a decode instance, which reads nothing back, none."""
-        return self.runtime.config.role == "prefill" and target == job.spec.targets[0]
-
-    def _wait_first_commits(self, request_id: str) -> None:
-        deadline = time.monotonic() + self.runtime.config.engine_wait_s
-        for done in self._first_commits.pop(request_id, []):
-            try:
-                done.result(max(0.0, deadline - time.monotonic()))
-            except concurrent.futures.TimeoutError:
-                log.warning(
-                    "the decode node's KV commit missed its deadline; "
-                    "decode recomputes what it lacks",
-                    extra={"request_id": request_id},
-                )
-                return
+                self.runtime.bridge.submit(self._finish(job, target))
 
     async def _finish(self, job: _SaveJob, target: str) -> None:
         """After every layer reached `target`: commit there, or abort if any part failed."""
@@ -249,8 +218,8 @@ class Saver:
             span.end()
             return
         is_failed = job.is_failed or not await self._writes_done(job, target)
-        if self.runtime.config.fault == "delay_other_commits" and not self._is_awaited(job, target):
-            await asyncio.sleep(OTHER_COMMITS_DELAY_S)
+        if self.runtime.config.fault == "delay_commits":
+            await asyncio.sleep(COMMIT_DELAY_S)
         span.set_attribute("crescent.failed", is_failed)
         try:
             if is_failed:

@@ -55,9 +55,7 @@ class _Tracked:
     block_ids: list[int]
     save_to: list[str]
     trace: dict[str, str]
-    num_prompt_tokens: int
     num_planned: int = 0  # store blocks below this are already in some SaveSpec
-    is_last_planned: bool = False  # the SaveSpec of the step that ends the prompt went out
 
 
 @dataclass
@@ -124,11 +122,15 @@ class SchedulerSide:
         limit = (len(prompt) - 1) // vbs * vbs  # the last prompt token is always computed
         hashes = self._hashes(request)[: (limit + bs - 1) // bs]
         asking = None
+        config = self.runtime.config
         if hashes and limit > num_computed:
+            # A decode asks right after its prefill's first token, which does not wait for the
+            # save's commit: the store waits for blocks still being written, within our deadline.
+            wait_s = config.engine_wait_s / 2 if config.role == "decode" else 0.0
             asking = self.runtime.bridge.submit(
-                self.runtime.ops.lookup(self.runtime.config.node, hashes)
+                self.runtime.ops.lookup(config.node, hashes, wait_s)
             )
-        deadline = time.monotonic() + self.runtime.config.engine_wait_s
+        deadline = time.monotonic() + config.engine_wait_s
         return _Lookup(num_computed, limit, asking, deadline)
 
     def _answer(self, request: Request, lookup: _Lookup) -> int:
@@ -179,7 +181,6 @@ class SchedulerSide:
                 block_ids,
                 save_to,
                 _trace(request),
-                len(request.prompt_token_ids or []),
             )
 
     def _load_spec(self, request: Request, block_ids: list[int], start: int, end: int) -> LoadSpec:
@@ -230,14 +231,9 @@ class SchedulerSide:
     def _plan_save(
         self, meta: CrescentMetadata, request_id: str, tracked: _Tracked, end_tokens: int
     ) -> None:
-        """Save the blocks completed up to `end_tokens`; the step that ends the prompt always
-        gets a SaveSpec (is_last, maybe with no new block) once any block was saved, so the
-        worker knows when the first token must wait for the decode node's commits."""
-        if tracked.is_last_planned:
-            return
+        """Save the prompt's blocks completed up to `end_tokens` and not yet planned."""
         last = min(end_tokens // self.runtime.config.block_size, len(tracked.hashes))
-        is_last = end_tokens >= tracked.num_prompt_tokens
-        if last <= tracked.num_planned and not (is_last and tracked.num_planned):
+        if last <= tracked.num_planned:
             return
         per_block = self.runtime.vllm_blocks_per_block
         ids = tracked.block_ids[tracked.num_planned * per_block : last * per_block]
@@ -248,11 +244,9 @@ class SchedulerSide:
                 ids,
                 tracked.save_to,
                 tracked.trace,
-                is_last,
             )
         )
         tracked.num_planned = last
-        tracked.is_last_planned = is_last
 
     def on_load_errors(self, invalid_block_ids: set[int]) -> None:
         """Blocks the worker side could not load: vLLM computes them again, from the first

@@ -3,8 +3,8 @@
 Prefill: prompts of 128 to 2,048 tokens (those the engine takes), each with nothing cached and
 with a cached prefix p (run first, so vLLM's prefix cache, or the store through the connector,
 holds it); the sample records the prefix the engine really reused. Each timed prompt saves its
-new blocks to this node's store, as a prefill job does: a job's compute time includes those
-writes (its first token waits for the decode node's store to commit them). Decode: median time
+new blocks to this node's store, as a prefill job does: a job's compute time includes
+snapshotting them (the writes and commits run beside the model). Decode: median time
 between tokens of a batch of b requests with c context tokens each (c up to 2,048). Both
 fitted with non-negative costs (cost_profile). Prompts are random, so workers profiling at
 once never find each other's blocks in a store.
