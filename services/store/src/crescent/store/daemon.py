@@ -271,6 +271,7 @@ class StoreDaemon:
         except PoolFullError:
             for key in keys[: len(slots)]:
                 self.pool.abort(key)
+            self._note_settled()
             raise
         return slots
 

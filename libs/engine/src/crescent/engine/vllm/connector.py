@@ -12,8 +12,8 @@ them layer by layer on the bridge loop, so `wait_for_layer_load(i)` waits only f
 bridge, which writes it into each target store (the decode node's and this node's) while the
 model computes on; commits follow the step. `wait_for_save` waits for nothing: decode, which
 reads the blocks right after the first token, has its store wait for those still being
-written (saver.py). A decode worker loads asynchronously (ConnectorConfig.load_async): vLLM holds the
-new request back while its KV is read and steps the running requests meanwhile;
+written (saver.py). A decode worker loads asynchronously (ConnectorConfig.load_async): vLLM
+holds the new request back while its KV is read and steps the running requests meanwhile;
 `get_finished` hands the request back once its blocks are in. A block that is missing or
 fails is reported to vLLM (invalid block ids) and
 recomputed; a failed save only means the block is not stored. Every wait has a deadline.
