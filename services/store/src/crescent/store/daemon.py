@@ -91,8 +91,12 @@ class StoreDaemon:
     def __init__(self, settings: StoreSettings) -> None:
         self.settings = settings
         self.block_bytes = settings.block_bytes
+        # set, and replaced, whenever blocks being written are committed, aborted or reclaimed
+        self._settled = asyncio.Event()
         self.pool = BlockPool(
-            settings.dram_bytes // settings.block_bytes, settings.ssd_bytes // settings.block_bytes
+            settings.dram_bytes // settings.block_bytes,
+            settings.ssd_bytes // settings.block_bytes,
+            on_settled=self._note_settled,
         )
         self.directory = SegmentDirectory()
         self.segment: ShmSegment | None = None
@@ -100,8 +104,6 @@ class StoreDaemon:
         self.transfer: TransferEngine | None = None
         self.metadata: MetadataWriter | None = None
         self._lock = asyncio.Lock()
-        # set, and replaced, whenever blocks being written are committed, aborted or reclaimed
-        self._settled = asyncio.Event()
         self._runtime: Runtime | None = None
         self.pull_rate: dict[str, Ewma] = {}  # source node → recent bytes/s of replication pulls
         self._handlers = {
@@ -233,7 +235,6 @@ class StoreDaemon:
             async with self._lock:
                 reclaimed = self.pool.expire(time.monotonic())
             if reclaimed:
-                self._note_settled()
                 log.warning(
                     "reclaimed uncommitted allocations", extra={"num_blocks": len(reclaimed)}
                 )
@@ -271,7 +272,6 @@ class StoreDaemon:
         except PoolFullError:
             for key in keys[: len(slots)]:
                 self.pool.abort(key)
-            self._note_settled()
             raise
         return slots
 
@@ -285,7 +285,6 @@ class StoreDaemon:
             put, meta = self.metadata.put, self._meta
             for block in blocks:
                 put(*block.key, meta(block.tier, block.slot))
-        self._note_settled()
         if request.wait_metadata:
             await self.metadata.sync()
         return Done(num_blocks=len(keys))
@@ -294,7 +293,6 @@ class StoreDaemon:
         async with self._lock:
             for key in _keys(request.model, request.hashes):
                 self.pool.abort(key)
-        self._note_settled()
         return Done(num_blocks=len(request.hashes))
 
     def _note_settled(self) -> None:

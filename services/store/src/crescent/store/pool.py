@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crescent.common.errors import RecoverableError
@@ -73,7 +74,12 @@ class Plan:
 
 
 class BlockPool:
-    def __init__(self, num_dram_slots: int, num_ssd_slots: int = 0) -> None:
+    def __init__(
+        self,
+        num_dram_slots: int,
+        num_ssd_slots: int = 0,
+        on_settled: Callable[[], None] = lambda: None,
+    ) -> None:
         self.num_dram_slots = num_dram_slots
         self.num_ssd_slots = num_ssd_slots
         self.blocks: dict[BlockKey, Block] = {}
@@ -90,6 +96,9 @@ class BlockPool:
         # among all the node's blocks, which may be millions with an SSD tier.
         self._pinned: set[BlockKey] = set()
         self._writing: set[BlockKey] = set()
+        # Called whenever allocations stop being written (committed, aborted or reclaimed, the
+        # last also inside an allocation on a full pool): the store's waiting lookups look again.
+        self._on_settled = on_settled
 
     def num_free(self, tier: Tier) -> int:
         return len(self._free[tier])
@@ -149,6 +158,7 @@ class BlockPool:
             block.state = State.READY
             lru[block.key] = None
         self._writing.difference_update(keys)
+        self._on_settled()
         return blocks
 
     def commit(self, key: BlockKey) -> Block:
@@ -158,6 +168,7 @@ class BlockPool:
         block.state = State.READY
         self._lru[Tier.DRAM][key] = None
         self._writing.discard(key)
+        self._on_settled()
         return block
 
     def abort(self, key: BlockKey) -> None:
@@ -167,6 +178,7 @@ class BlockPool:
             del self.blocks[key]
             self._writing.discard(key)
             self._free[Tier.DRAM].append(block.slot)
+            self._on_settled()
 
     def pin(self, key: BlockKey, now: float, ttl_s: float) -> Block:
         """Keep a DRAM block from eviction until `unpin` or `now + ttl_s` (a crashed reader's
