@@ -61,11 +61,12 @@ async def test_disaggregated_1p1d_equals_plain_vllm_token_for_token(
     for prompt, want, (got, prefill) in zip(prompts, expected, results):
         assert got == want, f"{len(prompt)}-token prompt diverged"
         assert prefill.num_computed_tokens == len(prompt)  # fresh prompts: nothing to reuse
-        # decode loaded every full block of the prompt from its node's store
+        # decode loaded every full block of the prompt from its node's store, copied in place
+        # from the store's segment, which is mapped on this host
         full_blocks = len(prompt) // BLOCK_SIZE
         loads = events_of(vllm_cluster, "decode-A", prefill.request_id, "load")
-        assert [(e["num_loaded"], e["num_blocks"], e["error"]) for e in loads] == (
-            [(full_blocks, full_blocks, None)] if full_blocks else []
+        assert [(e["num_loaded"], e["num_blocks"], e["route"], e["error"]) for e in loads] == (
+            [(full_blocks, full_blocks, "mapped", None)] if full_blocks else []
         )
 
 
@@ -259,6 +260,7 @@ async def test_prefill_on_node_b_reuses_node_a_prefix_through_the_planned_pull_o
     ) == pulled_before + len(prefix_hashes)
     [load] = events_of(vllm_cluster, "prefill-B", prefill.request_id, "load")
     assert load["num_loaded"] == len(prefix_hashes) and load["error"] is None
+    assert load["route"] == "data-plane"
     committed = await wait_for_events(
         vllm_cluster, "prefill-B", prefill.request_id, "committed", {"A", "B"}
     )

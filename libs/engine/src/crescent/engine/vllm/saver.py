@@ -32,6 +32,7 @@ from crescent.common.tracing import extract_headers
 from crescent.engine.kv_store import KvStoreError
 from crescent.engine.vllm.plan import SaveSpec
 from crescent.engine.vllm.runtime import ConnectorRuntime
+from crescent.storeclient.metrics import KV_TRANSFER_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,7 @@ class Saver:
             await asyncio.get_running_loop().run_in_executor(
                 self._copier, _copy_rows, view, offsets, data, rows, self.layer_bytes
             )
+            KV_TRANSFER_BYTES.labels("write", "mapped").inc(len(rows) * self.layer_bytes)
         self.runtime.events.write(
             "stored",
             request=job.spec.request_id,

@@ -1,7 +1,8 @@
 """The worker side of CrescentConnector, inside the forward pass: loads from this node's store
-pinned once and read layer by layer ahead of the model; each finished layer of new full blocks
-handed to the Saver (saver.py), which stores and commits it beside the model. A block that
-fails to load becomes an invalid block, which vLLM recomputes.
+pinned once, then copied straight from the store's segment when it is mapped on this host, or
+read layer by layer ahead of the model through the data plane; each finished layer of new full
+blocks handed to the Saver (saver.py), which stores and commits it beside the model. A block
+that fails to load becomes an invalid block, which vLLM recomputes.
 
 An asynchronous load (LoadSpec.is_async) is read the same way but waited for by no step: its
 request waits in vLLM's WAITING_FOR_REMOTE_KVS while the running requests go on stepping, and
@@ -24,6 +25,7 @@ from crescent.engine.kv_store import KvStoreError
 from crescent.engine.vllm.plan import CrescentMetadata, LoadSpec
 from crescent.engine.vllm.runtime import ConnectorRuntime
 from crescent.engine.vllm.saver import Saver
+from crescent.storeclient.metrics import KV_TRANSFER_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +43,17 @@ def _layer_order(names: list[str]) -> list[str]:
 
 
 class _LoadJob:
-    """One request's load: pinned once, read layer by layer on the bridge."""
+    """One request's load: pinned once, then either mapped (its blocks are read in place from
+    the store's segment by the fills, and unpinned after the last fill) or read layer by layer
+    into `buffers` on the bridge (and unpinned once read)."""
 
-    def __init__(self, spec: LoadSpec, num_layers: int, layer_bytes: int, timeout_s: float) -> None:
+    def __init__(self, spec: LoadSpec, num_layers: int, timeout_s: float) -> None:
         self.spec = spec
         self.deadline = time.monotonic() + timeout_s  # for the whole load
-        self.buffers = [
-            torch.empty((len(spec.hashes), layer_bytes), dtype=torch.uint8)
-            for _ in range(num_layers)
-        ]
+        self.buffers: list[torch.Tensor] = []  # one per layer, read through the data plane
+        self.segment_rows: torch.Tensor | None = None  # the mapped segment, one row per sub-block
+        self.first_rows: list[int] = []  # each pinned block's first row in segment_rows
+        self.pinned_hashes: list[bytes] = []  # unpinned by the last fill when mapped
         self.layer_done = [threading.Event() for _ in range(num_layers)]
         self.done = threading.Event()
         self.num_pinned = 0
@@ -71,6 +75,8 @@ class WorkerSide:
         self._failed_requests: set[str] = (
             set()
         )  # requests whose load failed this step: saves skipped
+        # mapped segment → (the mapping's view, that view as rows of one vLLM block's bytes)
+        self._segment_rows: dict[str, tuple[memoryview, torch.Tensor]] = {}
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         names = _layer_order(list(kv_caches))
@@ -79,7 +85,8 @@ class WorkerSide:
         per_block = {kv[0].numel() * kv.element_size() for kv in self.kv_layers}
         if len(per_block) != 1:
             raise ValueError(f"layers have different KV block sizes {sorted(per_block)}")
-        self.layer_bytes = self.runtime.vllm_blocks_per_block * per_block.pop()
+        self.vllm_block_bytes = per_block.pop()
+        self.layer_bytes = self.runtime.vllm_blocks_per_block * self.vllm_block_bytes
         self.saver.configure(len(names), self.layer_bytes)
         log.info(
             "CrescentConnector registered KV caches",
@@ -91,14 +98,31 @@ class WorkerSide:
         return self.layer_bytes * len(self.kv_layers)
 
     @staticmethod
-    def _fill(kv: torch.Tensor, buffer: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
-        """kv[vLLM block] = buffer's sub-block, for each (sub-block index, vLLM block id)."""
-        src = buffer.view(kv.dtype).view(-1, *kv.shape[1:])[torch.tensor([s for s, _ in pairs])]
+    def _fill(kv: torch.Tensor, rows: torch.Tensor, pairs: list[tuple[int, int]]) -> None:
+        """kv[vLLM block] = rows[row], for each (row, vLLM block id); a row holds one vLLM
+        block's bytes of one layer."""
+        src = rows[torch.tensor([r for r, _ in pairs])].view(kv.dtype).view(-1, *kv.shape[1:])
         kv[torch.tensor([d for _, d in pairs], device=kv.device)] = src.to(kv.device)
+
+    def _rows_of(self, segment: str, view: memoryview) -> torch.Tensor:
+        """The mapped segment as rows of one vLLM block's bytes of one layer (made once per
+        segment): a stored block's layers, and their sub-blocks, are rows in order, as blocks
+        start at multiples of the block size. A segment mapped anew (its store restarted)
+        replaces the rows of the old mapping, which is unmapped once no fill reads it."""
+        cached = self._segment_rows.get(segment)
+        if cached is not None and cached[0] is view:
+            return cached[1]
+        whole = torch.frombuffer(view, dtype=torch.uint8)
+        num_rows = len(whole) // self.vllm_block_bytes
+        rows = whole[: num_rows * self.vllm_block_bytes].view(num_rows, self.vllm_block_bytes)
+        self._segment_rows[segment] = (view, rows)
+        return rows
 
     # the step's plan --------------------------------------------------------------------------
     def begin_step(self, meta: KVConnectorMetadata) -> None:
         self._step += 1
+        for job in self._loads:  # a step that ended without wait_for_save
+            self._release(job)
         self._loads = []
         self._failed_requests = set()
         if not isinstance(meta, CrescentMetadata):
@@ -109,7 +133,7 @@ class WorkerSide:
         for spec in meta.loads:
             # a load inside a step holds the engine: it gets the engine's wait, not the store's
             timeout_s = config.timeout_s if spec.is_async else config.engine_wait_s
-            job = _LoadJob(spec, num_layers, self.layer_bytes, timeout_s)
+            job = _LoadJob(spec, num_layers, timeout_s)
             self.runtime.bridge.submit(self._read_layers(job))
             if spec.is_async:
                 self._async_loads[spec.request_id] = job
@@ -121,6 +145,8 @@ class WorkerSide:
 
     # loads ---------------------------------------------------------------------------------
     async def _read_layers(self, job: _LoadJob) -> None:
+        """Pin the job's blocks; when the store's segment is mapped here, that is all (the
+        fills read it in place and unpin); otherwise read each layer through the data plane."""
         node, hashes = self.runtime.config.node, job.spec.hashes
         pinned = None
         span = self.span(
@@ -132,10 +158,19 @@ class WorkerSide:
             pinned = await self.runtime.ops.pin(node, hashes)
             self._check_block_bytes(pinned.block_bytes)
             job.num_pinned = len(pinned.hashes)
-            for layer, buffer in enumerate(job.buffers):
+            view = self.runtime.ops.mapped(pinned.segment)
+            span.set_attribute("crescent.route", "data-plane" if view is None else "mapped")
+            if view is not None:
+                job.segment_rows = self._rows_of(pinned.segment, view)
+                job.first_rows = [offset // self.vllm_block_bytes for offset in pinned.offsets]
+                job.pinned_hashes, pinned = list(pinned.hashes), None
+                return
+            for layer in range(len(job.layer_done)):
+                buffer = torch.empty((job.num_pinned, self.layer_bytes), dtype=torch.uint8)
                 offsets = [offset + layer * self.layer_bytes for offset in pinned.offsets]
                 views = [memoryview(buffer[i].numpy()) for i in range(job.num_pinned)]
                 await self.runtime.ops.read(pinned.segment, offsets, views)
+                job.buffers.append(buffer)
                 job.layer_done[layer].set()
         except Exception as exc:
             job.error = exc
@@ -148,10 +183,19 @@ class WorkerSide:
                 span.set_attribute("crescent.error", repr(job.error))
             span.end()
             if pinned is not None:
-                try:
-                    await self.runtime.ops.unpin(node, pinned.hashes)
-                except Exception as exc:
-                    log.warning("unpin failed", extra={"error": repr(exc)})
+                await self._unpin(pinned.hashes)
+
+    async def _unpin(self, hashes: list[bytes]) -> None:
+        try:
+            await self.runtime.ops.unpin(self.runtime.config.node, hashes)
+        except Exception as exc:
+            log.warning("unpin failed", extra={"error": repr(exc)})
+
+    def _release(self, job: _LoadJob) -> None:
+        """A mapped job's blocks are no longer read: unpin them (once)."""
+        hashes, job.pinned_hashes = job.pinned_hashes, []
+        if hashes:
+            self.runtime.bridge.submit(self._unpin(hashes))
 
     def _check_block_bytes(self, store_bytes: int) -> None:
         if store_bytes != self.block_bytes:
@@ -171,6 +215,8 @@ class WorkerSide:
                     f"layer {layer} of {job.spec.request_id} not read within the deadline"
                 )
             self._fill_layer(job, layer)
+            if layer == len(self.kv_layers) - 1:
+                self._release(job)
 
     def finished_loads(self) -> set[str]:
         """Requests whose asynchronous load ended (read, failed, or past its deadline), their
@@ -188,21 +234,26 @@ class WorkerSide:
             del self._async_loads[request_id]
             for layer in range(len(self.kv_layers)):
                 self._fill_layer(job, layer)
+            self._release(job)
             finished.add(request_id)
         return finished
 
     def _fill_layer(self, job: _LoadJob, layer: int) -> None:
         """Fill the job's vLLM blocks of `layer` from what was read; blocks not read become
         invalid blocks, which vLLM computes again."""
-        spec = job.spec
+        spec, per_block = job.spec, self.runtime.vllm_blocks_per_block
         usable = 0 if job.error is not None else job.num_pinned
-        good = [
-            (i * self.runtime.vllm_blocks_per_block + sub, dst)
-            for i, sub, dst in spec.fills
-            if i < usable
-        ]
+        if job.segment_rows is not None:
+            rows = job.segment_rows
+            first = [row + layer * per_block for row in job.first_rows]
+        else:
+            rows = job.buffers[layer].view(-1, self.vllm_block_bytes) if usable else None
+            first = [i * per_block for i in range(usable)]
+        good = [(first[i] + sub, dst) for i, sub, dst in spec.fills if i < usable]
         if good:
-            self._fill(self.kv_layers[layer], job.buffers[layer], good)
+            self._fill(self.kv_layers[layer], rows, good)
+            if job.segment_rows is not None:
+                KV_TRANSFER_BYTES.labels("read", "mapped").inc(len(good) * self.vllm_block_bytes)
         bad = [dst for i, _, dst in spec.fills if i >= usable]
         if bad:
             self._invalid.update(bad)
@@ -216,6 +267,7 @@ class WorkerSide:
                 num_blocks=len(spec.hashes),
                 num_loaded=min(usable, len(spec.hashes)),
                 num_vllm_blocks=len(good),
+                route="mapped" if job.segment_rows is not None else "data-plane",
                 error=repr(job.error) if job.error else None,
             )
 
@@ -242,6 +294,8 @@ class WorkerSide:
                 "step", step=self._step, num_saves=num_saves, save_s=self._save_s
             )
         self._save_s = 0.0
+        for job in self._loads:
+            self._release(job)
         self._loads = []
 
     def span(
