@@ -41,6 +41,10 @@ def get(cluster, path: str) -> tuple[int, dict]:
         return error.code, json.load(error)
 
 
+def listed(cluster) -> list[str]:
+    return [model["id"] for model in get(cluster, "/v1/models")[1]["data"]]
+
+
 def wait_ready(cluster, status: int, live: dict[str, int]) -> None:
     """Until /ready answers `status` with these live instance counts of the model."""
     deadline = time.monotonic() + DEADLINE_S
@@ -56,8 +60,11 @@ def test_ready_only_while_both_roles_are_live(cluster):
     prefill, decode = cluster.process("prefill-0"), cluster.process("decode-0")
     wait_ready(cluster, 200, {"prefill": 1, "decode": 1})
 
+    assert listed(cluster) == [MODEL]
     decode.stop()  # deregisters: gone at once
     wait_ready(cluster, 503, {"prefill": 1, "decode": 0})
+    assert listed(cluster) == []  # a model is offered only with a decode to serve it
+    assert get(cluster, f"/v1/models/{MODEL}")[0] == 404
     prefill.stop()
     deadline = time.monotonic() + DEADLINE_S
     while get(cluster, "/ready")[0] != 503 or get(cluster, "/v1/models")[1]["data"]:
@@ -67,8 +74,10 @@ def test_ready_only_while_both_roles_are_live(cluster):
 
     prefill.start()  # one role back is not enough
     wait_ready(cluster, 503, {"prefill": 1, "decode": 0})
+    assert listed(cluster) == []
     decode.start()
     wait_ready(cluster, 200, {"prefill": 1, "decode": 1})
+    assert listed(cluster) == [MODEL]
 
     decode.signal(signal.SIGKILL)  # no deregistration: its telemetry stops, so it is not live
     wait_ready(cluster, 503, {"prefill": 1, "decode": 0})

@@ -374,3 +374,17 @@ def test_the_heard_clock_stops_while_no_instance_is_heard_up_to_the_allowance():
     assert view.heard_clock() - start == pytest.approx(1.25 + 30.0 - 10.0)
     view.apply_load(load("decode", "d0"))
     assert view.heard_clock() - start == pytest.approx(1.25 + 30.0 - 10.0)
+
+
+def test_a_model_is_listed_once_it_has_a_prefill_and_a_decode_instance():
+    """/v1/models offers a model only when a request for it can be served end to end: a decode
+    registers once its engine is up, so a prefill alone (a cluster still starting) is not
+    enough. Its context is the smallest of both roles'."""
+    view = ClusterView(clock=Clock())
+    register(view, "prefill", "p0", max_model_len=100)
+    register(view, "prefill", "p1", model="other", max_model_len=10)
+    assert view.listed_models() == {} and view.models() == {"m": 100, "other": 10}
+    register(view, "decode", "d0", max_model_len=80)
+    assert view.listed_models() == {"m": 80}
+    view.apply_registry(MirrorEvent("/crescent/c/instances/prefill/p0", None))
+    assert view.listed_models() == {}

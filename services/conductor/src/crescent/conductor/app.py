@@ -302,17 +302,17 @@ class Conductor:
         )
 
     async def models(self, request: web.Request) -> web.Response:
-        served = self.view.models()
-        data = [_model_object(name, length) for name, length in sorted(served.items())]
+        listed = self.view.listed_models()
+        data = [_model_object(name, length) for name, length in sorted(listed.items())]
         return web.json_response({"object": "list", "data": data})
 
     async def model(self, request: web.Request) -> web.Response:
         name = request.match_info["model"]
-        length = self.view.models().get(name)
+        length = self.view.listed_models().get(name)
         if length is None:
             raise ApiError(
                 404,
-                f"the model '{name}' does not exist: no instance serves it",
+                f"the model '{name}' does not exist: it has no registered prefill and decode",
                 type_="not_found_error",
                 param="model",
                 code="model_not_found",

@@ -486,6 +486,20 @@ class ClusterView:
                 )
         return served
 
+    def listed_models(self) -> dict[str, int]:
+        """Models a client may be offered (/v1/models): those with a registered prefill and a
+        registered decode instance → the smallest max_model_len of either role. A decode
+        registers once its engine is up, so at start a model is not listed while every request
+        for it would still be refused for want of a decode."""
+        by_role: dict[str, dict[str, int]] = {"prefill": {}, "decode": {}}
+        for (role, _), state in self.instances.items():
+            lengths = by_role.get(role)
+            if lengths is not None:
+                model, length = state.info.model, state.info.max_model_len
+                lengths[model] = min(lengths.get(model, length), length)
+        prefill, decode = by_role["prefill"], by_role["decode"]
+        return {model: min(prefill[model], decode[model]) for model in prefill.keys() & decode}
+
     def count(self, role: str, now: float) -> int:
         return sum(1 for (r, _), s in self.instances.items() if r == role and self.is_live(s, now))
 

@@ -485,7 +485,7 @@ OPENAPI: dict[str, Any] = {
         ),
         "/v1/models": {
             "get": {
-                "summary": "Models with a live instance",
+                "summary": "Models with a registered prefill and decode instance",
                 "responses": {
                     "200": {
                         "description": "the served models",
@@ -508,7 +508,7 @@ OPENAPI: dict[str, Any] = {
         },
         "/v1/models/{model}": {
             "get": {
-                "summary": "One model with a live instance",
+                "summary": "One model with a registered prefill and decode instance",
                 "parameters": [
                     {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}
                 ],
