@@ -10,7 +10,10 @@ import pytest
 
 pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")
 
-from crescent.engine.vllm.plan import PARAM_PLANNED, ConnectorConfig
+from vllm.v1.core.sched.output import SchedulerOutput
+
+from crescent.engine.vllm import scheduler_side
+from crescent.engine.vllm.plan import PARAM_PLANNED, PARAM_SAVE_TO, ConnectorConfig
 from crescent.engine.vllm.runtime import ConnectorRuntime
 from crescent.engine.vllm.scheduler_side import SchedulerSide
 
@@ -83,3 +86,22 @@ def test_a_job_with_no_plan_always_asks_the_store():
     side, bridge = _side()
     assert _matched(side, _request(planned=None), 0) == STORED_BLOCKS * BLOCK
     assert bridge.asked == 1
+
+
+def test_a_prompt_is_hashed_once_for_its_lookup_load_and_saves(monkeypatch):
+    """Lookup, load and save planning all need the prompt's block hashes on the scheduler's
+    thread: they are computed once per request, and forgotten with it."""
+    calls = []
+    real = scheduler_side.block_hashes
+    monkeypatch.setattr(
+        scheduler_side, "block_hashes", lambda *args: calls.append(1) or real(*args)
+    )
+    side, _ = _side()
+    request = _request(planned=None)
+    request.kv_transfer_params[PARAM_SAVE_TO] = ["n"]
+    num_tokens = _matched(side, request, 0)
+    side.after_alloc(request, list(range(len(request.prompt_token_ids) // 16 + 1)), num_tokens)
+    assert side.build_meta(SchedulerOutput.make_empty()).loads and len(calls) == 1
+    side.forget(request.request_id)
+    _matched(side, request, 0)
+    assert len(calls) == 2

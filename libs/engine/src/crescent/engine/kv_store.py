@@ -258,8 +258,14 @@ class BlockOps:
         request = LookupBlocks(model=self.model, hashes=list(hashes), wait_writing_s=wait_writing_s)
         return len((await self.ctl(node, request, LookupReply)).tiers)
 
+    @property
+    def pin_ttl_s(self) -> float:
+        """How long a pin holds its blocks in place unless unpinned (the store's clock starts
+        when the pin arrives)."""
+        return 4 * self.timeout_s
+
     async def pin(self, node: str, hashes: Sequence[bytes]) -> PinnedBlocks:
-        request = PinBlocks(model=self.model, hashes=list(hashes), ttl_s=4 * self.timeout_s)
+        request = PinBlocks(model=self.model, hashes=list(hashes), ttl_s=self.pin_ttl_s)
         return await self.ctl(node, request, PinnedBlocks)
 
     async def unpin(self, node: str, hashes: Sequence[bytes]) -> None:

@@ -82,13 +82,20 @@ class SchedulerSide:
         self._tracked: dict[str, _Tracked] = {}
         self._pending_loads: list[LoadSpec] = []
         self._loads: dict[str, _Load] = {}
+        self._prompt_hashes: dict[str, list[bytes]] = {}  # request id → its prompt's hashes
 
     def _hashes(self, request: Request) -> list[bytes]:
-        return block_hashes(
-            list(request.prompt_token_ids or []),
-            self.runtime.config.block_size,
-            self.runtime.config.model,
-        )
+        """The prompt's block hashes, computed once per request: its lookup, load and saves all
+        need them, on the scheduler's thread (an 8,000-token prompt takes ~0.3 ms)."""
+        hashes = self._prompt_hashes.get(request.request_id)
+        if hashes is None:
+            hashes = block_hashes(
+                list(request.prompt_token_ids or []),
+                self.runtime.config.block_size,
+                self.runtime.config.model,
+            )
+            self._prompt_hashes[request.request_id] = hashes
+        return hashes
 
     def num_new_matched_tokens(
         self, request: Request, num_computed: int
@@ -279,3 +286,4 @@ class SchedulerSide:
             lookup.asking.cancel()
         self._tracked.pop(request_id, None)
         self._loads.pop(request_id, None)
+        self._prompt_hashes.pop(request_id, None)

@@ -54,6 +54,7 @@ class _LoadJob:
         self.segment_rows: torch.Tensor | None = None  # the mapped segment, one row per sub-block
         self.first_rows: list[int] = []  # each pinned block's first row in segment_rows
         self.pinned_hashes: list[bytes] = []  # unpinned by the last fill when mapped
+        self.pin_safe_until = 0.0  # monotonic: a mapped fill after it reads nothing
         self.layer_done = [threading.Event() for _ in range(num_layers)]
         self.done = threading.Event()
         self.num_pinned = 0
@@ -155,7 +156,9 @@ class WorkerSide:
         try:
             if self.runtime.config.fault == "slow_load":
                 await asyncio.sleep(SLOW_LOAD_DELAY_S)
+            pin_sent = time.monotonic()
             pinned = await self.runtime.ops.pin(node, hashes)
+            job.pin_safe_until = pin_sent + self.runtime.ops.pin_ttl_s / 2
             self._check_block_bytes(pinned.block_bytes)
             job.num_pinned = len(pinned.hashes)
             view = self.runtime.ops.mapped(pinned.segment)
@@ -242,8 +245,12 @@ class WorkerSide:
         """Fill the job's vLLM blocks of `layer` from what was read; blocks not read become
         invalid blocks, which vLLM computes again."""
         spec, per_block = job.spec, self.runtime.vllm_blocks_per_block
+        is_mapped = job.segment_rows is not None
+        if is_mapped and job.error is None and time.monotonic() > job.pin_safe_until:
+            # the engine stalled since the pin (a paused process): the store may have let it go
+            job.error = KvStoreError(f"the pin of {spec.request_id}'s blocks may have ended")
         usable = 0 if job.error is not None else job.num_pinned
-        if job.segment_rows is not None:
+        if is_mapped:
             rows = job.segment_rows
             first = [row + layer * per_block for row in job.first_rows]
         else:
@@ -252,7 +259,7 @@ class WorkerSide:
         good = [(first[i] + sub, dst) for i, sub, dst in spec.fills if i < usable]
         if good:
             self._fill(self.kv_layers[layer], rows, good)
-            if job.segment_rows is not None:
+            if is_mapped:
                 KV_TRANSFER_BYTES.labels("read", "mapped").inc(len(good) * self.vllm_block_bytes)
         bad = [dst for i, _, dst in spec.fills if i >= usable]
         if bad:
@@ -267,7 +274,7 @@ class WorkerSide:
                 num_blocks=len(spec.hashes),
                 num_loaded=min(usable, len(spec.hashes)),
                 num_vllm_blocks=len(good),
-                route="mapped" if job.segment_rows is not None else "data-plane",
+                route="mapped" if is_mapped else "data-plane",
                 error=repr(job.error) if job.error else None,
             )
 
