@@ -368,6 +368,12 @@ async def test_killed_store_vanishes_from_etcd_and_others_are_unaffected(stores,
     assert await client.put_blocks(MODEL, "n1", hashes, data) == 3
     count, got = await read_back(client, "n1", hashes)
     assert count == 3 and got == data
+    # what the client wrote is in the restarted store's memory, not in the dead one's that
+    # it had mapped before: a client that never mapped it, served by the store, reads it too
+    other = await client_factory(node="other-node", use_mapping=False)
+    await wait_for_segment(other, "n1")
+    count, got = await read_back(other, "n1", hashes)
+    assert count == 3 and got == data
 
 
 async def test_two_writers_of_the_same_blocks_never_double_allocate(stores, client_factory):

@@ -151,13 +151,23 @@ class StoreClient:
         )
 
     def mapping(self, segment: str) -> ShmMapping | None:
-        """The store's segment mapped here, if it lives on this host (and mapping is on)."""
+        """The store's segment mapped here, if it lives on this host (and mapping is on).
+
+        A segment's name outlives its store: a store restarted on the node publishes a new
+        shm file under the same name. A mapping is reused only while it is the file the
+        directory names and its owner is alive; otherwise bytes written through it would land
+        in a dead store's memory, where the live one, and every reader it serves, never sees
+        them."""
         if not self.config.is_mapping:
             return None
-        if segment in self._mappings:
-            return self._mappings[segment]
         descriptor = self.directory(segment)
         endpoint = descriptor.endpoint(ShmEndpoint) if descriptor else None
+        cached = self._mappings.get(segment)
+        if cached is not None:
+            if _is_file_of(cached, endpoint) and cached.owner_is_alive():
+                return cached
+            del self._mappings[segment]
+            cached.close()
         if endpoint is None or descriptor.host_id != self._host_id:
             return None
         try:
@@ -318,6 +328,14 @@ class StoreClient:
     async def evict(self, model: str, node: str, hashes: Sequence[bytes]) -> EvictReply:
         await self._settle_unpins(node)  # blocks this client read are not kept as pinned
         return await self.ctl(node, EvictBlocks(model=model, hashes=list(hashes)), EvictReply)
+
+
+def _is_file_of(mapping: ShmMapping, endpoint: ShmEndpoint | None) -> bool:
+    return endpoint is not None and (mapping.shm_name, mapping.device, mapping.inode) == (
+        endpoint.shm_name,
+        endpoint.device,
+        endpoint.inode,
+    )
 
 
 def _count_moved(op: Op, route: str, buffers: Sequence[memoryview]) -> None:
