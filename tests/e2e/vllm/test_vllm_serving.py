@@ -15,6 +15,7 @@ from crescent.common.errors import RemoteError
 from crescent.common.hashing import block_hashes
 from crescent.common.messages import InstanceLoad, PrefillJob, PrefillResult
 from crescent.common.naming import Subjects
+from crescent.common.store_messages import LookupBlocks, LookupReply
 
 pytest.importorskip("vllm", reason="needs the vLLM CPU build (make install-vllm)")
 
@@ -496,3 +497,40 @@ def test_bad_checkpoint_stops_the_worker_at_start_with_a_clear_error(tmp_path, p
     assert done.returncode == 1
     reason = "no such directory" if problem == "missing" else "is not Llama family"
     assert reason in done.stderr
+
+
+async def test_blocks_saved_after_a_store_restart_reach_the_new_store(
+    vllm_cluster, conductor, reference
+):
+    """store-A is killed and started again: a new shm file under the same segment name.
+    prefill-A and decode-A had mapped the old one. What prefill-A saves next must land in the
+    new store's memory, not the dead one's: prefill-B then pulls that prefix from A's store
+    (store to store over tcp, reading A's segment) and answers as plain vLLM does. Runs last
+    in the module: it restarts a store the other tests use."""
+    store = vllm_cluster.processes["store-A"]
+    store.signal(signal.SIGKILL)
+    store.popen.wait(10)
+    store.start()
+    vllm_cluster.wait_serving(["store-A"], 60)
+    prefix = prompt_tokens(768, seed=700)
+    on_a, on_b = prefix + prompt_tokens(70, seed=701), prefix + prompt_tokens(90, seed=702)
+    expected = reference_tokens(reference, [on_a, on_b], MAX_TOKENS)
+    prefix_hashes = block_hashes(prefix, BLOCK_SIZE, MODEL)
+    lookup = LookupBlocks(model=MODEL, hashes=prefix_hashes)
+
+    deadline = time.monotonic() + 30
+    while True:  # a save that raced the new segment's publication is not stored: again
+        got_a, _ = await conductor.generate(on_a, MAX_TOKENS, prefill_id="prefill-A")
+        assert got_a == expected[0]
+        await asyncio.sleep(1)  # its commits follow the answer
+        held = await conductor.bus.request(Subjects(CLUSTER).store_ctl("A"), lookup, LookupReply, 5)
+        if len(held.tiers) == len(prefix_hashes):
+            break
+        assert time.monotonic() < deadline, "prefill-A never saved to the restarted store-A"
+    got_b, prefill = await conductor.generate(
+        on_b, MAX_TOKENS, prefill_id="prefill-B", pull=("A", prefix_hashes)
+    )
+
+    assert got_b == expected[1]
+    [load] = events_of(vllm_cluster, "prefill-B", prefill.request_id, "load")
+    assert load["num_loaded"] == len(prefix_hashes) and load["error"] is None
