@@ -54,6 +54,8 @@ class _LoadJob:
         self.segment_rows: torch.Tensor | None = None  # the mapped segment, one row per sub-block
         self.first_rows: list[int] = []  # each pinned block's first row in segment_rows
         self.pinned_hashes: list[bytes] = []  # unpinned by the last fill when mapped
+        self.is_released = False  # no fill reads the job any more (filled, or given up)
+        self.pins_lock = threading.Lock()  # pinned_hashes and is_released: bridge vs engine
         self.pin_safe_until = 0.0  # monotonic: a mapped fill after it reads nothing
         self.layer_done = [threading.Event() for _ in range(num_layers)]
         self.done = threading.Event()
@@ -166,7 +168,9 @@ class WorkerSide:
             if view is not None:
                 job.segment_rows = self._rows_of(pinned.segment, view)
                 job.first_rows = [offset // self.vllm_block_bytes for offset in pinned.offsets]
-                job.pinned_hashes, pinned = list(pinned.hashes), None
+                with job.pins_lock:  # a job given up before its pin answered unpins now
+                    if not job.is_released:
+                        job.pinned_hashes, pinned = list(pinned.hashes), None
                 return
             for layer in range(len(job.layer_done)):
                 buffer = torch.empty((job.num_pinned, self.layer_bytes), dtype=torch.uint8)
@@ -195,8 +199,11 @@ class WorkerSide:
             log.warning("unpin failed", extra={"error": repr(exc)})
 
     def _release(self, job: _LoadJob) -> None:
-        """A mapped job's blocks are no longer read: unpin them (once)."""
-        hashes, job.pinned_hashes = job.pinned_hashes, []
+        """A mapped job's blocks are no longer read: unpin them (once). A job released before
+        its pin answered (past its deadline) is unpinned by its reader when the answer comes."""
+        with job.pins_lock:
+            job.is_released = True
+            hashes, job.pinned_hashes = job.pinned_hashes, []
         if hashes:
             self.runtime.bridge.submit(self._unpin(hashes))
 
