@@ -7,11 +7,12 @@ run, many equal entries as one numpy call, the rest chunk by chunk so that the d
 the owner's liveness are checked as the copy goes.
 
 Where the copies run: a batch of at least `shm_parallel_bytes` whose copies are large (a row
-copy, or runs of `shm_parallel_entry_bytes` on average) is split over `shm_copy_threads`
-worker threads, since numpy releases the GIL while it copies and two threads moved 1.2–1.9×
-the bytes of one (bench/README.md, transfer, 2026-11-28). Other batches of at most
+copy, or runs of `shm_parallel_entry_bytes` on average) is split in `shm_copy_threads` parts
+copied at once, since numpy releases the GIL while it copies and two threads moved 1.2–1.9×
+the bytes of one (bench/README.md, transfer, 2026-11-28). Batches of at most
 `shm_inline_bytes` are copied on the event loop (a thread hop alone costs more than such a
-copy gains from leaving it); larger ones in a worker thread.
+copy gains from leaving it), a split one there and on the other copy threads; larger ones
+in worker threads only.
 
 A dead owner cannot be seen through memory, so the owner holds a shared flock on its
 file while alive; a batch whose owner is found dead before, during or after the copy fails
@@ -21,8 +22,10 @@ with PeerUnreachable (its writes landed in memory nobody serves any more).
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -39,6 +42,8 @@ from crescent.transfer.transports.shm_plan import Chunk, RowCopy, Run, plan_runs
 # call overhead than numpy, holding the GIL for a few microseconds only. Larger chunks go
 # through numpy, which releases the GIL while it copies.
 GIL_COPY_BYTES = 256 << 10
+
+T = TypeVar("T")
 
 
 class ShmTransport(Transport):
@@ -104,9 +109,7 @@ class ShmTransport(Transport):
                 return [(r.group.indices, r.group.remote.name) for r in rows[position:]]
             if row_copy.num_bytes >= config.shm_parallel_bytes and config.shm_copy_threads > 1:
                 parts = row_copy.split(config.shm_copy_threads)
-                await asyncio.gather(
-                    *(loop.run_in_executor(self.context.executor, part.run) for part in parts)
-                )
+                await self._run_parts([part.run for part in parts], is_inline)
             elif is_inline:
                 row_copy.run()
             else:
@@ -124,17 +127,28 @@ class ShmTransport(Transport):
         copier = _Copier(mappings, deadline, config.slice_bytes)
         if is_inline and num_threads == 1:
             return copier.run(chunks)
-        loop = asyncio.get_running_loop()
-        futures = [
-            loop.run_in_executor(self.context.executor, copier.run, part)
-            for part in split(chunks, num_threads)
-        ]
+        calls = [functools.partial(copier.run, part) for part in split(chunks, num_threads)]
         try:
-            parts = await asyncio.gather(*futures)
+            parts = await self._run_parts(calls, is_inline)
         except asyncio.CancelledError:
             copier.abort.set()
             raise
         return [unfinished for part in parts for unfinished in part]
+
+    async def _run_parts(self, calls: list[Callable[[], T]], is_inline: bool) -> list[T]:
+        """Runs the parts of one batch at once, each on a copy thread; but where the batch is
+        small enough for the event loop, its first part runs here. Waking a thread parked on
+        an idle core costs that core's wake-up: on a 2-core VM, a 16 MiB copy in two halves
+        ran at 30 GB/s on two worker threads, 51 GB/s on one worker beside the caller, and 37
+        GB/s on the caller alone (bench/README.md, transfer, 2026-11-29)."""
+        loop = asyncio.get_running_loop()
+        offloaded = calls[1:] if is_inline else calls
+        futures = [loop.run_in_executor(self.context.executor, call) for call in offloaded]
+        try:
+            here = [calls[0]()] if is_inline else []
+        finally:
+            results = await asyncio.gather(*futures)
+        return here + results
 
     async def _map_all(
         self, groups: Sequence[EntryGroup], failures: Failures
