@@ -83,3 +83,24 @@ crescent_requests_total{endpoint="completions",outcome="error"} 1.0
 crescent_requests_created{endpoint="completions",outcome="ok"} 1.7e9
 """
     assert outcomes_of(page) == {"ok": 9, "rejected": 0, "error": 1}
+
+
+def test_store_lookup_waits_are_summed_over_stores():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from crescent.bench.store_metrics import LOOKUP_WAIT_METRIC, lookup_waits_of
+
+    pages = []
+    for waits in ([0.0, 0.0, 0.004], [0.0, 0.25]):
+        registry = CollectorRegistry()
+        histogram = Histogram(
+            LOOKUP_WAIT_METRIC, "waits", buckets=(0.0, 0.001, 0.5), registry=registry
+        )
+        for wait in waits:
+            histogram.observe(wait)
+        pages.append(generate_latest(registry).decode())
+    assert lookup_waits_of(pages) == {
+        "lookups_allowed_to_wait": 5,
+        "lookups_waited": 2,
+        "lookup_wait_s": 0.254,
+    }

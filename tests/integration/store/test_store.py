@@ -9,6 +9,7 @@ import urllib.request
 
 import msgspec
 import pytest
+from scrape import metric_value
 from store_helpers import BLOCK, MODEL, blocks, read_back, wait_for_segment, wait_until
 
 from crescent.cluster.processes import ManagedProcess, ProcessSpec
@@ -185,8 +186,10 @@ async def test_a_lookup_may_wait_for_blocks_being_written_until_they_settle(stor
     """A decode's lookup waits (wait_writing_s) for blocks of the prefix still being written,
     as its prefill's first token no longer waits for their commit: a commit ends the wait with
     the blocks found, an abort with them missing, and the deadline with what is there. A block
-    nobody is writing is not waited for."""
-    stores.start("n1")
+    nobody is writing is not waited for. The store's /metrics times each lookup allowed to
+    wait (0 for one that found nothing being written)."""
+    http_port = free_port()
+    stores.start("n1", 16, 0, "--http-port", str(http_port))
     client = await client_factory()
     await wait_for_segment(client, "n1")
     hashes, _ = blocks(4)
@@ -211,6 +214,11 @@ async def test_a_lookup_may_wait_for_blocks_being_written_until_they_settle(stor
     assert len((await lookup(0.5)).tiers) == 2  # its deadline: block 2 still being written
     await client.ctl("n1", CommitBlocks(model=MODEL, hashes=hashes[2:3]), Done)
     assert len((await lookup(5)).tiers) == 3
+    page = await asyncio.to_thread(_metrics, http_port)
+    waits = "crescent_store_lookup_wait_seconds"
+    assert metric_value(page, f"{waits}_count") == 4  # the lookups allowed to wait
+    assert metric_value(page, f"{waits}_bucket", le="0.0") == 2  # found nothing being written
+    assert metric_value(page, f"{waits}_sum") >= 0.6 + 0.5
 
 
 async def test_the_staged_road_of_rdma_round_trips_over_tcp(stores, client_factory):

@@ -45,6 +45,7 @@ from crescent.bench.conductor_metrics import (
 )
 from crescent.bench.plain_vllm import bench_model, vllm_server_argv
 from crescent.bench.replay_faults import Fault, run_with_faults
+from crescent.bench.store_metrics import lookup_waits
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import ManagedProcess, ProcessSpec, restart_exited
 from crescent.cluster.restarts import Backoff, RestartSchedule
@@ -217,6 +218,8 @@ def _crescent(
         outcomes = request_outcomes(cluster.api_url)
         row.update({f"conductor_{outcome}": count for outcome, count in outcomes.items()})
         row["conductor_moved"] = num_moved(cluster.api_url)
+        waits = lookup_waits(cluster.api_url)
+        row.update({f"store_{name}": value for name, value in waits.items()})
         return row
     finally:
         cluster.stop()

@@ -305,7 +305,9 @@ class StoreDaemon:
         """The longest prefix held here; where it stops at a block being written, waits (up
         to `wait_writing_s`) for that block to settle and looks again."""
         keys = _keys(request.model, request.hashes)
-        deadline = time.monotonic() + request.wait_writing_s
+        started = time.monotonic()
+        deadline = started + request.wait_writing_s
+        waited = False
         while True:
             blocks = self.pool.longest_prefix(keys)
             if len(blocks) == len(keys) or not self.pool.is_writing(keys[len(blocks)]):
@@ -313,9 +315,12 @@ class StoreDaemon:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            waited = True
             with contextlib.suppress(TimeoutError):  # then one last look
                 async with asyncio.timeout(remaining):
                     await self._settled.wait()
+        if request.wait_writing_s > 0:
+            metrics.LOOKUP_WAIT.observe(time.monotonic() - started if waited else 0.0)
         return LookupReply(tiers=[b.tier.value for b in blocks])
 
     async def pin(self, request: PinBlocks) -> PinnedBlocks:

@@ -1,6 +1,7 @@
 """Prometheus metrics of the store (served on /metrics): what it was asked to replicate, for
-whom, and what it copied, so a replication order can be seen to have been carried out; and how
-full its tiers are; how far its block metadata in etcd trails its commits. The KV bytes its
+whom, and what it copied, so a replication order can be seen to have been carried out; how
+full its tiers are; how far its block metadata in etcd trails its commits; and how long
+lookups waited for blocks still being written. The KV bytes its
 replication pulls move are counted with the store client's (crescent.storeclient.metrics)."""
 
 from __future__ import annotations
@@ -37,4 +38,11 @@ METADATA_LAG = Histogram(
 METADATA_LAST_LAG = Gauge(
     "crescent_store_metadata_last_lag_seconds",
     "Lag (oldest change to write in etcd) of the last batch of block metadata written",
+)
+
+LOOKUP_WAIT = Histogram(
+    "crescent_store_lookup_wait_seconds",
+    "Per lookup allowed to wait for blocks still being written (a decode's, asked right after "
+    "its prefill's first token): seconds it waited for them; 0 when none was being written",
+    buckets=(0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
