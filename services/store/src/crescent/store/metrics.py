@@ -1,8 +1,8 @@
 """Prometheus metrics of the store (served on /metrics): what it was asked to replicate, for
 whom, and what it copied, so a replication order can be seen to have been carried out; how
 full its tiers are; how far its block metadata in etcd trails its commits; and how long
-lookups waited for blocks still being written. The KV bytes its
-replication pulls move are counted with the store client's (crescent.storeclient.metrics)."""
+lookups waited for blocks still being written. The KV bytes its replication pulls move are
+counted with the store client's (crescent.storeclient.metrics)."""
 
 from __future__ import annotations
 
