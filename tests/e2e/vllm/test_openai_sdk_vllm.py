@@ -383,18 +383,24 @@ def test_tools(client, model, no_whitespace):
     assert list(free)[-1].choices[0].finish_reason in ("length", "stop", "tool_calls")
 
 
+# With 120 tokens, one fresh-clone CI run (2026-11-30) found no decode instance showing the
+# request running in its load telemetry (every 0.2 s) after its fifth chunk.
+KILLED_MAX_TOKENS = 400
+
+
 def test_decode_killed_mid_stream_replays_a_penalized_request_exactly(
     cluster, client, model, reference, tokenizer
 ):
     """Presence penalties count the engine's own output only, so the request replays on the other
-    decode instance (from its prompt) and the client still gets plain vLLM's tokens."""
+    decode instance (from its prompt) and the client still gets plain vLLM's tokens. The answer
+    is long enough to outlast a few telemetry periods: the busy decode is found by its load."""
     want, _, _ = plain_vllm(
-        reference, PROMPT, 120, temperature=0, ignore_eos=True, presence_penalty=1.0
+        reference, PROMPT, KILLED_MAX_TOKENS, temperature=0, ignore_eos=True, presence_penalty=1.0
     )
     stream = client.completions.create(
         model=model,
         prompt=PROMPT,
-        max_tokens=120,
+        max_tokens=KILLED_MAX_TOKENS,
         temperature=0,
         presence_penalty=1.0,
         stream=True,
