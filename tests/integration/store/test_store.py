@@ -135,6 +135,22 @@ async def test_ssd_spill_and_reload_is_byte_exact(stores, client_factory):
         assert count == 1 and got[0] == data[i]
 
 
+async def test_a_put_that_spills_past_the_ssd_keeps_the_blocks_demoted_last(stores, client_factory):
+    """A put into a full DRAM demotes as many blocks to SSD, all written in one call in the
+    order planned: with more demotions than free SSD slots, a slot is written twice in one
+    put, and the block demoted last into it is the one kept, byte exact."""
+    stores.start("n1", dram_blocks=4, ssd_blocks=3)
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    hashes, data = blocks(8)
+    await client.put_blocks(MODEL, "n1", hashes[:4], data[:4])
+    await client.put_blocks(MODEL, "n1", hashes[4:], data[4:])  # demotes blocks 0-3, in order
+    tiers = [await client.lookup(MODEL, "n1", [h]) for h in hashes[:4]]
+    assert tiers == [[], ["ssd"], ["ssd"], ["ssd"]]  # block 3 took block 0's slot
+    count, got = await read_back(client, "n1", hashes[3:4])
+    assert count == 1 and got[0] == data[3]
+
+
 async def test_full_pool_of_pinned_blocks_refuses_and_overwrites_nothing(
     stores, client_factory, infra, cluster_name
 ):

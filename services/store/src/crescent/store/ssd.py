@@ -24,8 +24,14 @@ class SsdTier:
             raise ConfigError(f"cannot create the SSD tier file {path}: {exc}") from exc
         self._executor = ThreadPoolExecutor(num_threads, thread_name_prefix="crescent-ssd")
 
-    async def write(self, slot: int, data: memoryview) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._write, slot, data)
+    async def write_all(self, writes: list[tuple[int, memoryview]]) -> None:
+        """(slot, data) pairs written in order in one thread hop: a later write to a slot
+        wins, as it would one call at a time."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._write_all, writes)
+
+    def _write_all(self, writes: list[tuple[int, memoryview]]) -> None:
+        for slot, data in writes:
+            self._write(slot, data)
 
     async def read_into(self, slot: int, out: memoryview) -> None:
         await asyncio.get_running_loop().run_in_executor(self._executor, self._read_into, slot, out)
