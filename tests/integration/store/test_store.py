@@ -135,6 +135,22 @@ async def test_ssd_spill_and_reload_is_byte_exact(stores, client_factory):
         assert count == 1 and got[0] == data[i]
 
 
+async def test_a_read_of_ssd_blocks_promotes_them_together_byte_exact(stores, client_factory):
+    """One get of four SSD blocks promotes all four: the DRAM blocks they displace go to SSD
+    first (one SSD call), then the four are read into the freed slots (another). Reading the
+    displaced blocks back, again four at once, gives each its own bytes."""
+    stores.start("n1", dram_blocks=4, ssd_blocks=16)
+    client = await client_factory()
+    await wait_for_segment(client, "n1")
+    hashes, data = blocks(8)
+    for i in range(0, 8, 2):
+        await client.put_blocks(MODEL, "n1", hashes[i : i + 2], data[i : i + 2])
+    assert await client.lookup(MODEL, "n1", hashes[:4]) == ["ssd"] * 4
+    for first, last in ((0, 4), (4, 8)):  # then blocks 4-7 are the ones on SSD
+        count, got = await read_back(client, "n1", hashes[first:last])
+        assert count == 4 and got == data[first:last]
+
+
 async def test_a_put_that_spills_past_the_ssd_keeps_the_blocks_demoted_last(stores, client_factory):
     """A put into a full DRAM demotes as many blocks to SSD, all written in one call in the
     order planned: with more demotions than free SSD slots, a slot is written twice in one

@@ -33,8 +33,13 @@ class SsdTier:
         for slot, data in writes:
             self._write(slot, data)
 
-    async def read_into(self, slot: int, out: memoryview) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._read_into, slot, out)
+    async def read_all(self, reads: list[tuple[int, memoryview]]) -> None:
+        """Each (slot, out) pair's slot read into `out`, in one thread hop."""
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._read_all, reads)
+
+    def _read_all(self, reads: list[tuple[int, memoryview]]) -> None:
+        for slot, out in reads:
+            self._read_into(slot, out)
 
     def _write(self, slot: int, data: memoryview) -> None:
         offset, written = slot * self.slot_bytes, 0
