@@ -121,13 +121,20 @@ async def test_lookups_and_repeated_writes_keep_a_hot_prefix_in_dram(stores, cli
     assert await client.lookup(MODEL, "n1", newer) == ["dram"] * 2
 
 
-async def test_ssd_spill_and_reload_is_byte_exact(stores, client_factory):
+async def spilled(stores, client_factory, num_blocks: int):
+    """A store of 4 DRAM and 16 SSD slots given `num_blocks` blocks two at a time: all but the
+    last 4 are on SSD. Returns the client, the blocks' hashes and their bytes."""
     stores.start("n1", dram_blocks=4, ssd_blocks=16)
     client = await client_factory()
     await wait_for_segment(client, "n1")
-    hashes, data = blocks(12)
-    for i in range(0, 12, 2):
+    hashes, data = blocks(num_blocks)
+    for i in range(0, num_blocks, 2):
         await client.put_blocks(MODEL, "n1", hashes[i : i + 2], data[i : i + 2])
+    return client, hashes, data
+
+
+async def test_ssd_spill_and_reload_is_byte_exact(stores, client_factory):
+    client, hashes, data = await spilled(stores, client_factory, 12)
     tiers = await client.lookup(MODEL, "n1", hashes)
     assert tiers.count("ssd") == 8 and tiers.count("dram") == 4
     for i in range(12):  # each read of an SSD block brings it back to DRAM, demoting another
@@ -139,12 +146,7 @@ async def test_a_read_of_ssd_blocks_promotes_them_together_byte_exact(stores, cl
     """One get of four SSD blocks promotes all four: the DRAM blocks they displace go to SSD
     first (one SSD call), then the four are read into the freed slots (another). Reading the
     displaced blocks back, again four at once, gives each its own bytes."""
-    stores.start("n1", dram_blocks=4, ssd_blocks=16)
-    client = await client_factory()
-    await wait_for_segment(client, "n1")
-    hashes, data = blocks(8)
-    for i in range(0, 8, 2):
-        await client.put_blocks(MODEL, "n1", hashes[i : i + 2], data[i : i + 2])
+    client, hashes, data = await spilled(stores, client_factory, 8)
     assert await client.lookup(MODEL, "n1", hashes[:4]) == ["ssd"] * 4
     for first, last in ((0, 4), (4, 8)):  # then blocks 4-7 are the ones on SSD
         count, got = await read_back(client, "n1", hashes[first:last])
