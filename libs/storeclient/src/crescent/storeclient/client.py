@@ -164,7 +164,7 @@ class StoreClient:
         endpoint = descriptor.endpoint(ShmEndpoint) if descriptor else None
         cached = self._mappings.get(segment)
         if cached is not None:
-            if _is_file_of(cached, endpoint) and cached.owner_is_alive():
+            if endpoint is not None and cached.maps(endpoint) and cached.owner_is_alive():
                 return cached
             del self._mappings[segment]
             cached.close()
@@ -328,14 +328,6 @@ class StoreClient:
     async def evict(self, model: str, node: str, hashes: Sequence[bytes]) -> EvictReply:
         await self._settle_unpins(node)  # blocks this client read are not kept as pinned
         return await self.ctl(node, EvictBlocks(model=model, hashes=list(hashes)), EvictReply)
-
-
-def _is_file_of(mapping: ShmMapping, endpoint: ShmEndpoint | None) -> bool:
-    return endpoint is not None and (mapping.shm_name, mapping.device, mapping.inode) == (
-        endpoint.shm_name,
-        endpoint.device,
-        endpoint.inode,
-    )
 
 
 def _count_moved(op: Op, route: str, buffers: Sequence[memoryview]) -> None:

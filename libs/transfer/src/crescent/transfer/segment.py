@@ -20,6 +20,8 @@ from typing import Self
 
 import numpy as np
 
+from crescent.transfer.descriptor import ShmEndpoint
+
 SHM_DIR = Path("/dev/shm")
 _SHM_PREFIX = f"{SHM_DIR}/"
 
@@ -193,6 +195,15 @@ class ShmMapping:
         self._fd = fd
         self._mmap = buffer
         self.view = memoryview(buffer)
+
+    def maps(self, endpoint: ShmEndpoint) -> bool:
+        """Whether this mapping is of the very file `endpoint` names (a segment's name outlives
+        its owner: a restarted owner publishes a new file under it)."""
+        return (self.shm_name, self.device, self.inode) == (
+            endpoint.shm_name,
+            endpoint.device,
+            endpoint.inode,
+        )
 
     def owner_is_alive(self) -> bool:
         """Whether the creating process still holds its shared lock on the file (False

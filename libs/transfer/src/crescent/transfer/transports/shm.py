@@ -170,10 +170,7 @@ class ShmTransport(Transport):
         endpoint = descriptor.endpoint(ShmEndpoint)
         assert endpoint is not None, "routed to shm without an shm endpoint"
         mapping = self._mappings.get(endpoint.shm_name)
-        if mapping is not None and (mapping.device, mapping.inode) == (
-            endpoint.device,
-            endpoint.inode,
-        ):
+        if mapping is not None and mapping.maps(endpoint):
             return mapping
         if mapping is not None:
             mapping.close()
@@ -189,7 +186,7 @@ class ShmTransport(Transport):
         )
         raced = self._mappings.get(endpoint.shm_name)
         if raced is not None:  # a concurrent batch mapped this name meanwhile
-            if (raced.device, raced.inode) == (mapping.device, mapping.inode):
+            if raced.maps(endpoint):
                 mapping.close()
                 return raced
             raced.close()
