@@ -10,7 +10,9 @@ each target store (in place on a copier thread when the store is on this host, o
 plane otherwise), then, after the step, committing or aborting each target's blocks.
 
 No step waits for a save, not even the one that ends a prompt: its first token goes out while
-the last blocks are still being committed. The decode instance that reads them next asks its
+the last blocks are still being written and committed. A step waits only, at its end, for the
+stores to have answered its allocations (sent before its forward pass), so that they know
+which blocks are on their way. The decode instance that reads them next asks its
 node's store to wait for blocks still being written (LookupBlocks.wait_writing_s), which is
 where the paper's decode waits too: it joins the batch once all of the request's KV has
 arrived (§3.1, step 4). The commit does not wait for etcd (the store serves committed blocks
@@ -187,8 +189,18 @@ class Saver:
         )
 
     def end_step(self) -> int:
-        """Hand each job's commits to the bridge (none is waited for). Returns the number of
-        this step's save jobs."""
+        """Wait until every target store has answered this step's allocations (up to
+        `engine_wait_s`), then hand each job's commits to the bridge (none is waited for).
+        Returns the number of this step's save jobs.
+
+        The allocations were sent before the forward pass, so they have almost always been
+        answered by now. The wait is for the rare step that outruns one: a block the store
+        has allocated is one a lookup waits for, but one it has not heard of yet is simply
+        missing. Under CPU load, a decode's lookup sent right after this step's first token
+        found the blocks of an unanswered allocation missing, and the decode computed them
+        again."""
+        allocations = [slots for job in self._jobs for slots in job.slots.values()]
+        concurrent.futures.wait(allocations, timeout=self.runtime.config.engine_wait_s)
         num_jobs = len(self._jobs)
         for job in self._jobs:
             if not job.is_committing:
