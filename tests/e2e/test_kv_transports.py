@@ -2,7 +2,9 @@
 (here tcp, so not even its own node's store is mapped), and its /metrics says which transport
 moved the bytes."""
 
+import asyncio
 import json
+import time
 import urllib.request
 
 import aiohttp
@@ -60,7 +62,12 @@ async def test_prefill_kv_moves_over_the_named_transport_and_says_so(cluster):
         session.post(f"{cluster.api_url}/v1/completions", json=body) as response,
     ):
         assert response.status == 200, await response.text()
-    after = prefill_kv_bytes(prefill_url)
-    moved = {kind: after.get(kind, 0) - before.get(kind, 0) for kind in after}
-    assert moved.get("tcp", 0) > 0, f"no KV over tcp: {after}"
+    deadline = time.monotonic() + 10  # the blocks are written beside the request path
+    while True:
+        after = prefill_kv_bytes(prefill_url)
+        moved = {kind: after.get(kind, 0) - before.get(kind, 0) for kind in after}
+        if moved.get("tcp", 0) > 0:
+            break
+        assert time.monotonic() < deadline, f"no KV over tcp: {after}"
+        await asyncio.sleep(0.05)
     assert {kind for kind, num_bytes in moved.items() if num_bytes} == {"tcp"}, moved

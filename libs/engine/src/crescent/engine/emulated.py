@@ -35,6 +35,8 @@ class KvBlocks(Protocol):
 
     async def save(self, hashes: Sequence[bytes], nodes: Sequence[str]) -> None: ...
 
+    async def finish_saves(self, timeout_s: float) -> None: ...
+
 
 def emulated_token(previous: int, position: int) -> int:
     """Lowercase letters with a space every few tokens: readable, deterministic output."""
@@ -83,7 +85,8 @@ class PrefillPlan:
 class EmulatedPrefillEngine:
     """Computes one prompt per call in three steps, so the worker's queue holds only the compute:
     `plan` asks this node's store which prefix it holds, `compute` takes the cost model's time,
-    `save` writes the prompt's blocks to the `save_to` nodes' stores."""
+    `save` has the `save_to` nodes' stores allocate the prompt's blocks and writes them beside
+    the request path."""
 
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost

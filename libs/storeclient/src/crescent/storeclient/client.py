@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Self
+from typing import Any, Self
 
 import aetcd
 
@@ -209,26 +209,43 @@ class StoreClient:
         how many were written, once they are committed: `node`'s store serves them. Their
         keys reach etcd (the cluster's block index) shortly after, or before this returns
         with `wait_metadata`."""
-        await self._settle_unpins(node)  # a block this client read is not pinned any more
-        slots = await self.ctl(node, AllocBlocks(model=model, hashes=list(hashes)), BlockSlots)
+        slots = await self.allocate(model, node, hashes)
         if not slots.allocated:
             if wait_metadata:  # the blocks' own commit (another writer's) may not be in etcd yet
                 await self.ctl(node, CommitBlocks(model=model, hashes=[], wait_metadata=True), Done)
             return 0
-        by_hash = dict(zip(hashes, blocks))
+        await self.fill(model, node, slots, dict(zip(hashes, blocks)), wait_metadata)
+        return len(slots.allocated)
+
+    async def allocate(self, model: str, node: str, hashes: Sequence[bytes]) -> BlockSlots:
+        """Slots in `node`'s store for the blocks of `hashes` it lacks (the rest come back as
+        `existing`). From now until `fill` commits them (or their ttl runs out), a lookup
+        allowed to wait for blocks being written waits for these."""
+        await self._settle_unpins(node)  # a block this client read is not pinned any more
+        return await self.ctl(node, AllocBlocks(model=model, hashes=list(hashes)), BlockSlots)
+
+    async def fill(
+        self,
+        model: str,
+        node: str,
+        slots: BlockSlots,
+        blocks: Mapping[bytes, Any],
+        wait_metadata: bool = False,
+    ) -> None:
+        """Write the allocated blocks (`blocks[h]` for each hash of `slots.allocated`) and
+        commit them; abort them if the write fails."""
         try:
             await self.move(
                 Op.WRITE,
                 slots.segment,
                 slots.offsets,
-                [memoryview(by_hash[h]).cast("B") for h in slots.allocated],
+                [memoryview(blocks[h]).cast("B") for h in slots.allocated],
             )
         except BaseException:
             await self.ctl(node, AbortBlocks(model=model, hashes=slots.allocated), Done)
             raise
         commit = CommitBlocks(model=model, hashes=slots.allocated, wait_metadata=wait_metadata)
         await self.ctl(node, commit, Done)
-        return len(slots.allocated)
 
     async def get_blocks(
         self,

@@ -371,7 +371,8 @@ class PrefillWorker:
             self._jobs.pop(job.request_id, None)
         finished = time.monotonic()
         self.recent_ttft.add(finished - enqueued)
-        # the decode's KV is in its node's store: it can start now, unless the answer has ended
+        # the decode node's store has the KV or is writing it: the decode can start now, unless
+        # the answer has ended
         if start is not None and output.first_token not in job.ends_on_first:
             await self._runtime.bus.publish(
                 self._runtime.subjects.decode_start(job.decode_instance),
@@ -496,4 +497,5 @@ class PrefillWorker:
         if self.is_vllm:
             await self.engine.close()
         elif self._store is not None:
+            await self.engine.kv.finish_saves(self.settings.kv_timeout_s)
             await self._store.close()
