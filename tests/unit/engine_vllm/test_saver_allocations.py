@@ -1,8 +1,8 @@
 """A step's saves wait for nothing but the stores' answers to its allocations: a step ends
 only once every target store knows which blocks are on their way (a decode's lookup right after
 the first token waits for those, but not for blocks a store has not heard of), and a store
-that does not answer holds the step for the engine's wait, no longer (pure logic: a recording
-stub for the stores, a loop thread for the bridge)."""
+that does not answer holds one step for the engine's wait, no longer, and no other step until
+it answers (pure logic: a recording stub for the stores, a loop thread for the bridge)."""
 
 from __future__ import annotations
 
@@ -101,3 +101,37 @@ def test_a_store_that_does_not_answer_holds_the_step_for_the_engines_wait(saver)
     threading.Thread(target=lambda: (saver.end_step(), ended.set()), daemon=True).start()
     assert ended.wait(ENGINE_WAIT_S + 10), "the step waited past the engine's wait"
     assert not job.slots["A"].done()
+
+
+def _ends_within(saver: Saver, timeout_s: float) -> bool:
+    ended = threading.Event()
+    threading.Thread(target=lambda: (saver.end_step(), ended.set()), daemon=True).start()
+    return ended.wait(timeout_s)
+
+
+def test_a_store_that_let_a_step_wait_in_vain_holds_no_step_again_until_it_answers(saver):
+    """A paused store holds one step for the engine's wait, not every step: its next
+    allocations are not waited for until it answers one; then steps wait for it again."""
+    ops = saver.runtime.ops
+    saver.begin_step(1, [SaveSpec("r1", [b"a"], [0], ["A"])])
+    assert _ends_within(saver, ENGINE_WAIT_S + 10)
+    saver.begin_step(2, [SaveSpec("r2", [b"b"], [1], ["A"])])
+    [second] = saver._jobs
+    assert _ends_within(saver, ENGINE_WAIT_S / 2), "a silent store held a second step"
+    assert not second.slots["A"].done()
+
+    ops.loop.call_soon_threadsafe(ops.answer.set)  # the store answers
+    second.slots["A"].result(10)
+    _on_the_bridge(ops, ops.answer.clear)  # after the answer's callbacks; slow again
+    saver.begin_step(3, [SaveSpec("r3", [b"c"], [2], ["A"])])
+    [third] = saver._jobs
+    _answer_after(ops, 0.05)
+    saver.end_step()
+    assert third.slots["A"].done()
+
+
+def _on_the_bridge(ops: _Ops, call) -> None:
+    async def run() -> None:
+        call()
+
+    asyncio.run_coroutine_threadsafe(run(), ops.loop).result(5)

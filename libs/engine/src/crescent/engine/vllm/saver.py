@@ -81,6 +81,9 @@ class Saver:
         self.layer_bytes = 0
         self._step = 0
         self._jobs: list[_SaveJob] = []
+        # target stores an allocation of which outlived a step's wait: no step waits for them
+        # again until they answer one (a paused store holds one step, not every step)
+        self._silent: set[str] = set()
         self._copier = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="crescent-kv-copy"
         )
@@ -198,9 +201,19 @@ class Saver:
         has allocated is one a lookup waits for, but one it has not heard of yet is simply
         missing. Under CPU load, a decode's lookup sent right after this step's first token
         found the blocks of an unanswered allocation missing, and the decode computed them
-        again."""
-        allocations = [slots for job in self._jobs for slots in job.slots.values()]
-        concurrent.futures.wait(allocations, timeout=self.runtime.config.engine_wait_s)
+        again. A store that let one step's wait pass is not waited for again until it
+        answers."""
+        waiting = {
+            slots: target
+            for job in self._jobs
+            for target, slots in job.slots.items()
+            if target not in self._silent
+        }
+        _, unanswered = concurrent.futures.wait(waiting, timeout=self.runtime.config.engine_wait_s)
+        for slots in unanswered:
+            target = waiting[slots]
+            self._silent.add(target)
+            slots.add_done_callback(lambda _, target=target: self._silent.discard(target))
         num_jobs = len(self._jobs)
         for job in self._jobs:
             if not job.is_committing:
