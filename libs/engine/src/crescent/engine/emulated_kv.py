@@ -5,8 +5,7 @@ cache hits, transfers and replicas behave in an emulated cluster as they would w
 A prompt's leading blocks held by this node's store count as cached (their prefill time is
 saved). After computing, the prompt's blocks are saved to every target node's store the way
 the vLLM connector saves them (engine/vllm/saver.py): the first token waits for the stores to
-have allocated them, and they are written and committed beside the request path, the decode's
-lookup waiting in its store for blocks still being written.
+have allocated them, and they are written and committed beside the request path.
 """
 
 from __future__ import annotations
@@ -69,6 +68,8 @@ class EmulatedKv:
             await self.client.fill(self.model, node, slots, dict.fromkeys(slots.allocated, payload))
         except RecoverableError as exc:
             log.warning("saving emulated KV failed", extra={"node": node, "error": str(exc)})
+        except Exception:  # nobody awaits a save: what it raises is logged here or lost
+            log.exception("saving emulated KV failed", extra={"node": node})
 
     async def finish_saves(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the saves under way (before the store client closes);
