@@ -16,6 +16,7 @@ from crescent.transfer import (
     MemoryKind,
     SegmentDescriptor,
     SegmentNotFound,
+    ShmEndpoint,
     ShmSegment,
     TransferError,
     TransferTimeout,
@@ -79,6 +80,19 @@ def test_mapping_refuses_a_different_file_of_the_same_name() -> None:
         ShmMapping(owner.shm_name, 8192, device, inode)  # larger than the file
     owner.close()
     assert shm_file_identity(owner.shm_name) is None
+
+
+def test_a_mapping_is_not_of_a_new_file_published_under_its_name() -> None:
+    """A restarted owner publishes a new file under the segment's old name: a mapping of the
+    old file says it does not map the new endpoint (the caches of the shm transport and the
+    store client then map the new file)."""
+    first = ShmSegment.create("s", 4096)
+    mapping = ShmMapping(first.shm_name, first.size, first.device, first.inode)
+    first.close()
+    with ShmSegment.create("s", 4096, shm_name=first.shm_name) as second:
+        assert mapping.maps(ShmEndpoint(first.shm_name, first.device, first.inode))
+        assert not mapping.maps(ShmEndpoint(second.shm_name, second.device, second.inode))
+    mapping.close()
 
 
 def test_registry_maps_names_and_never_reuses_ids() -> None:
