@@ -66,12 +66,12 @@ class _Bridge:
         self.thread.join(5)
 
 
-@pytest.fixture
-def saver() -> Iterator[Saver]:
+@pytest.fixture(params=["prefill"])
+def saver(request) -> Iterator[Saver]:
     bridge = _Bridge()
     config = ConnectorConfig(
         nats_url="", etcd_url="", cluster="c", node="n", model="m", block_size=64,
-        engine_wait_s=ENGINE_WAIT_S,
+        engine_wait_s=ENGINE_WAIT_S, role=request.param,
     )  # fmt: skip
     runtime = ConnectorRuntime(config, bridge, _Ops(bridge.loop), EventLog(""), NoOpTracer(), 64, 1)
     saver = Saver(runtime)
@@ -135,3 +135,13 @@ def _on_the_bridge(ops: _Ops, call) -> None:
         call()
 
     asyncio.run_coroutine_threadsafe(run(), ops.loop).result(5)
+
+
+@pytest.mark.parametrize("saver", ["decode"], indirect=True)
+def test_a_decode_instance_steps_on_without_waiting_for_its_own_saves(saver):
+    """A prompt computed on the decode instance is decoded there: no other instance looks its
+    blocks up after the first token, so the running requests' steps are not held for them."""
+    saver.begin_step(1, [SaveSpec("r", [b"a"], [0], ["A"])])
+    [job] = saver._jobs
+    assert _ends_within(saver, ENGINE_WAIT_S / 2), "a decode step waited for an allocation"
+    assert not job.slots["A"].done()

@@ -76,8 +76,8 @@ class EngineSettings(EmulatedDevice, CommonSettings):
         2.0,
         "vllm: the longest the engine's own thread waits on the store in a step (a lookup, "
         "of which a decode's store may spend half waiting for blocks still being written; a "
-        "load inside a step; the stores' answers to a step's allocations), so that a store "
-        "that died holding a request stalls no step for longer: past it the prompt is "
+        "load inside a step; the stores' answers to a prefill step's allocations), so that a "
+        "store that died holding a request stalls no step for longer: past it the prompt is "
         "computed, or the decode recomputes what it lacks",
     )
     cost_profile: str = setting(

@@ -202,12 +202,15 @@ class Saver:
         missing. Under CPU load, a decode's lookup sent right after this step's first token
         found the blocks of an unanswered allocation missing, and the decode computed them
         again. A store that let one step's wait pass is not waited for again until it
-        answers."""
+        answers. A decode instance's saves are of prompts it computed and decodes itself: no
+        lookup follows its first token, so its steps (and the requests decoding in them) wait
+        for none."""
+        is_prefill = self.runtime.config.role == "prefill"
         waiting = {
             slots: target
             for job in self._jobs
             for target, slots in job.slots.items()
-            if target not in self._silent
+            if is_prefill and target not in self._silent
         }
         _, unanswered = concurrent.futures.wait(waiting, timeout=self.runtime.config.engine_wait_s)
         for slots in unanswered:
