@@ -10,9 +10,9 @@ each target store (in place on a copier thread when the store is on this host, o
 plane otherwise), then, after the step, committing or aborting each target's blocks.
 
 No step waits for a save, not even the one that ends a prompt: its first token goes out while
-the last blocks are still being written and committed. A step waits only, at its end, for the
-stores to have answered its allocations (sent before its forward pass), so that they know
-which blocks are on their way. The decode instance that reads them next asks its
+the last blocks are still being written and committed. A prefill step waits only, at its end,
+for the stores to have answered its allocations (sent before its forward pass), so that they
+know which blocks are on their way. The decode instance that reads them next asks its
 node's store to wait for blocks still being written (LookupBlocks.wait_writing_s), which is
 where the paper's decode waits too: it joins the batch once all of the request's KV has
 arrived (§3.1, step 4). The commit does not wait for etcd (the store serves committed blocks
