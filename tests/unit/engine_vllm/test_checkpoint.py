@@ -69,6 +69,23 @@ def test_a_tokenizer_that_does_not_match_the_model_is_refused(tiny, tmp_path):
         inspect_checkpoint(bad)
 
 
+def test_a_stream_decodes_to_the_same_text_however_its_tokens_are_chunked(tiny):
+    """The conductor gets an answer's tokens in chunks of any size; a chunk that ends inside a
+    character (byte-fallback tokens) must not split it into several U+FFFD. With each chunk
+    decoded on its own, chunks of 3 tokens already differed (one CI run saw it: "with��")."""
+    from crescent.common.hf_tokenizer import HfTokenizer
+
+    tokenizer = HfTokenizer(tiny)
+    ids = tokenizer.encode("stores 42 blocks. Ünïcödé ✓ 漢字 with€ 59840 and 😀!")
+    want = tokenizer.decode(ids)
+    for size in range(1, 25):
+        for first in range(size):
+            decoder = tokenizer.stream_decoder()
+            chunks = [ids[:first]] + [ids[i : i + size] for i in range(first, len(ids), size)]
+            streamed = "".join(decoder.push(chunk) for chunk in chunks) + decoder.flush()
+            assert streamed == want, (size, first)
+
+
 def test_hf_tokenizer_round_trips_and_streams_whole_characters(tiny):
     from crescent.common.hf_tokenizer import HfTokenizer
 

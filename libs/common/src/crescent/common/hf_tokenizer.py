@@ -18,6 +18,7 @@ from typing import Any
 from crescent.common.checkpoint import CheckpointError, inspect_checkpoint
 
 REPLACEMENT = "\ufffd"
+MAX_UNREAD = 16  # tokens a stream decoder holds back at most (invalid bytes: shown anyway)
 
 
 class HfTokenizer:
@@ -129,22 +130,47 @@ def _compile(source: str):
 
 
 class HfStreamDecoder:
-    """Text as tokens arrive: decodes the tokens since the last complete character and holds
-    back a trailing partial UTF-8 sequence (shown by the tokenizer as U+FFFD)."""
+    """Text as tokens arrive, equal to decoding them all at once however they are split.
+
+    Each push decodes a short window of recent tokens: those already shown (for their context:
+    a token's text can depend on the one before it) and the new ones, and shows only what the
+    new ones add. While the window's text ends in U+FFFD (a character whose bytes have not all
+    arrived) it shows nothing yet. Decoding only the new tokens instead showed such a split
+    character as two or three U+FFFD whenever a chunk ended inside it."""
 
     def __init__(self, tokenizer: HfTokenizer) -> None:
         self._tokenizer = tokenizer
-        self._pending: list[int] = []
+        self._ids: list[int] = []
+        self._prefix_offset = 0  # the window's first token
+        self._read_offset = 0  # the first token whose text is not shown yet
 
     def push(self, token_ids: Sequence[int]) -> str:
-        self._pending.extend(token_ids)
-        text = self._tokenizer.decode(self._pending)
-        if text.endswith(REPLACEMENT) and len(self._pending) < 8:
-            return ""
-        self._pending = []
-        return text
+        self._ids.extend(token_ids)
+        prefix_text = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
+        # A character is at most 4 bytes: if the text up to each of the last 3 tokens still
+        # ends in U+FFFD, the bytes are invalid, not incomplete (shown once MAX_UNREAD pile up).
+        for end in range(len(self._ids), max(self._read_offset, len(self._ids) - 4), -1):
+            text = self._tokenizer.decode(self._ids[self._prefix_offset : end])
+            if len(text) > len(prefix_text) and not text.endswith(REPLACEMENT):
+                break
+        else:
+            if len(self._ids) - self._read_offset < MAX_UNREAD:
+                return ""
+            end = len(self._ids)
+            text = self._tokenizer.decode(self._ids[self._prefix_offset :])
+        self._prefix_offset, self._read_offset = self._read_offset, end
+        self._trim()
+        return text[len(prefix_text) :]
 
     def flush(self) -> str:
-        text = self._tokenizer.decode(self._pending)
-        self._pending = []
-        return text
+        prefix_text = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
+        text = self._tokenizer.decode(self._ids[self._prefix_offset :])
+        self._ids, self._prefix_offset, self._read_offset = [], 0, 0
+        return text[len(prefix_text) :]
+
+    def _trim(self) -> None:
+        """Forget the tokens before the window: a long answer keeps no list of all its ids."""
+        if self._prefix_offset:
+            del self._ids[: self._prefix_offset]
+            self._read_offset -= self._prefix_offset
+            self._prefix_offset = 0
