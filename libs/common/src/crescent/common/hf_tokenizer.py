@@ -134,9 +134,9 @@ class HfStreamDecoder:
 
     Each push decodes a short window of recent tokens: those already shown (for their context:
     a token's text can depend on the one before it) and the new ones, and shows only what the
-    new ones add. While the window's text ends in U+FFFD (a character whose bytes have not all
-    arrived) it shows nothing yet. Decoding only the new tokens instead showed such a split
-    character as two or three U+FFFD whenever a chunk ended inside it."""
+    new ones add, less the last 1–3 tokens while they end in U+FFFD (a character whose bytes
+    have not all arrived). Decoding only the new tokens instead showed such a split character
+    as two or three U+FFFD whenever a chunk ended inside it."""
 
     def __init__(self, tokenizer: HfTokenizer) -> None:
         self._tokenizer = tokenizer
