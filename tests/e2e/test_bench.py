@@ -42,6 +42,15 @@ def test_control_plane_bench_writes_every_case(tmp_path):
     assert cases["1P1D"]["added_p50_ms"] == pytest.approx(
         cases["1P1D"]["p50_ms"] - cases["http-direct"]["p50_ms"], abs=1e-3
     )
+    roles = ("conductor", "prefill", "decode", "store", "nats", "etcd")
+    for name in clusters:
+        by_role = {key[len("cpu_ms_") :]: value for key, value in cases[name].items()}
+        by_role = {role: by_role[role] for role in roles}  # each role is there
+        assert by_role["conductor"] > 0 and by_role["decode"] > 0
+        assert sum(by_role.values()) == pytest.approx(cases[name]["cpu_ms_per_request"], abs=0.01)
+    assert {key for key in cases["http-direct"] if key.startswith("cpu_ms_")} == {
+        "cpu_ms_per_request"
+    }
 
 
 def test_control_plane_bench_compares_another_checkout_side_by_side(tmp_path):

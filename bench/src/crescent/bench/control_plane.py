@@ -18,7 +18,9 @@ One more case, in this process, times what the conductor does with a body whose 
 standard library's json.loads of the same bytes.
 `cpu_ms_per_request` is the CPU time the serving processes (for a cluster: every one of them,
 NATS and etcd included) spent during the loaded run, per request: unlike latency and requests/s,
-it barely moves when other work shares the machine's cores.
+it barely moves when other work shares the machine's cores. A cluster case splits it by role,
+`cpu_ms_<role>` (conductor, prefill, decode, store, nats, etcd; all instances of a role
+together), which says whose work a change should take off.
 """
 
 from __future__ import annotations
@@ -55,12 +57,10 @@ CLUSTER_CASES = (
 )
 
 
-def _cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time of the processes `pids` so far (Linux /proc)."""
-    ticks = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
@@ -71,10 +71,11 @@ def _num_serial(num_requests: int) -> int:
 
 @dataclass
 class Target:
-    """A server measured: where it answers, and the processes whose CPU time it costs."""
+    """A server measured: where it answers, and the processes whose CPU time it costs (their
+    roles by pid; a bare server has one role, "server")."""
 
     url: str
-    pids: list[int]
+    roles: dict[int, str]
 
 
 def _measure(
@@ -91,15 +92,16 @@ def _measure(
     asyncio.run(run_turns(urls, body, WARMUP_REQUESTS))
     serial = asyncio.run(run_turns(urls, body, _num_serial(num_requests)))
     loaded: list[list[LoadResult]] = [[] for _ in targets]
-    cpu_s = [0.0] * len(targets)
+    cpu_s: list[dict[str, float]] = [dict.fromkeys(t.roles.values(), 0.0) for t in targets]
     order = list(range(len(targets)))
     num_halves = 1 if len(targets) == 1 else 2
     for k in order + order[::-1] if num_halves == 2 else order:
-        cpu_before = _cpu_seconds(targets[k].pids)
+        cpu_before = {pid: _cpu_seconds(pid) for pid in targets[k].roles}
         loaded[k].append(
             asyncio.run(run_load(urls[k], body, num_requests // num_halves, concurrency))
         )
-        cpu_s[k] += _cpu_seconds(targets[k].pids) - cpu_before
+        for pid, role in targets[k].roles.items():
+            cpu_s[k][role] += _cpu_seconds(pid) - cpu_before[pid]
     figures = []
     for k, target in enumerate(targets):
         num_errors = serial[k].num_errors + sum(run.num_errors for run in loaded[k])
@@ -112,16 +114,19 @@ def _measure(
             sum(run.seconds for run in loaded[k]),
             [latency for run in loaded[k] for latency in run.latencies_s],
         )
-        figures.append(
-            {
-                "rps": round(loaded_latencies.requests_per_s, 1),
-                "p50_ms": round(serial[k].percentile_ms(50), 3),
-                "p99_ms": round(serial[k].percentile_ms(99), 3),
-                "loaded_p50_ms": round(loaded_latencies.percentile_ms(50), 3),
-                "loaded_p99_ms": round(loaded_latencies.percentile_ms(99), 3),
-                "cpu_ms_per_request": round(cpu_s[k] * 1000 / num_loaded, 3),
-            }
-        )
+        figure = {
+            "rps": round(loaded_latencies.requests_per_s, 1),
+            "p50_ms": round(serial[k].percentile_ms(50), 3),
+            "p99_ms": round(serial[k].percentile_ms(99), 3),
+            "loaded_p50_ms": round(loaded_latencies.percentile_ms(50), 3),
+            "loaded_p99_ms": round(loaded_latencies.percentile_ms(99), 3),
+            "cpu_ms_per_request": round(sum(cpu_s[k].values()) * 1000 / num_loaded, 3),
+        }
+        if len(cpu_s[k]) > 1:
+            figure.update(
+                {f"cpu_ms_{role}": round(s * 1000 / num_loaded, 3) for role, s in cpu_s[k].items()}
+            )
+        figures.append(figure)
     return figures
 
 
@@ -137,7 +142,7 @@ def _baseline(num_requests: int, concurrency: int, max_tokens: int) -> dict:
                 raise RuntimeError("the baseline server did not start")
             time.sleep(0.05)
         return _measure(
-            [Target(f"http://127.0.0.1:{port}/v1/completions", [server.pid])],
+            [Target(f"http://127.0.0.1:{port}/v1/completions", {server.pid: "server"})],
             num_requests,
             concurrency,
             max_tokens,
@@ -180,7 +185,8 @@ def _cluster(
             for cluster in clusters:
                 cluster.start(timeout_s=120)
             targets = [
-                Target(f"{cluster.api_url}/v1/completions", cluster.pids()) for cluster in clusters
+                Target(f"{cluster.api_url}/v1/completions", cluster.roles_by_pid())
+                for cluster in clusters
             ]
             figures = _measure(targets, num_requests, concurrency, max_tokens)
             nums_on_decode = [num_prefilled_on_decode(cluster.api_url) for cluster in clusters]

@@ -312,8 +312,10 @@ class LocalCluster:
         if removed:
             log.warning("removed shared memory left by dead processes: %s", " ".join(removed))
 
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.processes if p.pid is not None]
+    def roles_by_pid(self) -> dict[int, str]:
+        """Each running process's role: "conductor", "prefill", "decode", "store", "nats",
+        "etcd" (a process's name up to its first "-")."""
+        return {p.pid: p.spec.name.split("-", 1)[0] for p in self.processes if p.pid is not None}
 
 
 def _progress(health: dict | None, expected: dict[str, int]) -> str:
