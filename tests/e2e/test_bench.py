@@ -34,8 +34,8 @@ def test_control_plane_bench_writes_every_case(tmp_path):
     assert result["bench"] == "control-plane"
     cases = {case["case"]: case for case in result["cases"]}
     clusters = ("1P1D", "4P4D", "1P1D-on-decode")
-    assert set(cases) == {"http-direct", *clusters, "parse-8000-token-ids"}
-    for name in ("http-direct", *clusters):
+    assert set(cases) == {"http-direct", "floor-1P1D", *clusters, "parse-8000-token-ids"}
+    for name in ("http-direct", "floor-1P1D", *clusters):
         assert cases[name]["rps"] > 0 and 0 < cases[name]["p50_ms"] <= cases[name]["p99_ms"]
     parse = cases["parse-8000-token-ids"]
     assert parse["parse_ms"] > 0 and parse["json_loads_ms"] > 0
@@ -50,6 +50,10 @@ def test_control_plane_bench_writes_every_case(tmp_path):
         assert sum(by_role.values()) == pytest.approx(cases[name]["cpu_ms_per_request"], abs=0.01)
     assert {key for key in cases["http-direct"] if key.startswith("cpu_ms_")} == {
         "cpu_ms_per_request"
+    }
+    floor = {key for key in cases["floor-1P1D"] if key.startswith("cpu_ms_")}
+    assert floor == {
+        f"cpu_ms_{role}" for role in ("per_request", "conductor", "prefill", "decode", "nats")
     }
 
 

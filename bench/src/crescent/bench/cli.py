@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     control.add_argument(
         "--cases",
         type=lambda text: text.split(","),
-        help="cluster cases to run, comma-separated (default all: 1P1D,4P4D,1P1D-on-decode)",
+        help="cases to run besides http-direct, comma-separated "
+        "(default all: floor-1P1D,1P1D,4P4D,1P1D-on-decode)",
     )
     control.add_argument(
         "--compare",

@@ -7,6 +7,8 @@ scheduling, NATS hops, the decode batch loop and SSE/JSON relaying. Side by side
   1P1D-on-decode  1P1D whose conductor has the decode instance compute prompts of up to 512
                uncached tokens itself (`--local-prefill 512`): the bench's prompt never visits
                the prefill instance, the path a short prompt takes under `--local-prefill auto`.
+  floor-1P1D   1P1D's NATS messages between three bare processes doing nothing else
+               (messaging_floor.py): what the hops cost; the rest of 1P1D's is Crescent's work.
 Latency is measured one request at a time (no queueing); requests/s with `concurrency` in flight.
 With --compare CHECKOUT (another checkout of this repository, such as a git worktree of an
 older commit) each cluster case also runs from that checkout's code, both clusters up at once:
@@ -38,8 +40,9 @@ from pathlib import Path
 
 from crescent.bench.conductor_metrics import num_prefilled_on_decode
 from crescent.bench.load import LoadResult, run_load, run_turns
+from crescent.cluster.infra import nats_spec
 from crescent.cluster.local import ClusterSpec, LocalCluster
-from crescent.cluster.processes import is_port_open
+from crescent.cluster.processes import ManagedProcess, is_port_open
 from crescent.common.ports import free_port
 from crescent.conductor.http_body import parse_json
 from crescent.conductor.openai_api import parse_completion
@@ -49,6 +52,7 @@ WARMUP_REQUESTS = 20
 NUM_PROMPT_IDS = 8000
 NUM_PARSES = 200
 REPOSITORY = Path(__file__).resolve().parents[4]  # bench/src/crescent/bench/<this file>
+FLOOR_CASE = "floor-1P1D"
 # name, prefill and decode instances each, conductor flags, whether decode computes the prompts
 CLUSTER_CASES = (
     ("1P1D", 1, [], False),
@@ -130,17 +134,53 @@ def _measure(
     return figures
 
 
+def _wait_for_port(port: int, processes: list[subprocess.Popen], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not is_port_open(port):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
+            raise RuntimeError(f"{what} did not start")
+        time.sleep(0.05)
+
+
+def _floor(num_requests: int, concurrency: int, max_tokens: int) -> dict:
+    """floor-1P1D: a NATS server and messaging_floor's three processes."""
+    nats_port, http_port = free_port(), free_port()
+    workdir = tempfile.TemporaryDirectory(prefix="crescent-bench-floor-")
+    nats_server = ManagedProcess(nats_spec(nats_port), Path(workdir.name))
+    roles: dict[int, str] = {}
+    processes: list[subprocess.Popen] = []
+    try:
+        nats_server.start()
+        nats_server.wait_ready(20)
+        roles[nats_server.pid] = "nats"
+        for role in ("prefill", "decode", "conductor"):
+            argv = [sys.executable, "-m", "crescent.bench.messaging_floor", role]
+            argv += ["--nats-url", f"nats://127.0.0.1:{nats_port}", "--port", str(http_port)]
+            processes.append(subprocess.Popen(argv))
+            roles[processes[-1].pid] = role
+        _wait_for_port(http_port, processes, "the messaging floor")
+        return _measure(
+            [Target(f"http://127.0.0.1:{http_port}/v1/completions", roles)],
+            num_requests,
+            concurrency,
+            max_tokens,
+        )[0]
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait(10)
+        nats_server.stop()
+        workdir.cleanup()
+
+
 def _baseline(num_requests: int, concurrency: int, max_tokens: int) -> dict:
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "crescent.bench.echo_server", "--port", str(port)]
     )
     try:
-        deadline = time.monotonic() + 20
-        while not is_port_open(port):
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError("the baseline server did not start")
-            time.sleep(0.05)
+        _wait_for_port(port, [server], "the baseline server")
         return _measure(
             [Target(f"http://127.0.0.1:{port}/v1/completions", {server.pid: "server"})],
             num_requests,
@@ -267,16 +307,19 @@ def run_control_plane_bench(
     case_names: list[str] | None = None,
     compare: Path | None = None,
 ) -> dict:
-    """`case_names`: the cluster cases to run (default all); `compare`: another checkout, whose
-    cluster of each case runs beside this one's (its figures under compare_*)."""
-    known = [name for name, *_ in CLUSTER_CASES]
+    """`case_names`: the cases to run besides the baseline (default all); `compare`: another
+    checkout, whose cluster of each cluster case runs beside this one's (its figures under
+    compare_*)."""
+    known = [FLOOR_CASE, *(name for name, *_ in CLUSTER_CASES)]
     unknown = sorted(set(case_names or ()) - set(known))
     if unknown:
-        raise ValueError(f"no cluster case {', '.join(unknown)}; the cases: {', '.join(known)}")
+        raise ValueError(f"no case {', '.join(unknown)}; the cases: {', '.join(known)}")
     if compare is not None:
         checkout_path(compare)  # fail before any cluster starts
     baseline = _baseline(num_requests, concurrency, max_tokens)
     cases = [{"case": "http-direct", **baseline}]
+    if case_names is None or FLOOR_CASE in case_names:
+        cases.append({"case": FLOOR_CASE, **_floor(num_requests, concurrency, max_tokens)})
     for name, num_instances, conductor_args, on_decode in CLUSTER_CASES:
         if case_names is not None and name not in case_names:
             continue
@@ -284,12 +327,13 @@ def run_control_plane_bench(
             num_instances, num_requests, concurrency, max_tokens, conductor_args, on_decode, compare
         )
         result = {"case": name, **figures[0]}
-        result["added_p50_ms"] = round(result["p50_ms"] - baseline["p50_ms"], 3)
-        result["added_p99_ms"] = round(result["p99_ms"] - baseline["p99_ms"], 3)
         if compare is not None:
             result.update({f"compare_{key}": value for key, value in figures[1].items()})
             result["p50_over_compare"] = round(result["p50_ms"] / figures[1]["p50_ms"], 3)
         cases.append(result)
+    for result in cases[1:]:
+        result["added_p50_ms"] = round(result["p50_ms"] - baseline["p50_ms"], 3)
+        result["added_p99_ms"] = round(result["p99_ms"] - baseline["p99_ms"], 3)
     cases.append(_token_id_body())
     config: dict = {
         "requests": num_requests,
