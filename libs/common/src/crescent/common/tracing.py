@@ -4,23 +4,31 @@ Spans go to an OTLP/HTTP collector (Jaeger in the dev cluster) when
 OTEL_EXPORTER_OTLP_ENDPOINT is set. Otherwise the process records nothing, but every span it
 starts still carries a trace context on through every hop, so a service downstream that does
 export puts its spans in the request's one trace.
+
+Every request crosses several services, each reading and writing the trace context of each
+message and starting a few spans, so both are done here without OpenTelemetry's generic
+machinery where the result is the same: with the default propagators (W3C trace context and
+baggage), a context of a trace id and a span id alone is written and read as its `traceparent`
+header directly, and a non-recording span is made current by one context attach. Anything else
+(a tracestate, baggage, other propagators in OTEL_PROPAGATORS) goes through OpenTelemetry's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import random
-from collections.abc import Iterator
 
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 TRACER_NAME = "crescent"
+TRACEPARENT = "traceparent"
+_DEFAULT_PROPAGATORS = {"tracecontext,baggage", "tracecontext", "baggage,tracecontext"}
+_LOWER_HEX = frozenset("0123456789abcdef")
 
 
 def _is_exporting() -> bool:
@@ -69,18 +77,32 @@ class PropagatingTracer(trace.Tracer):
         )
         return trace.NonRecordingSpan(span_context)
 
-    @contextlib.contextmanager
     def start_as_current_span(
         self,
         name: str,
         context: otel_context.Context | None = None,
         *args: object,
-        end_on_exit: bool = True,
         **kwargs: object,
-    ) -> Iterator[trace.Span]:
-        span = self.start_span(name, context)
-        with trace.use_span(span, end_on_exit=end_on_exit) as current:
-            yield current
+    ) -> CurrentSpan:
+        return CurrentSpan(self.start_span(name, context))
+
+
+class CurrentSpan:
+    """`span` current while the block runs. A span that records nothing has nothing to end
+    or record an error in, so this is trace.use_span less its generator and those steps."""
+
+    __slots__ = ("_token", "span")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.span = span
+        self._token: object = None
+
+    def __enter__(self) -> trace.Span:
+        self._token = otel_context.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(self, *exc_info: object) -> None:
+        otel_context.detach(self._token)
 
 
 class PropagatingTracerProvider(trace.TracerProvider):
@@ -102,12 +124,57 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
+@functools.cache
+def _is_default_propagation() -> bool:
+    """Whether the process propagates what OpenTelemetry does by default (read as it reads it,
+    once, at import)."""
+    configured = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage")
+    return configured.replace(" ", "").lower() in _DEFAULT_PROPAGATORS
+
+
 def inject_headers() -> dict[str, str] | None:
     """The current trace context as NATS headers, or None when there is no active span."""
+    span_context = trace.get_current_span().get_span_context()
+    if (
+        span_context.is_valid
+        and not span_context.trace_state
+        and _is_default_propagation()
+        and not baggage.get_all()
+    ):
+        return {
+            TRACEPARENT: f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
+            f"{span_context.trace_flags:02x}"
+        }
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return carrier or None
 
 
 def extract_headers(headers: dict[str, str] | None) -> otel_context.Context:
-    return propagate.extract(headers or {})
+    """The context the headers carry: a remote span's, or an empty one."""
+    if not headers:
+        return otel_context.Context()
+    if len(headers) == 1 and _is_default_propagation():
+        span_context = _parse_traceparent(headers.get(TRACEPARENT))
+        if span_context is not None:
+            return trace.set_span_in_context(
+                trace.NonRecordingSpan(span_context), otel_context.Context()
+            )
+    return propagate.extract(headers)
+
+
+def _parse_traceparent(header: str | None) -> trace.SpanContext | None:
+    """A version-00 `traceparent` as inject_headers writes it; None for anything else (which
+    OpenTelemetry's propagator then reads as the standard says)."""
+    if header is None or len(header) != 55 or not header.startswith("00-"):
+        return None
+    if header[35] != "-" or header[52] != "-":
+        return None
+    trace_hex, span_hex, flags_hex = header[3:35], header[36:52], header[53:]
+    if not _LOWER_HEX.issuperset(trace_hex + span_hex + flags_hex):  # int() takes more
+        return None
+    trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
+    if not (trace_id and span_id):
+        return None
+    flags = trace.TraceFlags(int(flags_hex, 16))
+    return trace.SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
