@@ -30,6 +30,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Collection, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import msgspec
@@ -180,8 +181,9 @@ class RequestFlow:
                 attempt = attempt or self._begin(decode, progress)
                 if first_event is not None:
                     yield first_event
-            async for event in self._decode(request, model, progress, decode, attempt):
-                yield event
+            async with aclosing(self._decode(request, model, progress, decode, attempt)) as events:
+                async for event in events:
+                    yield event
         finally:
             if attempt is not None:
                 await attempt.close()
@@ -589,8 +591,10 @@ class RequestFlow:
             attempt = attempt or self._begin(decode, progress)
             reading = reading or StreamReading.of(decode, progress, attempt)
             try:
-                async for event in self._stream_from(decode, progress, attempt, reading):
-                    yield event
+                stream = self._stream_from(decode, progress, attempt, reading)
+                async with aclosing(stream) as events:
+                    async for event in events:
+                        yield event
                 return
             except MOVABLE_ERRORS as exc:
                 if num_moves >= MAX_MIGRATIONS:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import Any, Protocol
 
 import msgspec
@@ -194,8 +195,9 @@ class Relay:
             await events.close()
 
     async def collect(self, streams: Sequence[AsyncIterator[TokenEvent]]) -> web.Response:
-        async for _ in self._deltas(streams):
-            pass
+        async with aclosing(self._deltas(streams)) as deltas:
+            async for _ in deltas:
+                pass
         body = self.renderer.body(self._collected, self.counts)
         return web.Response(
             body=msgspec.json.encode(body),
@@ -217,18 +219,19 @@ class Relay:
         )
         is_prepared = False
         try:
-            async for choice, delta in self._deltas(streams):
-                if delta.is_empty and self._has_sent[choice.index]:
-                    continue
-                if not is_prepared:
-                    await response.prepare(http_request)
-                    is_prepared = True
-                    await _send(response, self.renderer.stream_start())
-                await _send(
-                    response,
-                    self.renderer.stream_delta(choice, delta, not self._has_sent[choice.index]),
-                )
-                self._has_sent[choice.index] = True
+            async with aclosing(self._deltas(streams)) as deltas:
+                async for choice, delta in deltas:
+                    if delta.is_empty and self._has_sent[choice.index]:
+                        continue
+                    if not is_prepared:
+                        await response.prepare(http_request)
+                        is_prepared = True
+                        await _send(response, self.renderer.stream_start())
+                    await _send(
+                        response,
+                        self.renderer.stream_delta(choice, delta, not self._has_sent[choice.index]),
+                    )
+                    self._has_sent[choice.index] = True
             if not is_prepared:
                 await response.prepare(http_request)
                 is_prepared = True
