@@ -22,6 +22,7 @@ import msgspec
 import nats
 import uvloop
 from aiohttp import web
+from nats.aio.msg import Msg
 
 READY_TIMEOUT_S = 20.0
 REPLY_TIMEOUT_S = 10.0
@@ -52,14 +53,14 @@ _start = msgspec.msgpack.Decoder(Start)
 _reply = msgspec.msgpack.Decoder(Reply)
 
 
-async def _ready(msg) -> None:
+async def _ready(msg: Msg) -> None:
     await msg.respond(b"")
 
 
 async def prefill(url: str) -> None:
     client = await nats.connect(url)
 
-    async def on_job(msg) -> None:
+    async def on_job(msg: Msg) -> None:
         job = _job.decode(msg.data)
         start = Start(job.request_id, 1, job.max_tokens)
         await client.publish(
@@ -75,10 +76,10 @@ async def prefill(url: str) -> None:
 async def decode(url: str) -> None:
     client = await nats.connect(url)
 
-    async def on_reserve(msg) -> None:
+    async def on_reserve(msg: Msg) -> None:
         await msg.respond(_encode(Reply(_job.decode(msg.data).request_id)))
 
-    async def on_start(msg) -> None:
+    async def on_start(msg: Msg) -> None:
         start = _start.decode(msg.data)
         await msg.respond(_encode(Reply(start.request_id)))
         tokens = list(range(2, start.max_tokens + 1))
@@ -94,7 +95,7 @@ async def conductor(url: str, port: int) -> None:
     client = await nats.connect(url)
     waiting: dict[str, asyncio.Queue[Reply]] = {}
 
-    async def on_reply(msg) -> None:
+    async def on_reply(msg: Msg) -> None:
         reply = _reply.decode(msg.data)
         queue = waiting.get(reply.request_id)
         if queue is not None:

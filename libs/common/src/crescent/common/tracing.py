@@ -126,8 +126,8 @@ def tracer() -> trace.Tracer:
 
 @functools.cache
 def _is_default_propagation() -> bool:
-    """Whether the process propagates what OpenTelemetry does by default (read as it reads it,
-    once, at import)."""
+    """Whether the process propagates what OpenTelemetry does by default: OTEL_PROPAGATORS,
+    which OpenTelemetry reads once at import, unset or naming W3C trace context (and baggage)."""
     configured = os.environ.get("OTEL_PROPAGATORS", "tracecontext,baggage")
     return configured.replace(" ", "").lower() in _DEFAULT_PROPAGATORS
 
