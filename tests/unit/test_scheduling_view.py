@@ -388,3 +388,37 @@ def test_a_model_is_listed_once_it_has_a_prefill_and_a_decode_instance():
     assert view.listed_models() == {"m": 80}
     view.apply_registry(MirrorEvent("/crescent/c/instances/prefill/p0", None))
     assert view.listed_models() == {}
+
+
+def unregister(view, role, instance_id):
+    view.apply_registry(MirrorEvent(f"/crescent/c/instances/{role}/{instance_id}", None))
+
+
+def test_what_every_request_asks_of_all_instances_follows_the_registry_and_telemetry():
+    """models(), engine_of() and max_kv_capacity() are kept between requests: each change to
+    what they read shows in the next answer."""
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    assert view.models() == {} and view.engine_of("m") == ""
+    assert view.max_kv_capacity("decode", "m") == 0
+    register(view, "prefill", "p0", max_model_len=4096, engine="vllm")
+    register(view, "decode", "d0", kv_capacity_tokens=1000)
+    assert view.models() == {"m": 4096} and view.engine_of("m") == "vllm"
+    assert view.max_kv_capacity("decode", "m") == 1000
+    register(view, "prefill", "p1", max_model_len=2048, engine="vllm")  # joins
+    register(view, "decode", "d1", kv_capacity_tokens=3000)
+    assert view.models() == {"m": 2048}
+    assert view.max_kv_capacity("decode", "m") == 3000
+    view.apply_load(load("decode", "d1", kv_capacity_tokens=500))  # telemetry's word counts
+    assert view.max_kv_capacity("decode", "m") == 1000
+    view.apply_load(load("decode", "d0", kv_capacity_tokens=800))
+    assert view.max_kv_capacity("decode", "m") == 800
+    register(view, "prefill", "p1", max_model_len=8192, engine="vllm")  # registers anew
+    assert view.models() == {"m": 4096}
+    unregister(view, "prefill", "p0")  # leaves (never heard: removed at once)
+    clock.now += 10  # d0 is no longer heard either
+    unregister(view, "decode", "d0")
+    assert view.models() == {"m": 8192}
+    assert view.max_kv_capacity("decode", "m") == 500
+    unregister(view, "prefill", "p1")
+    assert view.models() == {} and view.engine_of("m") == ""

@@ -115,6 +115,12 @@ class ClusterView:
     _assigned: dict[str, dict[tuple[str, str], Assigned]] = field(default_factory=dict)
     # (role, model) → its priced instances as of the last decision (view_cache)
     _groups: dict[tuple[str, str], RoleColumns] = field(default_factory=dict)
+    # What every request asks of all instances, kept until the registry (or, for the KV
+    # capacities, an instance's reported capacity) changes: a pass over 1,024 instances per
+    # request cost more than the scheduling decision (bench/README.md, control-plane).
+    _served: dict[str, int] | None = None  # models()
+    _engines: dict[str, str] = field(default_factory=dict)  # engine_of()
+    _kv_capacity: dict[tuple[str, str], int] = field(default_factory=dict)  # max_kv_capacity()
 
     def apply_registry(self, event: MirrorEvent) -> tuple[str, str] | None:
         """A change under instances/<role>/<id> in etcd; the (role, id) of an instance it
@@ -148,7 +154,7 @@ class ClusterView:
                 "instance joined",
                 extra={"role": role, "instance_id": instance_id, "node": info.node},
             )
-            self._groups.clear()
+            self._registry_changed()
             self.instances[(role, instance_id)] = InstanceState(
                 info=info, registered_at=self.clock()
             )
@@ -161,8 +167,15 @@ class ClusterView:
             known.info = info
             known.snapshot = None
             known.price = None
-            self._groups.clear()
+            self._registry_changed()
         return None
+
+    def _registry_changed(self) -> None:
+        """An instance joined, left or registered anew: what was kept of all of them is not."""
+        self._groups.clear()
+        self._served = None
+        self._engines.clear()
+        self._kv_capacity.clear()
 
     def _is_heard_serving(self, state: InstanceState) -> bool:
         """Its telemetry is fresh and it is not draining: alive, whatever etcd says."""
@@ -174,7 +187,7 @@ class ClusterView:
 
     def _remove(self, key: tuple[str, str], why: str) -> tuple[str, str] | None:
         """Take the instance out of the view; `key` if it was in it."""
-        self._groups.clear()
+        self._registry_changed()
         if self.instances.pop(key, None) is None:
             return None
         log.warning("instance gone: " + why, extra={"role": key[0], "instance_id": key[1]})
@@ -212,6 +225,8 @@ class ClusterView:
                     },
                 )
             return
+        if state.load is None or state.load.kv_capacity_tokens != load.kv_capacity_tokens:
+            self._kv_capacity.clear()
         state.load = load
         now = self.clock()
         self._outage_skipped_s += self._outage_s(now)
@@ -477,14 +492,31 @@ class ClusterView:
     def models(self) -> dict[str, int]:
         """Models a registered prefill instance serves → their smallest max_model_len. Registered,
         not live: a model whose instances are briefly silent (a NATS outage) still exists."""
-        served: dict[str, int] = {}
-        for (role, _), state in self.instances.items():
-            if role == "prefill":
-                model = state.info.model
-                served[model] = min(
-                    served.get(model, state.info.max_model_len), state.info.max_model_len
-                )
-        return served
+        if self._served is None:
+            served: dict[str, int] = {}
+            for (role, _), state in self.instances.items():
+                if role == "prefill":
+                    model = state.info.model
+                    served[model] = min(
+                        served.get(model, state.info.max_model_len), state.info.max_model_len
+                    )
+            self._served = served
+        return dict(self._served)
+
+    def max_kv_capacity(self, role: str, model: str) -> int:
+        """The most KV, in tokens, one registered instance of `role` serving `model` holds (as
+        its telemetry last said, else its registration); 0 when none is registered."""
+        key = (role, model)
+        if key not in self._kv_capacity:
+            self._kv_capacity[key] = max(
+                (
+                    s.load.kv_capacity_tokens if s.load else s.info.kv_capacity_tokens
+                    for (r, _), s in self.instances.items()
+                    if r == role and s.info.model == model
+                ),
+                default=0,
+            )
+        return self._kv_capacity[key]
 
     def listed_models(self) -> dict[str, int]:
         """Models a client may be offered (/v1/models): those with a registered prefill and a
@@ -533,14 +565,16 @@ class ClusterView:
 
     def engine_of(self, model: str) -> str:
         """The engine ("vllm", "emulated") the model's prefill instances run; "" if unknown."""
-        return next(
-            (
-                s.info.engine
-                for (r, _), s in self.instances.items()
-                if r == "prefill" and s.info.model == model and s.info.engine
-            ),
-            "",
-        )
+        if model not in self._engines:
+            self._engines[model] = next(
+                (
+                    s.info.engine
+                    for (r, _), s in self.instances.items()
+                    if r == "prefill" and s.info.model == model and s.info.engine
+                ),
+                "",
+            )
+        return self._engines[model]
 
 
 def _contradiction(load: InstanceLoad, info: InstanceInfo) -> str:

@@ -118,10 +118,7 @@ class Scheduler:
             self.heat.forget(key.block_hash)
 
     def max_decode_capacity(self, model: str) -> int:
-        return max(
-            (s.kv_capacity_tokens for s in self.view.snapshot("decode", model, self.clock())),
-            default=0,
-        )
+        return self.view.max_kv_capacity("decode", model)
 
     def apply_registry_event(self, event: MirrorEvent) -> None:
         """A change under instances/<role>/<id>: an instance gone takes its corrections along."""
