@@ -63,3 +63,42 @@ def test_hottest_is_the_brute_force_ranking(hits, k, now):
         key=lambda b: (-heat.hits(b, now), heat.depth(b), b),
     )[:k]
     assert [hot.hash for hot in heat.hottest(k, now)] == expected
+
+
+def _counted_one_block_at_a_time(hashes, held, steps):
+    """The counts by the definition, a block at a time: value decayed to `now`, plus one; the
+    time of the latest hit; the shallowest depth."""
+    counts: dict[bytes, tuple[float, float, int]] = {}
+    for offset, length, now in steps:
+        for depth, block_hash in enumerate(hashes[offset : offset + length]):
+            if block_hash not in held:
+                continue
+            value, at, shallowest = counts.get(block_hash, (0.0, now, depth))
+            value = value * 0.5 ** (max(0.0, now - at) / 10.0) + 1.0
+            counts[block_hash] = (value, max(at, now), min(shallowest, depth))
+    return counts
+
+
+@given(
+    st.sets(st.integers(0, 11)),
+    st.lists(
+        st.tuples(st.integers(0, 6), st.integers(0, 12), st.sampled_from([0.0, 0.5, 3.0, -1.0])),
+        max_size=30,
+    ),
+)
+def test_hits_are_counted_as_the_definition_counts_them(held_positions, steps):
+    blocks = chain("h", 12)
+    held = {blocks[i] for i in held_positions}
+    index = BlockIndex()
+    for block_hash in held:
+        index.add(block_hash, "n1")
+    heat = BlockHeat(index, hit_half_life_s=10.0)
+    now, timed = 100.0, []
+    for offset, length, step in steps:  # time mostly moves on; sometimes it stalls or steps back
+        now += step
+        timed.append((offset, length, now))
+        heat.record_hits(blocks[offset : offset + length], now)
+    expected = _counted_one_block_at_a_time(blocks, held, timed)
+    assert {h: (heat.hits(h, at), heat.depth(h)) for h, (_, at, _) in expected.items()} == {
+        h: (value, depth) for h, (value, _, depth) in expected.items()
+    }

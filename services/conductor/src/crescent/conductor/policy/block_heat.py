@@ -45,18 +45,31 @@ class BlockHeat:
         self._hits: dict[bytes, _Hits] = {}
 
     def record_hits(self, hashes: Sequence[bytes], now: float) -> None:
-        """Count one use of every block of a request that some node holds."""
+        """Count one use of every block of a request that some node holds.
+
+        Every placed request runs this over all of its blocks, so _Hits.decayed is written
+        out, and its decay is worked out once for the blocks last hit at the same moment (a
+        prompt's shared prefix was mostly hit by the same requests): a 1,024-block request
+        took 2.6× less time (bench/README.md, schedule, 2026-12-06)."""
         half_life = self.hit_half_life_s
         is_held = self.index.is_held
+        all_hits = self._hits
+        decay_at, decay = now, 1.0  # the decay factor of blocks last hit at `decay_at`
         for depth, block_hash in enumerate(hashes):
             if not is_held(block_hash):
                 continue
-            hits = self._hits.get(block_hash)
+            hits = all_hits.get(block_hash)
             if hits is None:
-                hits = self._hits[block_hash] = _Hits(depth, now)
-            hits.value = hits.decayed(now, half_life) + 1.0
-            hits.at = max(hits.at, now)
-            hits.depth = min(hits.depth, depth)
+                all_hits[block_hash] = hits = _Hits(depth, now)
+            elif hits.depth > depth:
+                hits.depth = depth
+            if hits.at < now:
+                if hits.at != decay_at:
+                    decay_at, decay = hits.at, 0.5 ** ((now - hits.at) / half_life)
+                hits.value = hits.value * decay + 1.0
+                hits.at = now
+            else:
+                hits.value += 1.0
 
     def forget(self, block_hash: bytes) -> None:
         """The block is held nowhere any more: it cannot be replicated, so its count goes."""
