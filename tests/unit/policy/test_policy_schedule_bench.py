@@ -14,6 +14,7 @@ def test_bench_reports_kv_centric_and_least_loaded_cases():
     assert result["bench"] == "schedule"
     assert [c["case"] for c in result["cases"]] == ["8x16", "least-loaded-8x16"]
     assert all(c["p99_us"] >= c["p50_us"] > 0 for c in result["cases"])
+    assert all(c["record_p99_us"] >= c["record_p50_us"] > 0 for c in result["cases"])
     assert "least-loaded-8x16" in format_table(result)
 
 

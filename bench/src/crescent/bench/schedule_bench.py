@@ -9,8 +9,10 @@ index with a replicated system prompt and partial session prefixes. Each timed c
 snapshots of both roles (each instance priced by its own corrected model), usable-instance
 filters, prefix matching, Algorithm 1, the decode choice and early rejection. Between two
 timed calls the scheduler records the decision, learns from a finished request and reads
-telemetry (untimed). Requests cycle over 64 prompts. The least-loaded baseline is timed the
-same way on a cluster built from the same seed.
+telemetry; of these only the recording, which the conductor also runs for every request
+(`Scheduler.record`: the request's assignments, the blocks' heat, the feedback's prediction),
+is timed, apart (`record_p50_us`, `record_p99_us`). Requests cycle over 64 prompts. The
+least-loaded baseline is timed the same way on a cluster built from the same seed.
 
 Times are from time.perf_counter_ns, reported as p50 / p99 in microseconds, with the same
 percentiles of the thread's CPU time (time.thread_time_ns): on a shared host, wall-time tails
@@ -43,14 +45,14 @@ def time_scheduler(load: ConductorLoad, repeat: int) -> dict:
         load.between_decisions(scheduler.schedule(requests[i % len(requests)], MODEL))
     gc.collect()
     gc.freeze()  # as the conductor does once its state is loaded (app.py)
-    wall, cpu = [], []
+    wall, cpu, recorded = [], [], []
     for i in range(repeat):
         request = requests[i % len(requests)]
         start, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
         outcome = scheduler.schedule(request, MODEL)
         cpu.append(time.thread_time_ns() - start_cpu)
         wall.append(time.perf_counter_ns() - start)
-        load.between_decisions(outcome)
+        recorded.append(load.between_decisions(outcome))
     gc.unfreeze()  # the next case's cluster replaces this one
     # CPU time beside wall time tells the code's own cost from time spent preempted on a busy host.
     return {
@@ -58,6 +60,8 @@ def time_scheduler(load: ConductorLoad, repeat: int) -> dict:
         "p99_us": _percentile(wall, 0.99),
         "cpu_p50_us": _percentile(cpu, 0.50),
         "cpu_p99_us": _percentile(cpu, 0.99),
+        "record_p50_us": _percentile(recorded, 0.50),
+        "record_p99_us": _percentile(recorded, 0.99),
     }
 
 
@@ -90,12 +94,16 @@ def run_schedule_bench(
 def format_table(result: dict) -> str:
     lines = [
         f"{result['bench']} (decision time per request, {result['repeat']} requests per case)",
-        f"{'case':<28}{'p50 µs':>10}{'p99 µs':>10}{'cpu p50 µs':>12}{'cpu p99 µs':>12}",
+        (
+            f"{'case':<28}{'p50 µs':>10}{'p99 µs':>10}{'cpu p50 µs':>12}{'cpu p99 µs':>12}"
+            f"{'record p50 µs':>15}{'record p99 µs':>15}"
+        ),
     ]
     for case in result["cases"]:
         lines.append(
             f"{case['case']:<28}{case['p50_us']:>10.1f}{case['p99_us']:>10.1f}"
             f"{case['cpu_p50_us']:>12.1f}{case['cpu_p99_us']:>12.1f}"
+            f"{case['record_p50_us']:>15.1f}{case['record_p99_us']:>15.1f}"
         )
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ conductor recomputes after such changes, as it would in production.
 from __future__ import annotations
 
 import random
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -91,10 +92,12 @@ class ConductorLoad:
     next_load: int = 0
     num_recorded: int = 0
 
-    def between_decisions(self, outcome: Decision | object) -> None:
+    def between_decisions(self, outcome: Decision | object) -> int:
         """What the conductor does between two decisions: record the last one, learn from a
-        finished request, read telemetry, and let time pass."""
+        finished request, read telemetry, and let time pass. Returns how long the recording
+        took, in ns (0: nothing was admitted to record)."""
         scheduler = self.scheduler
+        recorded_ns = 0
         if isinstance(outcome, Decision):
             request = self.requests[self.num_recorded % len(self.requests)]
             placed = ScheduleRequest(
@@ -105,7 +108,9 @@ class ConductorLoad:
                 request.max_tokens,
             )
             self.num_recorded += 1
+            start = time.perf_counter_ns()
             scheduler.record(placed, outcome, MODEL)
+            recorded_ns = time.perf_counter_ns() - start
             self.placed.append((placed, outcome))
         if len(self.placed) > 8:
             self._finish(*self.placed.popleft())
@@ -114,6 +119,7 @@ class ConductorLoad:
             self.next_load += 1
             scheduler.view.apply_load(_resent(load, self.clock.now))
         self.clock.now += DECISION_INTERVAL_S
+        return recorded_ns
 
     def _finish(self, request: ScheduleRequest, decision: Decision) -> None:
         scheduler, rng = self.scheduler, self.rng
