@@ -234,7 +234,9 @@ class ClusterView:
         key = (load.role, load.instance_id)
         in_flight = state.unacknowledged
         in_flight.acknowledge(load.received.get(self.conductor_id, 0), state.load_received_at)
-        if in_flight.by_request:  # the report was built before these reached the instance
+        # the report was built before these reached the instance (frequent under load: the
+        # fields are built only for a log that shows them)
+        if in_flight.by_request and log.isEnabledFor(logging.DEBUG):
             log.debug(
                 "telemetry without assignments in flight",
                 extra={

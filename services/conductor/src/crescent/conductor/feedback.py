@@ -97,24 +97,25 @@ class Feedback:
         observe_error("ttft", "corrected", placed.ttft_s, measured_ttft_s)
         observe_error("ttft", "published", placed.ttft_published_s, measured_ttft_s)
         instance_id = placed.prefill_id
-        log.debug(
-            "ttft prediction checked",
-            extra={
-                "request_id": request_id,
-                "instance_id": instance_id,
-                "num_prompt_tokens": placed.num_prompt_tokens,
-                "num_cached_tokens": result.num_cached_tokens,
-                "predicted_s": round(placed.ttft_s, 6),
-                "published_s": round(placed.ttft_published_s, 6),
-                "measured_s": round(measured_ttft_s, 6),
-                "predicted_wait_s": round(placed.wait_s, 6),
-                "predicted_compute_s": round(placed.compute_s, 6),
-                "queue_s": round(result.queue_s, 6),
-                "compute_s": round(result.compute_s, 6),
-                "transfer_s": round(result.transfer_s, 6),
-                "reserve_wait_s": round(reserve_wait_s, 6),
-            },
-        )
+        if log.isEnabledFor(logging.DEBUG):  # its fields cost every request, logged or not
+            log.debug(
+                "ttft prediction checked",
+                extra={
+                    "request_id": request_id,
+                    "instance_id": instance_id,
+                    "num_prompt_tokens": placed.num_prompt_tokens,
+                    "num_cached_tokens": result.num_cached_tokens,
+                    "predicted_s": round(placed.ttft_s, 6),
+                    "published_s": round(placed.ttft_published_s, 6),
+                    "measured_s": round(measured_ttft_s, 6),
+                    "predicted_wait_s": round(placed.wait_s, 6),
+                    "predicted_compute_s": round(placed.compute_s, 6),
+                    "queue_s": round(result.queue_s, 6),
+                    "compute_s": round(result.compute_s, 6),
+                    "transfer_s": round(result.transfer_s, 6),
+                    "reserve_wait_s": round(reserve_wait_s, 6),
+                },
+            )
         contradiction = _contradiction(result, placed, measured_ttft_s)
         if contradiction:
             if instance_id not in self._contradicting:
@@ -145,16 +146,17 @@ class Feedback:
             return
         observe_error("tbt", "corrected", placed.tbt_s, measured_tbt_s)
         observe_error("tbt", "published", placed.tbt_published_s, measured_tbt_s)
-        log.debug(
-            "tbt prediction checked",
-            extra={
-                "request_id": request_id,
-                "instance_id": placed.decode_id,
-                "predicted_s": round(placed.tbt_s, 6),
-                "published_s": round(placed.tbt_published_s, 6),
-                "measured_s": round(measured_tbt_s, 6),
-            },
-        )
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "tbt prediction checked",
+                extra={
+                    "request_id": request_id,
+                    "instance_id": placed.decode_id,
+                    "predicted_s": round(placed.tbt_s, 6),
+                    "published_s": round(placed.tbt_published_s, 6),
+                    "measured_s": round(measured_tbt_s, 6),
+                },
+            )
         self.pricing.correction.observe(
             placed.decode_id, "decode", placed.tbt_published_s, measured_tbt_s
         )
