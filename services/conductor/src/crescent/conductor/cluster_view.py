@@ -96,6 +96,11 @@ class InstanceState:
     def context_assigned_since_load(self) -> int:
         return self.unacknowledged.num_context_tokens
 
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Its KV room as its telemetry last said, else as it registered."""
+        return self.load.kv_capacity_tokens if self.load else self.info.kv_capacity_tokens
+
 
 @dataclass
 class ClusterView:
@@ -225,7 +230,7 @@ class ClusterView:
                     },
                 )
             return
-        if state.load is None or state.load.kv_capacity_tokens != load.kv_capacity_tokens:
+        if state.kv_capacity_tokens != load.kv_capacity_tokens:
             self._kv_capacity.clear()
         state.load = load
         now = self.clock()
@@ -396,7 +401,6 @@ class ClusterView:
         """The snapshot without its queue time, which changes with the clock
         (ClusterView._queue_s)."""
         load = state.load
-        capacity = load.kv_capacity_tokens if load else state.info.kv_capacity_tokens
         return InstanceSnapshot(
             instance_id=instance_id,
             node=state.info.node,
@@ -404,7 +408,7 @@ class ClusterView:
             num_running=load.num_running if load else 0,
             queue_time_s=0.0,
             kv_used_tokens=(load.kv_used_tokens if load else 0) + state.kv_assigned_since_load,
-            kv_capacity_tokens=capacity,
+            kv_capacity_tokens=state.kv_capacity_tokens,
             is_stale=is_stale,
             is_accepting=load.is_accepting if load else True,
             context_tokens=load.num_context_tokens if load and role == "decode" else None,
@@ -512,7 +516,7 @@ class ClusterView:
         if key not in self._kv_capacity:
             self._kv_capacity[key] = max(
                 (
-                    s.load.kv_capacity_tokens if s.load else s.info.kv_capacity_tokens
+                    s.kv_capacity_tokens
                     for (r, _), s in self.instances.items()
                     if r == role and s.info.model == model
                 ),
