@@ -117,11 +117,11 @@ async def conductor(url: str, port: int) -> None:
         job = Job(f"floor-{next(ids)}", body["model"], body["prompt"], body["max_tokens"])
         queue: asyncio.Queue[Reply] = asyncio.Queue()
         waiting[job.request_id] = queue
+        data = _encode(job)
+        reserved = asyncio.ensure_future(
+            client.request("floor.decode.reserve", data, timeout=REPLY_TIMEOUT_S)
+        )
         try:
-            data = _encode(job)
-            reserved = asyncio.ensure_future(
-                client.request("floor.decode.reserve", data, timeout=REPLY_TIMEOUT_S)
-            )
             first = _reply.decode(
                 (await client.request("floor.prefill.job", data, timeout=REPLY_TIMEOUT_S)).data
             )
@@ -132,6 +132,7 @@ async def conductor(url: str, port: int) -> None:
                     pass
             token_ids += reply.token_ids
         finally:
+            reserved.cancel()  # a failed job leaves no reservation awaited by nobody
             del waiting[job.request_id]
         answer = {
             "id": job.request_id,
