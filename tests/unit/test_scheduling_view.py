@@ -27,6 +27,10 @@ def register(view, role, instance_id, model="m", **fields):
     view.apply_registry(MirrorEvent(f"/crescent/c/instances/{role}/{instance_id}", encode(info)))
 
 
+def unregister(view, role, instance_id):
+    view.apply_registry(MirrorEvent(f"/crescent/c/instances/{role}/{instance_id}", None))
+
+
 def load(role, instance_id, **fields):
     return InstanceLoad(
         role=role, instance_id=instance_id, node="n", sent_at=0, period_s=0.2, **fields
@@ -388,10 +392,6 @@ def test_a_model_is_listed_once_it_has_a_prefill_and_a_decode_instance():
     assert view.listed_models() == {"m": 80}
     view.apply_registry(MirrorEvent("/crescent/c/instances/prefill/p0", None))
     assert view.listed_models() == {}
-
-
-def unregister(view, role, instance_id):
-    view.apply_registry(MirrorEvent(f"/crescent/c/instances/{role}/{instance_id}", None))
 
 
 def test_what_every_request_asks_of_all_instances_follows_the_registry_and_telemetry():
