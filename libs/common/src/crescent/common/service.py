@@ -46,7 +46,7 @@ from crescent.common.load_metrics import record_load
 from crescent.common.logs import setup_logging
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.common.naming import Keys, Subjects, check_token
-from crescent.common.ports import free_port
+from crescent.common.ports import listening_socket
 from crescent.common.stop_deadline import StopDeadline
 from crescent.common.supervisor import TaskSupervisor
 
@@ -111,7 +111,7 @@ class Runtime:
         self.http_app = web.Application(client_max_size=settings.max_body_bytes)
         self.http_app.router.add_get("/health", self._health)
         self.http_app.router.add_get("/metrics", self._metrics)
-        self.http_port = settings.http_port or free_port(settings.host)
+        self.http_port = settings.http_port  # 0 until start_http binds the one it got
         self.bus: Bus | None = None
         self.etcd = None
         self.leased: LeasedKeys | None = None
@@ -158,13 +158,14 @@ class Runtime:
             self.http_app, self.settings.http_idle_timeout_s, self.settings.stop_timeout_s / 2
         )
         await self._http_runner.setup()
-        site = web.TCPSite(self._http_runner, self.settings.host, self.http_port)
         try:
-            await site.start()
+            listener = listening_socket(self.settings.host, self.http_port)
         except OSError as exc:
             raise FatalError(
                 f"cannot listen on {self.settings.host}:{self.http_port}: {exc}"
             ) from exc
+        self.http_port = listener.getsockname()[1]
+        await web.SockSite(self._http_runner, listener).start()
 
     async def register(self, info: InstanceInfo) -> None:
         await self.leased.put(self.keys.instance(self.role, self.instance_id), encode(info))
