@@ -12,7 +12,7 @@ from policy_helpers import chain, cluster, decode, index_with, linear_predictors
 
 from crescent.common.errors import ConfigError
 from crescent.conductor.policy import CostPredictors, Decision, LocalPrefill, make_policy
-from crescent.conductor.policy.snapshot import InflightRequest
+from crescent.conductor.policy.inflight import InflightRequest
 from crescent.conductor.settings import ConductorSettings
 
 P = linear_predictors()

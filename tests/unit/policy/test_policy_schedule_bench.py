@@ -52,3 +52,17 @@ def test_a_retry_leaves_out_the_excluded_instances():
     others = {s.instance_id for s in snapshot.prefill} - {"prefill-003"}
     only = scheduler.schedule(request, MODEL, others)
     assert only.prefill.instance_id == "prefill-003"
+
+
+def test_predictive_admission_decides_with_the_requests_kept_in_flight():
+    load = build_conductor(8, 16, admission="predictive", num_inflight=32)
+    scheduler = load.scheduler
+    assert scheduler.policy.admission.name == "predictive"
+    for i in range(48):
+        load.between_decisions(scheduler.schedule(load.requests[i % len(load.requests)], MODEL))
+    decoding = [r.is_decoding for r in scheduler.inflight.values()]
+    assert len(decoding) == 32 and sum(decoding) == 16
+    result = run_schedule_bench(
+        repeat=5, instances=(8,), blocks=(16,), admission="predictive", num_inflight=32
+    )
+    assert result["admission"] == "predictive" and result["inflight"] == 32

@@ -91,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "schedule", help="scheduling decision time per request (kv-centric vs least-loaded)"
     )
     schedule.add_argument("--repeat", type=int, default=200, help="requests per case (default 200)")
+    add_admission_arguments(schedule)
     chaos = benches.add_parser(
         "chaos",
         help="what clients see while processes of an emulated cluster are "
@@ -238,6 +239,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--json", type=Path, required=True, help="where to write the results")
 
 
+def add_admission_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--admission",
+        choices=("early", "predictive"),
+        default="early",
+        help="the admission the decisions run (default early)",
+    )
+    parser.add_argument(
+        "--inflight",
+        type=_at_least_two,
+        default=8,
+        help="requests kept in flight, half prefilling and half decoding (default 8)",
+    )
+
+
+def _at_least_two(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2, got {value}")
+    return value
+
+
 def _trace(args: argparse.Namespace) -> Path | None:
     """--trace, or the repository's slice where it was not given; None (after saying why) when
     neither is there."""
@@ -295,7 +318,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.bench == "schedule":
         from crescent.bench.schedule_bench import run_schedule_bench
 
-        result = run_schedule_bench(repeat=args.repeat)
+        result = run_schedule_bench(
+            repeat=args.repeat, admission=args.admission, num_inflight=args.inflight
+        )
     elif args.bench == "aiperf":
         from crescent.bench.aiperf_replay import AiperfError, run_aiperf_bench
 

@@ -14,6 +14,9 @@ telemetry; of these only the recording, which the conductor also runs for every 
 is timed, apart (`record_p50_us`, `record_p99_us`). Requests cycle over 64 prompts. The
 least-loaded baseline is timed the same way on a cluster built from the same seed.
 
+`--admission predictive --inflight N` times the other admission with N requests in flight (8
+by default): it projects each decode instance's batch from every one of them.
+
 Times are from time.perf_counter_ns, reported as p50 / p99 in microseconds, with the same
 percentiles of the thread's CPU time (time.thread_time_ns): on a shared host, wall-time tails
 that CPU time lacks are the process waiting for a core, not the scheduler.
@@ -30,6 +33,7 @@ import logging
 import time
 from pathlib import Path
 
+from crescent.bench.cli import add_admission_arguments
 from crescent.bench.schedule_cluster import MODEL, ConductorLoad, build_conductor
 
 INSTANCES = (8, 64, 512)
@@ -41,7 +45,8 @@ POLICIES = ("kv-centric", "least-loaded")
 
 def time_scheduler(load: ConductorLoad, repeat: int) -> dict:
     scheduler, requests = load.scheduler, load.requests
-    for i in range(WARMUP):  # warm caches and code paths, and reach the steady state
+    # Warm caches and code paths, and reach the steady state: the requests in flight too.
+    for i in range(WARMUP + load.num_inflight):
         load.between_decisions(scheduler.schedule(requests[i % len(requests)], MODEL))
     gc.collect()
     gc.freeze()  # as the conductor does once its state is loaded (app.py)
@@ -71,7 +76,11 @@ def _percentile(samples_ns: list[int], q: float) -> float:
 
 
 def run_schedule_bench(
-    repeat: int = 200, instances: tuple[int, ...] = INSTANCES, blocks: tuple[int, ...] = BLOCKS
+    repeat: int = 200,
+    instances: tuple[int, ...] = INSTANCES,
+    blocks: tuple[int, ...] = BLOCKS,
+    admission: str = "early",
+    num_inflight: int = 8,
 ) -> dict:
     """Every (instances, blocks) case for kv-centric, then least-loaded on the same cluster."""
     cases: dict[str, list[dict]] = {policy: [] for policy in POLICIES}
@@ -79,7 +88,13 @@ def run_schedule_bench(
         for num_blocks in blocks:
             name = f"{num_instances}x{num_blocks}"
             for policy in POLICIES:
-                load = build_conductor(num_instances, num_blocks, policy=policy)
+                load = build_conductor(
+                    num_instances,
+                    num_blocks,
+                    policy=policy,
+                    admission=admission,
+                    num_inflight=num_inflight,
+                )
                 label = name if policy == POLICIES[0] else f"{policy}-{name}"
                 cases[policy].append({"case": label, **time_scheduler(load, repeat)})
                 del load
@@ -87,13 +102,18 @@ def run_schedule_bench(
         "bench": "schedule",
         "repeat": repeat,
         "block_size": 512,
+        "admission": admission,
+        "inflight": num_inflight,
         "cases": [case for policy in POLICIES for case in cases[policy]],
     }
 
 
 def format_table(result: dict) -> str:
     lines = [
-        f"{result['bench']} (decision time per request, {result['repeat']} requests per case)",
+        (
+            f"{result['bench']} (decision time per request, {result['repeat']} requests per "
+            f"case, {result['admission']} admission, {result['inflight']} in flight)"
+        ),
         (
             f"{'case':<28}{'p50 µs':>10}{'p99 µs':>10}{'cpu p50 µs':>12}{'cpu p99 µs':>12}"
             f"{'record p50 µs':>15}{'record p99 µs':>15}"
@@ -114,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeat", type=int, default=200, help="timed decisions per case (default 200)"
     )
+    add_admission_arguments(parser)
     args = parser.parse_args(argv)
     logging.getLogger("crescent").setLevel(logging.ERROR)  # the bench's feedback is not news
-    result = run_schedule_bench(args.repeat)
+    result = run_schedule_bench(args.repeat, admission=args.admission, num_inflight=args.inflight)
     print(format_table(result))
     target = next((c for c in result["cases"] if c["case"] == TARGET_CASE), None)
     if target is not None:

@@ -9,10 +9,12 @@ on a quarter of the prefill nodes, 64 sessions extending it (each node holds ran
 prefixes of two), and unrelated blocks everywhere.
 
 Between two timed decisions, `ConductorLoad.between_decisions` does what a busy conductor does
-in that time (untimed): it records the last decision, sees an earlier request finish (its timings
-correct that instance's pricing), receives four telemetry messages (1,024 instances every 250 ms
-at 1,000 decisions a second) and lets 1 ms pass. So a timed decision pays for whatever the
-conductor recomputes after such changes, as it would in production.
+in that time (untimed): it records the last decision, sees an earlier request's prefill end and
+its decode start, sees an earlier one finish (its timings correct that instance's pricing),
+receives four telemetry messages (1,024 instances every 250 ms at 1,000 decisions a second) and
+lets 1 ms pass. So a timed decision pays for whatever the conductor recomputes after such
+changes, as it would in production. Of the `num_inflight` requests it keeps in flight (8 by
+default), half are prefilling and half decoding: predictive admission projects every one.
 """
 
 from __future__ import annotations
@@ -88,7 +90,9 @@ class ConductorLoad:
     requests: list[ScheduleRequest]
     rng: random.Random
     loads: list[InstanceLoad] = field(default_factory=list)
+    num_inflight: int = 8
     placed: deque[tuple[ScheduleRequest, Decision]] = field(default_factory=deque)
+    decoding: deque[str] = field(default_factory=deque)
     next_load: int = 0
     num_recorded: int = 0
 
@@ -112,8 +116,10 @@ class ConductorLoad:
             scheduler.record(placed, outcome, MODEL)
             recorded_ns = time.perf_counter_ns() - start
             self.placed.append((placed, outcome))
-        if len(self.placed) > 8:
-            self._finish(*self.placed.popleft())
+        if len(self.placed) > self.num_inflight // 2:
+            self._prefilled(*self.placed.popleft())
+        if len(self.decoding) > self.num_inflight - self.num_inflight // 2:
+            self._finish(self.decoding.popleft())
         for _ in range(TELEMETRY_PER_DECISION):
             load = self.loads[self.next_load % len(self.loads)]
             self.next_load += 1
@@ -121,7 +127,7 @@ class ConductorLoad:
         self.clock.now += DECISION_INTERVAL_S
         return recorded_ns
 
-    def _finish(self, request: ScheduleRequest, decision: Decision) -> None:
+    def _prefilled(self, request: ScheduleRequest, decision: Decision) -> None:
         scheduler, rng = self.scheduler, self.rng
         prefill = decision.prefill
         compute_s = prefill.prefill_s * rng.uniform(0.7, 1.3)
@@ -140,7 +146,10 @@ class ConductorLoad:
         scheduler.on_decoded(
             request.request_id, decision.decode.predicted_tbt_s * rng.uniform(0.8, 1.4)
         )
-        scheduler.on_finished(request.request_id, is_ok=True)
+        self.decoding.append(request.request_id)
+
+    def _finish(self, request_id: str) -> None:
+        self.scheduler.on_finished(request_id, is_ok=True)
 
 
 def _resent(load: InstanceLoad, now: float) -> InstanceLoad:
@@ -172,18 +181,23 @@ def _register(scheduler: Scheduler, info: InstanceInfo, profile: CostProfile) ->
 
 
 def build_conductor(
-    num_instances: int, num_blocks: int, seed: int = 0, policy: str = "kv-centric"
+    num_instances: int,
+    num_blocks: int,
+    seed: int = 0,
+    policy: str = "kv-centric",
+    admission: str = "early",
+    num_inflight: int = 8,
 ) -> ConductorLoad:
     rng = random.Random(seed)
     clock = Clock()
     settings = ConductorSettings(
         block_size=BLOCK_SIZE,
         kv_bytes_per_block=BLOCK_SIZE * KV_BYTES_PER_TOKEN,
-        # Early rejection runs, with SLOs loose enough for half-million-token prompts that every
-        # request is admitted, recorded and later learned from.
+        # Admission runs (early by default), with SLOs loose enough for half-million-token
+        # prompts that every request is admitted, recorded and later learned from.
         ttft_slo_s=1e6,
         tbt_slo_s=1e3,
-        admission="early",
+        admission=admission,
         policy=policy,
     )
     scheduler = Scheduler(settings, ClusterView(clock=clock), clock)
@@ -262,7 +276,7 @@ def build_conductor(
                 max_tokens=256,
             )
         )
-    return ConductorLoad(scheduler, clock, requests, rng, loads)
+    return ConductorLoad(scheduler, clock, requests, rng, loads, num_inflight)
 
 
 def _learn(scheduler: Scheduler, num_instances: int, rng: random.Random) -> None:

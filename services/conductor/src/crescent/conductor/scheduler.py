@@ -33,6 +33,7 @@ from crescent.conductor.policy import (
     DecodeChoice,
     DecodeTimeEstimator,
     InflightRequest,
+    InflightTable,
     PrefillTimeModel,
     Rejection,
     ReplicationOrder,
@@ -101,7 +102,7 @@ class Scheduler:
             rng=random.Random(settings.seed),
             local_prefill=settings.local_prefill_rule(),
         )
-        self.inflight: dict[str, InflightRequest] = {}
+        self.inflight = InflightTable()
         self.model_of_block: dict[bytes, str] = {}
         self.num_hit_tokens = 0
         self.num_prompt_tokens = 0
@@ -174,7 +175,7 @@ class Scheduler:
             decode=decodes,
             index=self.index,
             bandwidth=self.bandwidth,
-            inflight=list(self.inflight.values()),
+            inflight=self.inflight,
         )
 
     def record(self, request: ScheduleRequest, decision: Decision, model: str = "") -> None:
@@ -194,7 +195,7 @@ class Scheduler:
 
     def forget(self, request: ScheduleRequest, decision: Decision) -> None:
         self.view.unassign(request.request_id)
-        self.inflight.pop(request.request_id, None)
+        self.inflight.pop(request.request_id)
         self.feedback.forget(request.request_id)
 
     def _assign(self, request: ScheduleRequest, decision: Decision) -> None:
@@ -292,7 +293,7 @@ class Scheduler:
     def on_finished(self, request_id: str, is_ok: bool) -> None:
         self.view.unassign(request_id)
         self.feedback.forget(request_id)
-        request = self.inflight.pop(request_id, None)
+        request = self.inflight.pop(request_id)
         if request is not None and request.is_decoding and is_ok:
             now = self.clock()
             self.decode_time.observe(now - request.decode_start_s, now)

@@ -18,10 +18,11 @@ from crescent.conductor.policy.decision import (
 )
 from crescent.conductor.policy.decode_time import DecodeTimeEstimator
 from crescent.conductor.policy.imbalance import imbalance_factor
+from crescent.conductor.policy.inflight import InflightRequest, InflightTable
 from crescent.conductor.policy.local_prefill import LocalPrefill
 from crescent.conductor.policy.policies import POLICIES, Policy, make_policy
 from crescent.conductor.policy.prefill_model import PrefillTimeModel
-from crescent.conductor.policy.snapshot import ClusterSnapshot, InflightRequest, InstanceSnapshot
+from crescent.conductor.policy.snapshot import ClusterSnapshot, InstanceSnapshot
 
 __all__ = [
     "POLICIES",
@@ -36,6 +37,7 @@ __all__ = [
     "DecodeTimeEstimator",
     "HotBlock",
     "InflightRequest",
+    "InflightTable",
     "InstanceSnapshot",
     "LocalPrefill",
     "Policy",

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from crescent.conductor.policy.decision import DecodeChoice, PrefillChoice, Rejection, RejectReason
 from crescent.conductor.policy.decode_load import DecodeLoads, current_loads, projected_loads
 from crescent.conductor.policy.decode_time import DecodeTimeEstimator
+from crescent.conductor.policy.inflight import InflightTable
 from crescent.conductor.policy.snapshot import ClusterSnapshot, InstanceSnapshot
 
 DEFAULT_RETRY_AFTER_S = 1.0
@@ -139,15 +140,10 @@ class PredictiveRejection(EarlyRejection):
         self, decode: DecodeChoice, snapshot: ClusterSnapshot, now: float
     ) -> float:
         """Until the chosen instance's next request is expected to finish."""
-        t_d = self.decode_time.estimate(now)
-        ends = [
-            r.decode_start_s + t_d
-            for r in snapshot.inflight
-            if r.is_decoding
-            and r.decode_instance_id == decode.instance_id
-            and r.decode_start_s + t_d > now
-        ]
-        return max(self.retry_after_s, min(ends) - now) if ends else self.retry_after_s
+        end_s = InflightTable.of(snapshot.inflight).next_decode_end_s(
+            decode.instance_id, self.decode_time.estimate(now), now
+        )
+        return self.retry_after_s if end_s is None else max(self.retry_after_s, end_s - now)
 
 
 ADMISSIONS = ("none", "early", "predictive")

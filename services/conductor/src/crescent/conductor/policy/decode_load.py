@@ -19,7 +19,8 @@ import numpy as np
 
 from crescent.conductor.policy.columns import InstanceColumns
 from crescent.conductor.policy.decision import DecodeChoice, DecodeStepFn, ScheduleRequest
-from crescent.conductor.policy.snapshot import InflightRequest, InstanceSnapshot
+from crescent.conductor.policy.inflight import InflightRequest, InflightTable
+from crescent.conductor.policy.snapshot import InstanceSnapshot
 
 
 class DecodeLoad(NamedTuple):
@@ -102,25 +103,15 @@ def current_loads(instances: Sequence[InstanceSnapshot]) -> DecodeLoads:
 
 def projected_loads(
     instances: Sequence[InstanceSnapshot],
-    inflight: Sequence[InflightRequest],
+    inflight: InflightTable | Sequence[InflightRequest],
     at_s: float,
     decode_time_s: float,
 ) -> DecodeLoads:
     """Each instance's load at time `at_s`, from its current load and the requests in flight."""
     columns = InstanceColumns.of(instances)
-    position = {instance_id: i for i, instance_id in enumerate(columns.ids)} if inflight else {}
-    running_change = np.zeros(len(columns), dtype=np.int64)
-    context_change = np.zeros(len(columns), dtype=np.int64)
-    for request in inflight:
-        ends_by_then = request.decode_start_s + decode_time_s <= at_s
-        if request.is_decoding:
-            sign = -1 if ends_by_then else 0
-        else:
-            sign = 1 if request.decode_start_s <= at_s and not ends_by_then else 0
-        row = position.get(request.decode_instance_id)
-        if sign and row is not None:
-            running_change[row] += sign
-            context_change[row] += sign * request.num_context_tokens
+    running_change, context_change = InflightTable.of(inflight).load_changes(
+        columns.ids, at_s, decode_time_s
+    )
     # Telemetry and the conductor's own records can disagree briefly: never below empty.
     return DecodeLoads(
         columns,

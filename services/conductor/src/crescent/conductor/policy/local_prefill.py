@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from crescent.conductor.policy.decision import CostPredictors, DecodeChoice, ScheduleRequest
-from crescent.conductor.policy.snapshot import InflightRequest
+from crescent.conductor.policy.inflight import InflightRequest, InflightTable
 
 LocalPrefillMode = Literal["off", "tokens", "auto"]  # as crescent.common.local_prefill parses them
 
@@ -60,14 +60,6 @@ class LocalPrefill:
         return cls()
 
 
-def queued_local_prefill_s(inflight: Sequence[InflightRequest], decode_instance_id: str) -> float:
-    """What the prompts `decode_instance_id` was sent to compute itself, and has not yet
-    answered with a first token, add to its next step."""
-    return sum(
-        r.local_prefill_added_s for r in inflight if r.decode_instance_id == decode_instance_id
-    )
-
-
 def prefill_on_decode(
     request: ScheduleRequest,
     rule: LocalPrefill,
@@ -75,7 +67,7 @@ def prefill_on_decode(
     decode_costs: CostPredictors,
     remote_ttft_s: float,
     decode: DecodeChoice,
-    inflight: Sequence[InflightRequest],
+    inflight: InflightTable | Sequence[InflightRequest],
 ) -> float | None:
     """When the decode instance should compute the prompt itself (the rule is on, the request
     allows it, and the part of the prompt not cached on the decode instance's node is short by
@@ -101,7 +93,8 @@ def prefill_on_decode(
             and local_s <= rule.max_step_s
             and (
                 remote_ttft_s > rule.overrun_after_s
-                or queued_local_prefill_s(inflight, decode.instance_id) + local_s <= rule.max_step_s
+                or InflightTable.of(inflight).local_prefill_s(decode.instance_id) + local_s
+                <= rule.max_step_s
             )
         )
     return added_s if is_short else None

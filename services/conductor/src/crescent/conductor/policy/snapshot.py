@@ -15,6 +15,7 @@ import msgspec
 from crescent.common.block_index import BlockIndex
 from crescent.conductor.policy.bandwidth import BandwidthTable
 from crescent.conductor.policy.decision import CostPredictors
+from crescent.conductor.policy.inflight import InflightRequest, InflightTable
 
 
 class InstanceSnapshot(msgspec.Struct, frozen=True):
@@ -59,29 +60,12 @@ class InstanceSnapshot(msgspec.Struct, frozen=True):
 
 
 @dataclass(frozen=True)
-class InflightRequest:
-    """A request this conductor placed and has not yet seen finish, for predictive admission.
-
-    `decode_start_s` is when its decode began if `is_decoding`, else the predicted end of its
-    prefill (when it will join its decode instance's batch). `local_prefill_added_s` is what a
-    prompt its decode instance computes itself is predicted to add to that instance's step,
-    until the first token comes back.
-    """
-
-    decode_instance_id: str
-    num_context_tokens: int
-    decode_start_s: float
-    is_decoding: bool
-    local_prefill_added_s: float = 0.0
-
-
-@dataclass(frozen=True)
 class ClusterSnapshot:
-    """Everything one scheduling decision reads. The index and bandwidth table are the
-    conductor's live objects, passed by reference; a policy never mutates them."""
+    """Everything one scheduling decision reads. The index, bandwidth table and requests in
+    flight are the conductor's live objects, passed by reference; a policy never mutates them."""
 
     prefill: Sequence[InstanceSnapshot]
     decode: Sequence[InstanceSnapshot]
     index: BlockIndex = field(default_factory=BlockIndex)
     bandwidth: BandwidthTable = field(default_factory=BandwidthTable)
-    inflight: Sequence[InflightRequest] = ()
+    inflight: InflightTable | Sequence[InflightRequest] = ()
