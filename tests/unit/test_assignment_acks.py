@@ -2,10 +2,14 @@
 assignment leaves it when telemetry says it was received (InstanceLoad.received), not when
 any telemetry arrives, so a report built while a job was on its way does not erase that job."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from crescent.common.codec import encode
 from crescent.common.etcd import MirrorEvent
 from crescent.common.messages import InstanceInfo, InstanceLoad
 from crescent.common.received import ReceivedAssignments
+from crescent.conductor.assignments import Assigned, Unacknowledged
 from crescent.conductor.cluster_view import ClusterView
 
 
@@ -183,3 +187,54 @@ def test_a_release_never_acknowledged_lapses():
     view.apply_load(report("decode", "d0", {}, kv_used_tokens=900, kv_capacity_tokens=1000))
     [snapshot] = view.snapshot("decode", "m", view.clock())
     assert snapshot.kv_used_tokens == 900
+
+
+assigned = st.builds(
+    Assigned,
+    number=st.integers(1, 12),
+    num_tokens=st.integers(0, 5000),
+    queue_s=st.floats(0, 30, allow_nan=False),
+    at=st.sampled_from([0.0, 5.0, 20.0]),
+    num_context_tokens=st.integers(0, 5000),
+)
+changes = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.sampled_from("abcdef"), assigned),
+        st.tuples(st.just("remove"), st.sampled_from("abcdef"), st.none()),
+        st.tuples(st.just("release"), st.none(), assigned),
+        st.tuples(st.just("acknowledge"), st.integers(0, 12), st.sampled_from([10.0, 40.0])),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(changes)
+def test_the_counts_kept_by_each_change_are_the_sums_of_what_is_left(steps):
+    """Assignments less releases, kept by adding and taking away, equal the sums anew; the queue
+    to the nanosecond each assignment is rounded to."""
+    unacknowledged = Unacknowledged()
+    for kind, key, value in steps:
+        if kind == "add":
+            unacknowledged.add(key, value)
+        elif kind == "remove":
+            unacknowledged.remove(key)
+        elif kind == "release":
+            unacknowledged.release(value)
+        else:
+            unacknowledged.acknowledge(key, value)
+    assigned, released = (
+        unacknowledged.by_request.values(),
+        unacknowledged.released.values(),
+    )
+    assert unacknowledged.num_requests == len(assigned) - len(released)
+    assert unacknowledged.num_tokens == sum(a.num_tokens for a in assigned) - sum(
+        r.num_tokens for r in released
+    )
+    assert unacknowledged.num_context_tokens == sum(a.num_context_tokens for a in assigned) - sum(
+        r.num_context_tokens for r in released
+    )
+    expected_s = sum(a.queue_s for a in assigned) - sum(r.queue_s for r in released)
+    assert abs(unacknowledged.queue_s - expected_s) <= 1e-9 * (len(assigned) + len(released))
+    if not assigned and not released:
+        assert unacknowledged.queue_s == 0.0

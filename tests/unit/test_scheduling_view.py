@@ -395,12 +395,12 @@ def test_a_model_is_listed_once_it_has_a_prefill_and_a_decode_instance():
 
 
 def test_what_every_request_asks_of_all_instances_follows_the_registry_and_telemetry():
-    """models(), engine_of() and max_kv_capacity() are kept between requests: each change to
-    what they read shows in the next answer."""
+    """models(), engine_of(), max_kv_capacity() and total_kv_capacity() are kept between
+    requests: each change to what they read shows in the next answer."""
     clock = Clock()
     view = ClusterView(clock=clock)
     assert view.models() == {} and view.engine_of("m") == ""
-    assert view.max_kv_capacity("decode", "m") == 0
+    assert view.max_kv_capacity("decode", "m") == view.total_kv_capacity("decode", "m") == 0
     register(view, "prefill", "p0", max_model_len=4096, engine="vllm")
     register(view, "decode", "d0", kv_capacity_tokens=1000)
     assert view.models() == {"m": 4096} and view.engine_of("m") == "vllm"
@@ -409,16 +409,18 @@ def test_what_every_request_asks_of_all_instances_follows_the_registry_and_telem
     register(view, "decode", "d1", kv_capacity_tokens=3000)
     assert view.models() == {"m": 2048}
     assert view.max_kv_capacity("decode", "m") == 3000
+    assert view.total_kv_capacity("decode", "m") == 4000
     view.apply_load(load("decode", "d1", kv_capacity_tokens=500))  # telemetry's word counts
     assert view.max_kv_capacity("decode", "m") == 1000
     view.apply_load(load("decode", "d0", kv_capacity_tokens=800))
     assert view.max_kv_capacity("decode", "m") == 800
+    assert view.total_kv_capacity("decode", "m") == 1300
     register(view, "prefill", "p1", max_model_len=8192, engine="vllm")  # registers anew
     assert view.models() == {"m": 4096}
     unregister(view, "prefill", "p0")  # leaves (never heard: removed at once)
     clock.now += 10  # d0 is no longer heard either
     unregister(view, "decode", "d0")
     assert view.models() == {"m": 8192}
-    assert view.max_kv_capacity("decode", "m") == 500
+    assert view.max_kv_capacity("decode", "m") == view.total_kv_capacity("decode", "m") == 500
     unregister(view, "prefill", "p1")
     assert view.models() == {} and view.engine_of("m") == ""

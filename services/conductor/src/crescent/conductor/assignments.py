@@ -31,49 +31,56 @@ class Unacknowledged:
     by_request: dict[str, Assigned] = field(default_factory=dict)
     # Work taken back that the last report still counted, by the cancel's number (amounts > 0).
     released: dict[int, Assigned] = field(default_factory=dict)
-    # Assignments less releases: what this conductor adds to the reported load.
+    # Assignments less releases: what this conductor adds to the reported load. Kept by adding
+    # and taking away, per change rather than summed anew: the queue in whole nanoseconds, so
+    # that no rounding error builds up and nothing left means exactly zero.
     num_requests: int = 0
     num_tokens: int = 0
-    queue_s: float = 0.0
+    queue_ns: int = 0
     num_context_tokens: int = 0
 
+    @property
+    def queue_s(self) -> float:
+        return self.queue_ns / 1e9
+
     def add(self, request_id: str, assigned: Assigned) -> None:
+        old = self.by_request.get(request_id)
+        if old is not None:
+            self._count(old, -1)
         self.by_request[request_id] = assigned
-        self._recount()
+        self._count(assigned, 1)
 
     def remove(self, request_id: str) -> bool:
         """Whether the request had an assignment here."""
-        if self.by_request.pop(request_id, None) is None:
+        assigned = self.by_request.pop(request_id, None)
+        if assigned is None:
             return False
-        self._recount()
+        self._count(assigned, -1)
         return True
 
     def release(self, released: Assigned) -> None:
         """Work the instance counted is taken back by a cancel numbered `released.number`."""
+        old = self.released.get(released.number)
+        if old is not None:
+            self._count(old, 1)
         self.released[released.number] = released
-        self._recount()
+        self._count(released, -1)
 
     def acknowledge(self, number: int, now: float) -> list[str]:
         """A report counts everything numbered up to `number`: those leave; their request ids.
         Releases it acknowledges, or too old to wait for, leave too."""
         counted = [r for r, assigned in self.by_request.items() if assigned.number <= number]
         for request_id in counted:
-            del self.by_request[request_id]
+            self._count(self.by_request.pop(request_id), -1)
         let_go = [
             n for n, r in self.released.items() if n <= number or now - r.at > RELEASE_MEMORY_S
         ]
         for released_number in let_go:
-            del self.released[released_number]
-        if counted or let_go:
-            self._recount()
+            self._count(self.released.pop(released_number), 1)
         return counted
 
-    def _recount(self) -> None:
-        """Summed anew, not kept by adding and subtracting, so no rounding error builds up."""
-        assigned, released = self.by_request.values(), self.released.values()
-        self.num_requests = len(self.by_request) - len(self.released)
-        self.num_tokens = sum(a.num_tokens for a in assigned) - sum(r.num_tokens for r in released)
-        self.queue_s = sum(a.queue_s for a in assigned) - sum(r.queue_s for r in released)
-        self.num_context_tokens = sum(a.num_context_tokens for a in assigned) - sum(
-            r.num_context_tokens for r in released
-        )
+    def _count(self, assigned: Assigned, sign: int) -> None:
+        self.num_requests += sign
+        self.num_tokens += sign * assigned.num_tokens
+        self.queue_ns += sign * round(assigned.queue_s * 1e9)
+        self.num_context_tokens += sign * assigned.num_context_tokens

@@ -125,7 +125,8 @@ class ClusterView:
     # request cost more than the scheduling decision (bench/README.md, control-plane).
     _served: dict[str, int] | None = None  # models()
     _engines: dict[str, str] = field(default_factory=dict)  # engine_of()
-    _kv_capacity: dict[tuple[str, str], int] = field(default_factory=dict)  # max_kv_capacity()
+    # (largest, total) of max_kv_capacity() and total_kv_capacity()
+    _kv_capacity: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
     def apply_registry(self, event: MirrorEvent) -> tuple[str, str] | None:
         """A change under instances/<role>/<id> in etcd; the (role, id) of an instance it
@@ -512,17 +513,26 @@ class ClusterView:
     def max_kv_capacity(self, role: str, model: str) -> int:
         """The most KV, in tokens, one registered instance of `role` serving `model` holds (as
         its telemetry last said, else its registration); 0 when none is registered."""
+        return self._kv_capacities(role, model)[0]
+
+    def total_kv_capacity(self, role: str, model: str) -> int:
+        """The KV, in tokens, the registered instances of `role` serving `model` hold together
+        (each as max_kv_capacity reads it)."""
+        return self._kv_capacities(role, model)[1]
+
+    def _kv_capacities(self, role: str, model: str) -> tuple[int, int]:
+        """Kept until the registry or an instance's reported capacity changes: every request
+        asks, and the answer visits every instance."""
         key = (role, model)
-        if key not in self._kv_capacity:
-            self._kv_capacity[key] = max(
-                (
-                    s.kv_capacity_tokens
-                    for (r, _), s in self.instances.items()
-                    if r == role and s.info.model == model
-                ),
-                default=0,
-            )
-        return self._kv_capacity[key]
+        capacities = self._kv_capacity.get(key)
+        if capacities is None:
+            each = [
+                s.kv_capacity_tokens
+                for (r, _), s in self.instances.items()
+                if r == role and s.info.model == model
+            ]
+            capacities = self._kv_capacity[key] = (max(each, default=0), sum(each))
+        return capacities
 
     def listed_models(self) -> dict[str, int]:
         """Models a client may be offered (/v1/models): those with a registered prefill and a

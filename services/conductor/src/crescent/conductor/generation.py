@@ -157,10 +157,8 @@ class Generation:
                 param="prompt" if gen.api == "completions" else "messages",
                 code="exceeds_message_size",
             )
-        total = sum(
-            s.kv_capacity_tokens for s in self.view.snapshot("decode", gen.model, time.monotonic())
-        )
-        if gen.n > 1 and total and gen.n * need > total:
+        total = self.scheduler.total_decode_capacity(gen.model) if gen.n > 1 else 0
+        if total and gen.n * need > total:
             raise bad_request(
                 f"n={gen.n} choices need {gen.n} x {need} tokens of KV cache; the cluster's decode "
                 f"instances hold {total} together",

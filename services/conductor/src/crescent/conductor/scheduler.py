@@ -121,6 +121,9 @@ class Scheduler:
     def max_decode_capacity(self, model: str) -> int:
         return self.view.max_kv_capacity("decode", model)
 
+    def total_decode_capacity(self, model: str) -> int:
+        return self.view.total_kv_capacity("decode", model)
+
     def apply_registry_event(self, event: MirrorEvent) -> None:
         """A change under instances/<role>/<id>: an instance gone takes its corrections along."""
         gone = self.view.apply_registry(event)
