@@ -21,7 +21,7 @@ def test_instances_that_did_not_answer_make_the_rejection_unavailable_and_are_na
         "decode-1 did not answer: no reply within 5s; "
         "no other live decode instance has room for 40 tokens"
     )
-    error = rejection_error(rejection, "r1", num_live_decodes=2)
+    error = rejection_error(rejection, "r1", has_live_decode=True)
     assert error.status == 503 and error.code == "no_capacity"
 
 
@@ -33,7 +33,7 @@ def test_an_instance_that_refused_for_room_keeps_it_a_429_not_worded_as_an_slo()
     )
     assert not rejection.is_unavailable
     assert "decode-1 refused it: no KV room" in rejection.detail
-    error = rejection_error(rejection, "r1", num_live_decodes=2)
+    error = rejection_error(rejection, "r1", has_live_decode=True)
     assert error.status == 429 and error.code == "no-decode"
     assert str(error).startswith("no decode instance can take this request now: ")
     assert "SLO" not in str(error)
@@ -50,6 +50,6 @@ def test_a_rejection_for_the_slos_says_so_and_one_with_nothing_asked_is_unchange
     slo = Rejection(RejectReason.TBT_SLO, "decode-0 predicts 0.2 s between tokens", 1.0)
     assert with_refusals(slo, {"decode-0": "x"}) is slo
     assert with_refusals(NO_ROOM, {}) is NO_ROOM
-    error = rejection_error(slo, "r1", num_live_decodes=1)
+    error = rejection_error(slo, "r1", has_live_decode=True)
     assert error.status == 429 and "within its SLOs" in str(error)
-    assert rejection_error(NO_ROOM, "r1", num_live_decodes=0).status == 503
+    assert rejection_error(NO_ROOM, "r1", has_live_decode=False).status == 503

@@ -424,3 +424,29 @@ def test_what_every_request_asks_of_all_instances_follows_the_registry_and_telem
     assert view.max_kv_capacity("decode", "m") == view.total_kv_capacity("decode", "m") == 500
     unregister(view, "prefill", "p1")
     assert view.models() == {} and view.engine_of("m") == ""
+
+
+def test_whether_any_instance_of_a_role_is_live_reads_as_a_count_of_them_does():
+    """has_live (asked for each rejected request) answers as count > 0, role by role, while
+    instances are heard, fall silent and come back."""
+    clock = Clock()
+    view = ClusterView(clock=clock)
+
+    def agree() -> bool:
+        return all(
+            view.has_live(role, clock.now) == (view.count(role, clock.now) > 0)
+            for role in ("prefill", "decode")
+        )
+
+    assert agree() and not view.has_live("decode", clock.now)
+    register(view, "prefill", "p0")
+    register(view, "decode", "d0")
+    register(view, "decode", "d1")
+    assert agree() and view.has_live("decode", clock.now)
+    for _ in range(40):  # the prefill is heard, the decodes fall silent
+        clock.now += 0.2
+        view.apply_load(load("prefill", "p0"))
+        assert agree()
+    assert not view.has_live("decode", clock.now) and view.has_live("prefill", clock.now)
+    view.apply_load(load("decode", "d1"))
+    assert agree() and view.has_live("decode", clock.now)

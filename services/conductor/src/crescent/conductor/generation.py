@@ -252,7 +252,7 @@ class Generation:
             if self.ratio is not None:
                 self.ratio.record_rejection(gen.model, exc.rejection.reason)
             raise rejection_error(
-                exc.rejection, request_id, self.view.count("decode", time.monotonic())
+                exc.rejection, request_id, self.view.has_live("decode", time.monotonic())
             ) from exc
         except RequestRefusedError as exc:
             raise ApiError(
@@ -276,7 +276,7 @@ class Generation:
             metrics.E2E.observe(time.monotonic() - arrived)
 
 
-def rejection_error(rejection: Rejection, request_id: str, num_live_decodes: int) -> ApiError:
+def rejection_error(rejection: Rejection, request_id: str, has_live_decode: bool) -> ApiError:
     """429 when the cluster is too loaded (retry later): no decode room, or the SLOs; 503
     when it has no instance at all for this model, or those that could take the request
     failed it."""
@@ -287,7 +287,7 @@ def rejection_error(rejection: Rejection, request_id: str, num_live_decodes: int
     }
     has_no_instance = rejection.reason is RejectReason.NO_PREFILL or (
         rejection.reason is RejectReason.NO_DECODE
-        and (rejection.is_unavailable or not num_live_decodes)
+        and (rejection.is_unavailable or not has_live_decode)
     )
     if has_no_instance:
         return ApiError(
