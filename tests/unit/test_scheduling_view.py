@@ -427,21 +427,26 @@ def test_what_every_request_asks_of_all_instances_follows_the_registry_and_telem
 
 
 def test_whether_any_instance_of_a_role_is_live_reads_as_a_count_of_them_does():
-    """has_live (asked for each rejected request) answers as count > 0, role by role, while
-    instances are heard, fall silent and come back."""
+    """has_live (asked for each rejected request) answers as a count > 0 does, role by role and
+    model by model, while instances are heard, fall silent and come back."""
     clock = Clock()
     view = ClusterView(clock=clock)
 
     def agree() -> bool:
+        now = clock.now
         return all(
-            view.has_live(role, clock.now) == (view.count(role, clock.now) > 0)
+            view.has_live(role, now) == (view.count(role, now) > 0)
+            and view.has_live(role, now, model) == (view.count_live(role, model, now) > 0)
             for role in ("prefill", "decode")
+            for model in ("m", "other")
         )
 
     assert agree() and not view.has_live("decode", clock.now)
+    assert not view.has_registered("decode", "m")
     register(view, "prefill", "p0")
     register(view, "decode", "d0")
     register(view, "decode", "d1")
+    assert view.has_registered("decode", "m") and not view.has_registered("decode", "other")
     assert agree() and view.has_live("decode", clock.now)
     for _ in range(40):  # the prefill is heard, the decodes fall silent
         clock.now += 0.2

@@ -551,11 +551,14 @@ class ClusterView:
     def count(self, role: str, now: float) -> int:
         return sum(1 for (r, _), s in self.instances.items() if r == role and self.is_live(s, now))
 
-    def has_live(self, role: str, now: float) -> bool:
-        """Whether any instance of `role` is live: what a rejected request's status asks, ended
-        at the first one found, since a count visits every instance (217 µs at 512 + 512, once
-        per rejected request under overload)."""
-        return any(r == role and self.is_live(s, now) for (r, _), s in self.instances.items())
+    def has_live(self, role: str, now: float, model: str | None = None) -> bool:
+        """Whether any instance of `role` (serving `model`, if given) is live. A rejected request
+        asks, and a count would visit every instance (217 µs at 512 + 512, for each rejected
+        request under overload); this ends at the first one found."""
+        return any(
+            r == role and (model is None or s.info.model == model) and self.is_live(s, now)
+            for (r, _), s in self.instances.items()
+        )
 
     def count_live(self, role: str, model: str, now: float) -> int:
         return sum(
@@ -582,8 +585,8 @@ class ClusterView:
         state = self.instances.get((role, instance_id))
         return state.info.started_at if state is not None else None
 
-    def count_registered(self, role: str, model: str) -> int:
-        return sum(1 for (r, _), s in self.instances.items() if r == role and s.info.model == model)
+    def has_registered(self, role: str, model: str) -> bool:
+        return any(r == role and s.info.model == model for (r, _), s in self.instances.items())
 
     def engine_of(self, model: str) -> str:
         """The engine ("vllm", "emulated") the model's prefill instances run; "" if unknown."""

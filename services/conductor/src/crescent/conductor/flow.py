@@ -276,10 +276,10 @@ class RequestFlow:
         """No live instance of a role the model has registered instances of: one is slow or
         restarting, so wait for it. A decode side that is live but full is a 429 at once."""
         if rejection.reason is RejectReason.NO_PREFILL:
-            return self._view.count_registered("prefill", model) > 0
+            return self._view.has_registered("prefill", model)
         if rejection.reason is RejectReason.NO_DECODE:
-            return self._view.count_registered("decode", model) > 0 and not self._view.count_live(
-                "decode", model, self._clock()
+            return self._view.has_registered("decode", model) and not self._view.has_live(
+                "decode", self._clock(), model
             )
         return False
 
@@ -479,7 +479,7 @@ class RequestFlow:
             if started_at is not None and self._view.started_at(role, instance_id) == started_at:
                 self._rejoined(request_id, role, instance_id)
                 return True
-            if self._view.count_live(role, model, self._clock()) or self._clock() >= deadline:
+            if self._view.has_live(role, self._clock(), model) or self._clock() >= deadline:
                 return False
             await asyncio.sleep(PLACEMENT_RETRY_S)
 
