@@ -1,6 +1,8 @@
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from crescent.decode.admission import KvLedger
 from crescent.engine.cost_model import CostModel, ModelDims
@@ -76,3 +78,38 @@ def test_ledger_refuses_a_start_larger_than_its_reservation():
     ledger.reserve("a", 60, expires_at=10)
     assert not ledger.activate("a", 500, now=1)
     assert ledger.activate("a", 60, now=1)
+
+
+ledger_steps = st.lists(
+    st.tuples(
+        st.sampled_from(["reserve", "activate", "release", "expire"]),
+        st.sampled_from("abcde"),
+        st.integers(1, 400),
+        st.integers(0, 300),
+        st.sampled_from([1.0, 5.0, 9.0]),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ledger_steps)
+def test_the_ledger_keeps_the_sums_of_what_it_holds(steps):
+    """The KV held and the reserved prompts, kept by each change, are the sums of the
+    reservations and running requests left, whatever order they come in."""
+    ledger = KvLedger(capacity_tokens=1000)
+    for kind, request_id, num_tokens, num_prompt_tokens, now in steps:
+        if kind == "reserve":
+            ledger.reserve(request_id, num_tokens, now + 3.0, num_prompt_tokens)
+        elif kind == "activate":
+            ledger.activate(request_id, num_tokens, now)
+        elif kind == "release":
+            ledger.release(request_id)
+        else:
+            ledger.expire(now)
+        assert ledger.used_tokens == sum(r.num_tokens for r in ledger.reserved.values()) + sum(
+            ledger.active.values()
+        )
+        assert ledger.num_reserved_prompt_tokens == sum(
+            r.num_prompt_tokens for r in ledger.reserved.values()
+        )

@@ -23,24 +23,20 @@ class KvLedger:
     capacity_tokens: int
     reserved: dict[str, _Reserved] = field(default_factory=dict)
     active: dict[str, int] = field(default_factory=dict)  # id → tokens
-
-    @property
-    def used_tokens(self) -> int:
-        return sum(r.num_tokens for r in self.reserved.values()) + sum(self.active.values())
+    # Kept as entries come and go: every reservation reads both, and a sum would visit the
+    # whole running batch each time.
+    used_tokens: int = field(default=0, init=False)  # held by reservations and running requests
+    num_reserved_prompt_tokens: int = field(default=0, init=False)
 
     @property
     def is_full(self) -> bool:
         """No room left for even a one-token request."""
         return self.used_tokens >= self.capacity_tokens
 
-    @property
-    def num_reserved_prompt_tokens(self) -> int:
-        return sum(r.num_prompt_tokens for r in self.reserved.values())
-
     def expire(self, now: float) -> list[str]:
         expired = [rid for rid, held in self.reserved.items() if held.expires_at <= now]
         for rid in expired:
-            del self.reserved[rid]
+            self._unreserve(rid)
         return expired
 
     def can_reserve(self, num_tokens: int, now: float) -> bool:
@@ -50,7 +46,10 @@ class KvLedger:
     def reserve(
         self, request_id: str, num_tokens: int, expires_at: float, num_prompt_tokens: int = 0
     ) -> None:
+        self._unreserve(request_id)
         self.reserved[request_id] = _Reserved(num_tokens, expires_at, num_prompt_tokens)
+        self.used_tokens += num_tokens
+        self.num_reserved_prompt_tokens += num_prompt_tokens
 
     def activate(self, request_id: str, num_tokens: int, now: float) -> bool:
         """Turn a reservation into a running request; without one (it expired), admit only if
@@ -58,15 +57,22 @@ class KvLedger:
         held = self.reserved.get(request_id)
         if held is not None and held[0] < num_tokens:
             return False
-        self.reserved.pop(request_id, None)
+        self._unreserve(request_id)
         if held is None and not self.can_reserve(num_tokens, now):
             return False
+        self.used_tokens += num_tokens - self.active.get(request_id, 0)
         self.active[request_id] = num_tokens
         return True
 
     def release(self, request_id: str) -> None:
-        self.reserved.pop(request_id, None)
-        self.active.pop(request_id, None)
+        self._unreserve(request_id)
+        self.used_tokens -= self.active.pop(request_id, 0)
+
+    def _unreserve(self, request_id: str) -> None:
+        held = self.reserved.pop(request_id, None)
+        if held is not None:
+            self.used_tokens -= held.num_tokens
+            self.num_reserved_prompt_tokens -= held.num_prompt_tokens
 
 
 @dataclass(frozen=True)
