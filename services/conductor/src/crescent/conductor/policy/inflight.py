@@ -45,8 +45,9 @@ class InflightRequest:
 class InflightTable(Mapping[str, InflightRequest]):
     """Request id → InflightRequest, with each field also in an array by slot. A free slot reads
     as a request that never joins nor leaves (start +inf, not decoding, nothing local), so the
-    passes need no mask. Instances are numbered (`_codes`) as first seen and keep their number:
-    there are as many as instances ever placed on, not requests."""
+    passes need no mask. Instances are numbered (`_codes`) as first seen; once the numbers far
+    outnumber the requests (a restarted service takes a new id, so gone ones pile up), only the
+    instances holding a request are numbered anew."""
 
     def __init__(self, requests: Iterable[tuple[str, InflightRequest]] = ()) -> None:
         self._requests: dict[str, InflightRequest] = {}
@@ -84,7 +85,11 @@ class InflightTable(Mapping[str, InflightRequest]):
             slot = self._free.pop() if self._free else self._new_slot()
             self._slot_of[request_id] = slot
         self._requests[request_id] = request
-        code = self._codes.setdefault(request.decode_instance_id, len(self._codes))
+        code = self._codes.get(request.decode_instance_id)
+        if code is None:
+            if len(self._codes) >= 2 * len(self._requests) + _INITIAL_SLOTS:
+                self._renumber()
+            code = self._codes.setdefault(request.decode_instance_id, len(self._codes))
         self._start[slot] = request.decode_start_s
         self._is_decoding[slot] = request.is_decoding
         self._context[slot] = request.num_context_tokens
@@ -104,6 +109,14 @@ class InflightTable(Mapping[str, InflightRequest]):
         self._code[slot] = 0
         self._free.append(slot)
         return request
+
+    def _renumber(self) -> None:
+        """Number anew the instances that hold a request, and only those: at most one renumbering
+        per as many new instances as requests, so each costs O(1) amortised."""
+        self._codes = {}
+        for request_id, request in self._requests.items():
+            code = self._codes.setdefault(request.decode_instance_id, len(self._codes))
+            self._code[self._slot_of[request_id]] = code
 
     def _new_slot(self) -> int:
         slot = self._num_slots
