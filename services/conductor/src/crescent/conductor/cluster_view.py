@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -548,35 +548,33 @@ class ClusterView:
         prefill, decode = by_role["prefill"], by_role["decode"]
         return {model: min(prefill[model], decode[model]) for model in prefill.keys() & decode}
 
+    def _live(self, role: str, now: float, model: str | None = None) -> Iterator[InstanceState]:
+        """The live instances of `role` (serving `model`, if given), in registry order."""
+        return (
+            s
+            for (r, _), s in self.instances.items()
+            if r == role and (model is None or s.info.model == model) and self.is_live(s, now)
+        )
+
     def count(self, role: str, now: float) -> int:
-        return sum(1 for (r, _), s in self.instances.items() if r == role and self.is_live(s, now))
+        return sum(1 for _ in self._live(role, now))
 
     def has_live(self, role: str, now: float, model: str | None = None) -> bool:
         """Whether any instance of `role` (serving `model`, if given) is live. A rejected request
         asks, and a count would visit every instance (~220 µs at 512 + 512, for each rejected
         request under overload); this ends at the first one found."""
-        return any(
-            r == role and (model is None or s.info.model == model) and self.is_live(s, now)
-            for (r, _), s in self.instances.items()
-        )
+        return next(self._live(role, now, model), None) is not None
 
     def count_live(self, role: str, model: str, now: float) -> int:
-        return sum(
-            1
-            for (r, _), s in self.instances.items()
-            if r == role and s.info.model == model and self.is_live(s, now)
-        )
+        return sum(1 for _ in self._live(role, now, model))
 
     def count_serving(self, role: str, model: str, now: float) -> int:
         """Live instances of `role` for `model` that are not draining: what the cluster runs
         once the instances being stopped have gone."""
         return sum(
             1
-            for (r, _), s in self.instances.items()
-            if r == role
-            and s.info.model == model
-            and self.is_live(s, now)
-            and not (s.load is not None and s.load.not_accepting_reason == "draining")
+            for s in self._live(role, now, model)
+            if not (s.load is not None and s.load.not_accepting_reason == "draining")
         )
 
     def started_at(self, role: str, instance_id: str) -> float | None:
