@@ -81,6 +81,15 @@ async def wait_for_segment(client: StoreClient, node: str):
     await wait_until(lambda: node in client.directory.nodes(), 20, f"store on {node}")
 
 
+async def wait_serving(store: ManagedProcess):
+    """The store registered and serving. Its segment is in etcd before it registers, so a test
+    that stops etcd once the segment shows would stop a store still starting (which then
+    stops without draining)."""
+    await wait_until(
+        lambda: '"msg": "serving"' in store.log_path.read_text(), 20, f"{store.spec.name} serving"
+    )
+
+
 def blocks(n: int, seed: int = 0) -> tuple[list[bytes], list[bytes]]:
     hashes = block_hashes(list(range(seed, seed + 4 * n)), 4, MODEL)
     return hashes, [os.urandom(BLOCK) for _ in range(n)]

@@ -5,7 +5,7 @@ import asyncio
 import signal
 
 from scrape import metric_total
-from store_helpers import MODEL, blocks, read_back, wait_for_segment, wait_until
+from store_helpers import MODEL, blocks, read_back, wait_for_segment, wait_serving, wait_until
 
 from crescent.common.etcd import connect_etcd
 from crescent.common.naming import Keys
@@ -41,9 +41,10 @@ async def test_a_put_is_answered_before_its_metadata_is_in_etcd(
     the store's /metrics counts them as unwritten; once etcd runs again, their keys arrive
     within the deadline and the lag is recorded."""
     http_port = free_port()
-    stores.start("n1", 16, 0, "--http-port", str(http_port))
+    store = stores.start("n1", 16, 0, "--http-port", str(http_port))
     client = await client_factory()
     await wait_for_segment(client, "n1")
+    await wait_serving(store)
     hashes, data = blocks(2, seed=700)
     infra.etcd.signal(signal.SIGSTOP)
     try:
@@ -130,6 +131,7 @@ async def test_a_stopping_store_says_which_metadata_it_could_not_write(
     store = stores.start("n1")
     client = await client_factory()
     await wait_for_segment(client, "n1")
+    await wait_serving(store)
     hashes, data = blocks(3, seed=4000)
     infra.etcd.signal(signal.SIGSTOP)
     try:
