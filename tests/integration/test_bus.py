@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from crescent.common import tracing
 from crescent.common.bus import MAX_OUTSTANDING_PINGS, PING_INTERVAL_S, Bus, within
-from crescent.common.codec import decode
+from crescent.common.codec import decode, encode
 from crescent.common.errors import (
     ConnectionLostError,
     NoRespondersError,
@@ -224,6 +224,27 @@ async def test_trace_context_crosses_the_bus(infra, monkeypatch):
     spans = {s.name: s for s in exporter.get_finished_spans()}
     assert spans["server.work"].context.trace_id == spans["client.call"].context.trace_id
     assert spans["server.work"].parent.span_id == spans["client.call"].context.span_id
+
+
+async def test_a_reply_does_not_carry_the_requests_trace_context_back(infra):
+    """The trace context goes with the request only: nobody reads it on the reply, where it
+    would cost the handler, the server and the requester a header block each."""
+    server = await Bus.connect(infra.nats_url, "server")
+    raw = await nats.connect(infra.nats_url)
+    try:
+        await server.serve("x.cancel", DecodeCancel, _ack)
+        traceparent = f"00-{'1' * 32}-{'2' * 16}-01"
+        reply = await raw.request(
+            "x.cancel",
+            encode(DecodeCancel(request_id="r")),
+            timeout=2,
+            headers={tracing.TRACEPARENT: traceparent},
+        )
+        assert decode(reply.data, Ack) == Ack(request_id="r")
+        assert not reply.headers
+    finally:
+        await raw.close()
+        await server.drain()
 
 
 async def test_unreachable_nats_fails_fast_with_a_clear_error():

@@ -19,7 +19,7 @@ from crescent.conductor.policy import (
     ScheduleRequest,
     make_policy,
 )
-from crescent.conductor.policy.correction import CostCorrection
+from crescent.conductor.policy.correction import KINDS, CostCorrection
 from crescent.conductor.pricing import Pricing
 
 DEFAULT = CostPredictors(
@@ -86,6 +86,25 @@ def test_correction_is_the_median_of_recent_samples_within_bounds():
     off = CostCorrection(is_enabled=False)
     off.observe("p0", "prefill", 0.1, 0.3)
     assert off.ratio("p0", "prefill") == 1.0
+
+
+def test_a_ratio_is_that_of_the_instances_whole_correction():
+    """`ratio` reads one kind without building the correction: the instance's own where it has
+    samples of the kind, its peers' typical one where not, the identity for an unknown
+    instance with no peers, and for all when the correction is off."""
+    correction = CostCorrection(window=3)
+    assert correction.ratio("p0", "prefill") == 1.0
+    correction.observe("p0", "prefill", published_s=0.1, measured_s=0.3)
+    correction.observe("p1", "prefill", published_s=0.1, measured_s=0.2)
+    correction.observe("p1", "decode", published_s=0.1, measured_s=0.5)
+    correction.observe_overhead("p2", 0.01)
+    for instance_id in ("p0", "p1", "p2", "unseen"):
+        whole = correction.of(instance_id)
+        for kind in KINDS:
+            assert correction.ratio(instance_id, kind) == whole.ratios[kind]
+    assert correction.ratio("p0", "decode") == pytest.approx(5.0)  # p1's, its only peer's
+    assert correction.ratio("p1", "prefill") == pytest.approx(2.0)  # its own
+    assert CostCorrection(is_enabled=False).ratio("p0", "transfer") == 1.0
 
 
 def test_corrected_predictors_carry_ratio_and_overhead():

@@ -344,7 +344,9 @@ class Bus:
                 log.exception("handler failed", extra={"subject": msg.subject})
                 reply = ErrorReply(code="internal", message=repr(exc))
             if msg.reply and reply is not None:
-                await msg.respond(self._sendable(encode(reply), msg.subject))
+                # Not msg.respond: it sends the request's headers (its trace context) back
+                # with the reply, for both sides and the server to handle, and nobody reads them.
+                await self._client.publish(msg.reply, self._sendable(encode(reply), msg.subject))
         except nats.errors.ConnectionClosedError:
             log.info("reply dropped: connection closed", extra={"subject": msg.subject})
         except nats.errors.OutboundBufferLimitError:

@@ -192,7 +192,7 @@ def _observe_terms(placed: Placed, result: PrefillResult, measured_ttft_s: float
         ("ttft_compute", placed.compute_s, result.compute_s),
         ("ttft_overhead", placed.overhead_s, overhead_s),
     ):
-        metrics.PREDICTION_ERROR.labels(kind, "corrected").observe(
+        metrics.labelled(metrics.PREDICTION_ERROR, kind, "corrected").observe(
             abs(predicted_s - measured_s) / measured_ttft_s
         )
 
@@ -200,6 +200,6 @@ def _observe_terms(placed: Placed, result: PrefillResult, measured_ttft_s: float
 def observe_error(kind: str, prediction: str, predicted_s: float, measured_s: float) -> None:
     """Record |predicted − measured| / measured (nothing for an instant measurement)."""
     if measured_s > 0:
-        metrics.PREDICTION_ERROR.labels(kind, prediction).observe(
+        metrics.labelled(metrics.PREDICTION_ERROR, kind, prediction).observe(
             abs(predicted_s - measured_s) / measured_s
         )

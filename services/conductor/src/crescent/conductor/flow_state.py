@@ -112,8 +112,11 @@ class Attempt:
 
     async def close(self) -> None:
         """Idempotent."""
-        self.starting.cancel()
-        await asyncio.gather(self.starting, return_exceptions=True)
+        if not self.starting.done():
+            self.starting.cancel()
+            await asyncio.gather(self.starting, return_exceptions=True)
+        elif not self.starting.cancelled():
+            self.starting.exception()  # retrieved: a failed start is the stream's to report
         await self.stream.close()
 
 

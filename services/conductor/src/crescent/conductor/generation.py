@@ -272,7 +272,7 @@ class Generation:
         finally:
             metrics.INFLIGHT.dec()
             self.num_inflight -= 1
-            metrics.REQUESTS.labels(gen.api, outcome).inc()
+            metrics.labelled(metrics.REQUESTS, gen.api, outcome).inc()
             metrics.E2E.observe(time.monotonic() - arrived)
 
 

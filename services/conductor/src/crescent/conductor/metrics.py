@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
 
 PREDICTION_ERROR_BUCKETS = (
     0.02,
@@ -130,3 +133,10 @@ SLO_ATTAINMENT = Gauge(
     "token gaps within the TBT SLO (tbt); rejections count as misses",
     ["model", "slo"],
 )
+
+
+@functools.cache
+def labelled(metric: MetricWrapperBase, *values: str) -> MetricWrapperBase:
+    """`metric.labels(*values)`, kept: labels() takes a lock and builds its key on every call,
+    and the request path asks for the same few series on every request."""
+    return metric.labels(*values)

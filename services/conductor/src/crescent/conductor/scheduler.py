@@ -239,7 +239,7 @@ class Scheduler:
         self.view.unassign(request.request_id, "prefill", decision.prefill.instance_id)
         self.feedback.on_prefilled(request.request_id, result, measured_s, reserve_wait_s)
         self._count_prompt(request.num_prompt_tokens, num_cached_tokens)
-        metrics.PREFIX_TOKENS.labels("planned").inc(decision.prefill.prefix_tokens)
+        metrics.labelled(metrics.PREFIX_TOKENS, "planned").inc(decision.prefill.prefix_tokens)
         for order in decision.replication:
             metrics.REPLICATION_ORDERS.labels(order.reason.value, "planned").inc()
             metrics.REPLICATED_BLOCKS.labels(order.reason.value).inc(len(order.hashes))
@@ -260,7 +260,7 @@ class Scheduler:
         self.num_prompt_tokens += num_prompt_tokens
         self.num_hit_tokens += num_cached_tokens
         metrics.PROMPT_TOKENS_PREFILLED.inc(num_prompt_tokens)
-        metrics.PREFIX_TOKENS.labels("loaded").inc(num_cached_tokens)
+        metrics.labelled(metrics.PREFIX_TOKENS, "loaded").inc(num_cached_tokens)
 
     def on_decoded(self, request_id: str, measured_tbt_s: float) -> None:
         """A request's stream ended on the decode instance it was placed on: check the TBT

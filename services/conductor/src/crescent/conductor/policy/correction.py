@@ -104,7 +104,13 @@ class CostCorrection:
         return self._typical
 
     def ratio(self, instance_id: str, kind: str) -> float:
-        return self.of(instance_id).ratios[kind]
+        """`of(instance_id).ratios[kind]`, without building the whole correction."""
+        if not self.is_enabled:
+            return 1.0
+        known = self.instances.get(instance_id)
+        if known is not None and kind in known.samples:
+            return known.ratios[kind]
+        return self._typical.ratios[kind]
 
     def observe(self, instance_id: str, kind: str, published_s: float, measured_s: float) -> None:
         """One request took `measured_s` where the instance's published model said `published_s`."""
