@@ -56,6 +56,12 @@ PREDICTORS = CostPredictors(prefill_s, decode_step_s, KV_BYTES_PER_TOKEN)
 SLOW_BASE = CostPredictors(
     lambda n, p: 1.5 * prefill_s(n, p), lambda b, c: 2 * decode_step_s(b, c), KV_BYTES_PER_TOKEN
 )
+# The same bases with their decode steps as planes, as a published profile's are.
+PLANES = ((0.004, 0.002, 0.0), (0.0, 0.0, 1e-6))
+PLANED_BASE = dataclasses.replace(PREDICTORS, decode_planes=PLANES)
+SLOW_PLANED_BASE = dataclasses.replace(
+    SLOW_BASE, decode_planes=tuple(tuple(2 * x for x in plane) for plane in PLANES)
+)
 
 
 def derived(
@@ -131,13 +137,14 @@ def reference_decode(request: ScheduleRequest, snapshot: ClusterSnapshot) -> tup
     return instance_id, tbt
 
 
-def instance_model(rng: random.Random, per_instance: bool) -> CostPredictors | None:
+def instance_model(rng: random.Random, per_instance: bool, planes: bool) -> CostPredictors | None:
     """None (the policy's model) or a corrected model of one of two bases; few distinct values,
-    so that ties between instances of different models are common too."""
-    if not per_instance or rng.random() < 0.2:
+    so that ties between instances of different models are common too. With `planes`, every
+    instance has a model, of a base with decode planes."""
+    if not per_instance or (not planes and rng.random() < 0.2):
         return None
     return derived(
-        rng.choice([PREDICTORS, SLOW_BASE]),
+        rng.choice([PLANED_BASE, SLOW_PLANED_BASE] if planes else [PREDICTORS, SLOW_BASE]),
         rng.choice([0.5, 1.0, 1.5]),
         rng.choice([0.0, 0.0, 0.05]),
         rng.choice([1.0, 2.0]),
@@ -146,7 +153,7 @@ def instance_model(rng: random.Random, per_instance: bool) -> CostPredictors | N
 
 
 @st.composite
-def clusters(draw, per_instance: bool = False):
+def clusters(draw, per_instance: bool = False, planes: bool = False):
     rng = random.Random(draw(st.integers(0, 2**32)))
     num_nodes = draw(st.integers(1, 80))
     nodes = [f"n{i:02d}" for i in range(num_nodes)]
@@ -172,7 +179,7 @@ def clusters(draw, per_instance: bool = False):
             0,
             is_stale=i > 0 and rng.random() < 0.1,
             is_accepting=i == 0 or rng.random() > 0.1,
-            costs=instance_model(rng, per_instance),
+            costs=instance_model(rng, per_instance, planes),
         )
         for i in range(rng.randint(1, 2 * num_nodes))
     ]
@@ -188,7 +195,7 @@ def clusters(draw, per_instance: bool = False):
             is_stale=i > 0 and rng.random() < 0.1,
             is_accepting=i == 0 or rng.random() > 0.1,
             context_tokens=rng.choice([None, 0, 2000, 9000, 30000]),
-            costs=instance_model(rng, per_instance),
+            costs=instance_model(rng, per_instance, planes),
         )
         for i in range(rng.randint(1, 80))
         # some without room for the request (the first always has room)
@@ -227,6 +234,14 @@ def test_decisions_with_per_instance_models_equal_the_reference(case):
         snapshot, prefill=models_moved(snapshot.prefill), decode=models_moved(snapshot.decode)
     )
     check_against_reference((holdings, moved, request), KEPT_POLICY)
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=clusters(per_instance=True, planes=True))
+def test_decisions_estimated_from_decode_planes_equal_the_reference(case):
+    """Every instance's base is decode planes, as published profiles are: the decode choice
+    estimates every instance's step in one pass, and is the reference's all the same."""
+    check_against_reference(case, KEPT_POLICY)
 
 
 def models_moved(instances: list[InstanceSnapshot]) -> list[InstanceSnapshot]:
@@ -343,6 +358,73 @@ def test_at_512_instances_few_are_priced_in_full(per_instance):
     outcome = make_policy("kv-centric", predictors=predictors).choose(request, snapshot, 0.0)
     assert isinstance(outcome, Decision)
     assert bandwidth.num_plans < 64 and step.num_calls < 64
+
+
+def test_with_decode_planes_the_step_model_runs_only_for_the_least_estimate():
+    """512 decode instances, each with its own correction of a base that is decode planes (a
+    published profile): one numpy pass estimates every TBT, and the step model runs for the
+    instance at the least estimate alone (the bounded search in context order prices more)."""
+    rng = random.Random(11)
+    step = CountingDecodeStep()
+    base = CostPredictors(prefill_s, step, KV_BYTES_PER_TOKEN, decode_planes=PLANES)
+    decodes = [
+        InstanceSnapshot(
+            f"d{i:03d}",
+            f"dn{i}",
+            0,
+            rng.randint(0, 32),
+            0.0,
+            0,
+            10**7,
+            context_tokens=rng.randint(0, 10**6),
+            costs=derived(base, 1.0, 0.0, 1.0, rng.uniform(0.8, 1.4)),
+        )
+        for i in range(512)
+    ]
+    request = ScheduleRequest("r", (), 64 * BLOCK + 1, BLOCK, 16)
+    snapshot = ClusterSnapshot([InstanceSnapshot("p0", "n0", 0, 0, 0.0, 0, 0)], decodes)
+    outcome = make_policy("kv-centric", predictors=PREDICTORS).choose(request, snapshot, 0.0)
+    assert isinstance(outcome, Decision)
+    assert step.num_calls == 1
+    assert (outcome.decode.instance_id, outcome.decode.predicted_tbt_s) == reference_decode(
+        request, snapshot
+    )
+
+
+def test_an_estimate_a_rounding_off_does_not_decide():
+    """The one-pass estimate sums each plane in the profile's order; a model may sum its own
+    another way and round the other way. Here d01's own TBT is the least, yet its estimate is
+    a rounding above d00's: both are priced, and d01 wins."""
+
+    def own_order(batch: int, context: int) -> float:
+        return (1e-7 * context + 0.003 * batch) + 0.1
+
+    base = CostPredictors(
+        prefill_s, own_order, KV_BYTES_PER_TOKEN, decode_planes=((0.1, 0.003, 1e-7),)
+    )
+    request = ScheduleRequest("r", (), 1025, BLOCK, 16)
+    # (running, context) with the request's 1,025 prompt tokens: (27, 473,363) and (36, 203,363)
+    loads = [(26, 472_338), (35, 202_338)] + [(60, 900_000)] * 20
+    decodes = [
+        InstanceSnapshot(
+            f"d{i:02d}",
+            f"dn{i}",
+            0,
+            running,
+            0.0,
+            0,
+            10**7,
+            context_tokens=context,
+            costs=derived(base, 1.0, 0.0, 1.0, 1.0),
+        )
+        for i, (running, context) in enumerate(loads)
+    ]
+    assert own_order(36, 203_363) < own_order(27, 473_363)
+    assert 0.1 + 0.003 * 36 + 1e-7 * 203_363 > 0.1 + 0.003 * 27 + 1e-7 * 473_363
+    snapshot = ClusterSnapshot([InstanceSnapshot("p0", "n0", 0, 0, 0.0, 0, 0)], decodes)
+    outcome = make_policy("kv-centric", predictors=PREDICTORS).choose(request, snapshot, 0.0)
+    assert outcome.decode.instance_id == "d01"
+    assert outcome.decode.predicted_tbt_s == own_order(36, 203_363)
 
 
 def test_a_policy_bounds_decode_with_the_models_of_this_decision():

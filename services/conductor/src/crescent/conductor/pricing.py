@@ -167,8 +167,16 @@ class Pricing:
             prefill_s = self.prefill_override or (
                 profile.prefill.seconds if profile else self.default.prefill_s
             )
-            decode_step_s = profile.decode_step_s if profile else self.default.decode_step_s
-            base = CostPredictors(prefill_s, decode_step_s, self.default.kv_bytes_per_token)
+            if profile:
+                decode_step_s = profile.decode_step_s
+                planes = tuple(
+                    (p.base_s, p.per_request_s, p.per_context_token_s) for p in profile.decode
+                )
+            else:
+                decode_step_s, planes = self.default.decode_step_s, self.default.decode_planes
+            base = CostPredictors(
+                prefill_s, decode_step_s, self.default.kv_bytes_per_token, decode_planes=planes
+            )
             entry = self._bases[id(profile)] = (profile, base)
         return entry[1]
 

@@ -61,6 +61,12 @@ class CostPredictors:
     prefill_ratio: float = 1.0
     prefill_overhead_s: float = 0.0
     decode_ratio: float = 1.0
+    # On a model that is its own base, when decode_step_s is planes (a published CostProfile's):
+    # (base_s, per_request_s, per_context_token_s) each, a step being the slowest plane's
+    # base_s + per_request_s·b + per_context_token_s·c. A policy then estimates every instance's
+    # step in one numpy pass and calls decode_step_s only for the few at the least. Empty: the
+    # function alone.
+    decode_planes: tuple[tuple[float, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         terms = (self.prefill_ratio, self.prefill_overhead_s, self.decode_ratio)
@@ -70,6 +76,8 @@ class CostPredictors:
                 f"prefill ratio {self.prefill_ratio}, overhead {self.prefill_overhead_s} s, "
                 f"decode ratio {self.decode_ratio}"
             )
+        if self.base is not None and self.decode_planes:
+            raise ValueError("cost model: decode planes belong to a base model, not a derived one")
 
     @property
     def root(self) -> CostPredictors:

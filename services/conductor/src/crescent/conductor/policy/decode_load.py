@@ -133,7 +133,9 @@ def choose_by_tbt(
     times an instance's own ratio, bounds the instance's TBT from below, and a segment's
     instances are priced by bound while it does not exceed the best TBT so far; once no
     instance's bound can be that low, no later instance can win or tie. At hundreds of
-    instances a few are priced.
+    instances a few are priced. Where every instance's base is decode planes (a published
+    profile's, CostPredictors.decode_planes), one numpy pass estimates every instance's TBT
+    instead, and only those within rounding of the least are priced.
     """
     if not loads:
         return None
@@ -148,6 +150,9 @@ def choose_by_tbt(
         )
         return DecodeChoice(instance_id, tbt)
     loads = DecodeLoads.of(loads)
+    estimated = _estimated_tbts(loads, prompt)
+    if estimated is not None:
+        return _least_of(loads, estimated, prompt)
     columns = loads.instances
     best_id, best_tbt = "", math.inf
     smallest_batch = int(_min(loads.num_running)) + 1
@@ -193,6 +198,44 @@ def choose_by_tbt(
                 instance_id = columns.id_of(position)
                 if tbt < best_tbt or (tbt == best_tbt and instance_id < best_id) or not best_id:
                     best_id, best_tbt = instance_id, tbt
+    return DecodeChoice(best_id, best_tbt)
+
+
+def _estimated_tbts(loads: DecodeLoads, prompt: int) -> np.ndarray | None:
+    """Every instance's TBT once a `prompt`-token request joins its batch, in one pass: its
+    base's planes at its batch and context (summed in DecodePlane.seconds' order), the slowest
+    plane, times its decode ratio. None where an instance has no model or a base has no planes."""
+    columns = loads.instances
+    planes = [root.decode_planes for root in columns.roots]
+    if not all(planes) or bool((columns.root < 0).any()):
+        return None
+    width = max(map(len, planes))  # a base with fewer planes repeats its first (max unmoved)
+    table = np.array([base + base[:1] * (width - len(base)) for base in planes])
+    # (plane, coefficient, instance): each plane's coefficients as rows over the instances
+    terms = table.transpose(1, 2, 0).take(columns.root, axis=2)
+    batch, context = loads.num_running + 1, loads.num_context + prompt
+    step = None
+    for base_s, per_request_s, per_context_s in terms:
+        seconds = base_s + per_request_s * batch + per_context_s * context
+        step = seconds if step is None else np.maximum(step, seconds)
+    return columns.decode_ratio * step
+
+
+def _least_of(loads: DecodeLoads, estimated: np.ndarray, prompt: int) -> DecodeChoice:
+    """The least TBT, ties to the smaller id, among the instances whose estimate is within
+    rounding of the least estimate, each priced by its own model (the estimate sums in another
+    order than a derived model's function may)."""
+    columns = loads.instances
+    least = float(_min(estimated))
+    near = (estimated <= least + 2 * (abs(least) * 1e-9 + 1e-12)).nonzero()[0].tolist()
+    best_id, best_tbt = "", math.inf
+    for position in near:
+        step_s = columns.costs_of(position).decode_step_s  # a row with a base has a model
+        batch, context = int(loads.num_running[position]), int(loads.num_context[position])
+        tbt = step_s(batch + 1, context + prompt)
+        instance_id = columns.id_of(position)
+        if tbt < best_tbt or (tbt == best_tbt and instance_id < best_id) or not best_id:
+            best_id, best_tbt = instance_id, tbt
     return DecodeChoice(best_id, best_tbt)
 
 
