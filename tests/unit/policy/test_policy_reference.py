@@ -308,6 +308,23 @@ class CountingBandwidth(BandwidthTable):
         return super().fastest_source(sources, dst)
 
 
+def busy_decodes(rng: random.Random, num: int) -> list[InstanceSnapshot]:
+    """`num` decode instances, each with a random batch and context, and room for any request."""
+    return [
+        InstanceSnapshot(
+            f"d{i:03d}",
+            f"dn{i}",
+            0,
+            rng.randint(0, 32),
+            0.0,
+            0,
+            10**7,
+            context_tokens=rng.randint(0, 10**6),
+        )
+        for i in range(num)
+    ]
+
+
 @pytest.mark.parametrize("per_instance", [False, True])
 def test_at_512_instances_few_are_priced_in_full(per_instance):
     """The bounds are what keeps a decision under a millisecond at 512 instances: without them
@@ -323,19 +340,7 @@ def test_at_512_instances_few_are_priced_in_full(per_instance):
         InstanceSnapshot(f"p{i:03d}", node, 0, 0, rng.uniform(0, 0.5), 0, 0)
         for i, node in enumerate(nodes)
     ]
-    decodes = [
-        InstanceSnapshot(
-            f"d{i:03d}",
-            f"dn{i}",
-            0,
-            rng.randint(0, 32),
-            0.0,
-            0,
-            10**7,
-            context_tokens=rng.randint(0, 10**6),
-        )
-        for i in range(512)
-    ]
+    decodes = busy_decodes(rng, 512)
     step = CountingDecodeStep()
     predictors = CostPredictors(prefill_s, step, KV_BYTES_PER_TOKEN)
     if per_instance:
@@ -368,18 +373,8 @@ def test_with_decode_planes_the_step_model_runs_only_for_the_least_estimate():
     step = CountingDecodeStep()
     base = CostPredictors(prefill_s, step, KV_BYTES_PER_TOKEN, decode_planes=PLANES)
     decodes = [
-        InstanceSnapshot(
-            f"d{i:03d}",
-            f"dn{i}",
-            0,
-            rng.randint(0, 32),
-            0.0,
-            0,
-            10**7,
-            context_tokens=rng.randint(0, 10**6),
-            costs=derived(base, 1.0, 0.0, 1.0, rng.uniform(0.8, 1.4)),
-        )
-        for i in range(512)
+        msgspec.structs.replace(d, costs=derived(base, 1.0, 0.0, 1.0, rng.uniform(0.8, 1.4)))
+        for d in busy_decodes(rng, 512)
     ]
     request = ScheduleRequest("r", (), 64 * BLOCK + 1, BLOCK, 16)
     snapshot = ClusterSnapshot([InstanceSnapshot("p0", "n0", 0, 0, 0.0, 0, 0)], decodes)
