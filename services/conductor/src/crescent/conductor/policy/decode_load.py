@@ -17,7 +17,7 @@ from typing import NamedTuple, overload
 
 import numpy as np
 
-from crescent.conductor.policy.columns import InstanceColumns
+from crescent.conductor.policy.columns import NO_MODEL, InstanceColumns
 from crescent.conductor.policy.decision import DecodeChoice, DecodeStepFn, ScheduleRequest
 from crescent.conductor.policy.inflight import InflightRequest, InflightTable
 from crescent.conductor.policy.snapshot import InstanceSnapshot
@@ -45,6 +45,7 @@ _SEGMENT = 16  # instances bounded with one evaluation of the base models
 _CHUNK = 4 * _SEGMENT  # instances read from numpy into lists at once
 PRICE_ALL_UP_TO = 16  # up to this many instances each is priced: bounding costs more
 _min = np.minimum.reduce  # ndarray.min() adds a Python-level wrapper per call
+_any = np.logical_or.reduce  # and ndarray.any() too
 
 
 class DecodeLoads(Sequence[DecodeLoad]):
@@ -207,7 +208,7 @@ def _estimated_tbts(loads: DecodeLoads, prompt: int) -> np.ndarray | None:
     plane, times its decode ratio. None where an instance has no model or a base has no planes."""
     columns = loads.instances
     planes = [root.decode_planes for root in columns.roots]
-    if not all(planes) or bool((columns.root < 0).any()):
+    if not all(planes) or _any(columns.root == NO_MODEL):
         return None
     width = max(map(len, planes))  # a base with fewer planes repeats its first (max unmoved)
     table = np.array([base + base[:1] * (width - len(base)) for base in planes])
