@@ -104,3 +104,81 @@ def test_store_lookup_waits_are_summed_over_stores():
         "lookups_waited": 2,
         "lookup_wait_s": 0.254,
     }
+
+
+def test_rounds_reverse_the_order_of_the_cases_each_time():
+    from crescent.bench.aiperf_replay import round_orders
+
+    assert round_orders(("a", "b", "c"), 3) == [("a", "b", "c"), ("c", "b", "a"), ("a", "b", "c")]
+
+
+def _row(ttft: float, itl: float, errors: int = 0, **extra) -> dict:
+    return {
+        "requests": 200,
+        "errors": errors,
+        "ttft_ms_p50": ttft,
+        "ttft_ms_p99": 3 * ttft,
+        "itl_ms_p50": itl,
+        "store_lookup_wait_s": 0.1,
+        **extra,
+    }
+
+
+def test_a_case_over_rounds_takes_the_median_percentile_and_sums_its_counts():
+    from crescent.bench.aiperf_replay import combine_rounds
+
+    rows = [
+        _row(300.0, 4.0),
+        _row(500.0, 9.0, errors=2, error_kinds=["2 x error: cut"]),
+        _row(400.0, 5.0, faults=["kill decode-1 at 28 s"]),
+    ]
+    combined = combine_rounds(rows)
+    assert combined["rounds"] == 3
+    assert combined["ttft_ms_p50"] == 400.0 and combined["ttft_ms_p99"] == 1200.0
+    assert combined["itl_ms_p50"] == 5.0
+    assert combined["requests"] == 600 and combined["errors"] == 2
+    assert combined["store_lookup_wait_s"] == 0.3
+    assert combined["error_kinds"] == ["round 1: 2 x error: cut"]
+    assert combined["faults"] == ["round 2: kill decode-1 at 28 s"]
+    assert combine_rounds(rows[:1]) == rows[0]  # one round: its row as it is
+
+
+def test_ratios_are_taken_round_by_round_against_each_plain_vllm_case_alike():
+    from crescent.bench.aiperf_replay import ratios
+
+    rows = {
+        "crescent-1p1d-auto": [_row(300.0, 4.0), _row(500.0, 5.0), _row(280.0, 4.5)],
+        "vllm": [_row(200.0, 8.0), _row(600.0, 10.0), _row(400.0, 9.0)],
+        "crescent-2p2d-faults": [_row(900.0, 6.0)] * 3,
+        "vllm-2x-rr-faults": [_row(1800.0, 12.0)] * 3,
+    }
+    by_case = {ratio["case"]: ratio for ratio in ratios(rows)}
+    assert set(by_case) == {"crescent-1p1d-auto/vllm", "crescent-2p2d-faults/vllm-2x-rr-faults"}
+    auto = by_case["crescent-1p1d-auto/vllm"]
+    # per round 1.5, 0.833, 0.7: the median of the ratios, not the ratio of the medians
+    assert auto["ttft_ms_p50_ratios"] == [1.5, 0.833, 0.7]
+    assert auto["ttft_ms_p50"] == 0.833
+    assert auto["ttft_ms_p50_of_medians"] == 0.75  # 300 ÷ 400
+    assert auto["itl_ms_p50"] == 0.5
+    assert by_case["crescent-2p2d-faults/vllm-2x-rr-faults"]["ttft_ms_p50"] == 0.5
+
+
+def test_a_bench_with_ratios_prints_them_after_its_cases():
+    table = format_table(
+        {
+            "bench": "aiperf",
+            "cases": [{"case": "vllm", "ttft_ms_p50": 200.0}],
+            "ratios": [{"case": "crescent-1p1d-auto/vllm", "ttft_ms_p50": 0.833}],
+        }
+    ).splitlines()
+    assert table[3] == "ratios"
+    assert table[5].split() == ["crescent-1p1d-auto/vllm", "0.833"]
+
+
+def test_fewer_than_one_round_is_refused(tmp_path):
+    import pytest
+
+    from crescent.bench.aiperf_replay import AiperfError, run_aiperf_bench
+
+    with pytest.raises(AiperfError, match="rounds must be at least 1, got 0"):
+        run_aiperf_bench(tmp_path / "t.jsonl", cases=("vllm",), workdir=tmp_path, rounds=0)

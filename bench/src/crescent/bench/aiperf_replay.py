@@ -25,6 +25,15 @@ hash ids, streaming completions that ignore the end-of-sequence token (every ans
 long as its trace row says); its tokenizer is the model's, which this module places in a
 private Hugging Face cache under a hub-style name, as aiperf's loader expects. Prompts are cut
 to `max_input_tokens` (keeping the leading hash ids) so the trace fits a small model.
+
+With `rounds` > 1 every case runs that many times, the order of the cases reversed every
+round, so that a slow minute of the machine falls on each of them alike. A case's latency
+percentiles are then the medians of its rounds' and its counts (requests, errors, ...) their
+sums. `ratios` holds each Crescent case ÷ each plain vLLM case run beside it (faulted with
+faulted, unfaulted with unfaulted): TTFT and ITL p50, round by round, their median, and the
+ratio of the two cases' medians. One replay's ratio moves with how far the single plain vLLM
+engine fell behind the trace in that replay; the median of several rounds is the figure to
+read.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -125,6 +135,7 @@ def run_aiperf(
         str(out_dir),
     ]
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
     with (out_dir.parent / f"{out_dir.name}.log").open("w") as log:
         done = subprocess.run(
             argv, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=1800, check=False
@@ -289,13 +300,17 @@ def run_aiperf_bench(
     model_dir: Path | None = None,
     workdir: Path | None = None,
     cases: tuple[str, ...] = CASES,
+    rounds: int = 1,
 ) -> dict:
-    """The cases in turn; aiperf's artifacts and the servers' logs stay in `workdir` when given."""
+    """The cases in turn, `rounds` times (the module's docstring); aiperf's artifacts and the
+    servers' logs stay in `workdir` when given."""
     unknown = set(cases) - set(CASES)
     if unknown:
         raise AiperfError(
             f"unknown cases {', '.join(sorted(unknown))}; choose from {', '.join(CASES)}"
         )
+    if rounds < 1:
+        raise AiperfError(f"rounds must be at least 1, got {rounds}")
     if shutil.which(aiperf) is None:
         raise AiperfError(
             f"{aiperf!r} not found: pip install aiperf (in a virtual environment of its own) "
@@ -310,62 +325,72 @@ def run_aiperf_bench(
         cut = workdir / "trace.jsonl"
         num_requests = cut_trace(trace, cut, limit, max_input_tokens)
 
-        def replay(name: str):
-            return lambda url: run_aiperf(aiperf, url, model_dir.name, cut, workdir / name, hf_home)
+        def replay(name: str, round_number: int):
+            out_dir = workdir / "aiperf" / name / f"round-{round_number}"
+            return lambda url: run_aiperf(aiperf, url, model_dir.name, cut, out_dir, hf_home)
 
         runners = {
-            "crescent-1p1d": lambda: _crescent(
+            "crescent-1p1d": lambda number: _crescent(
                 model_dir,
-                workdir / "crescent",
-                replay("crescent-1p1d"),
+                workdir / "crescent" / f"round-{number}",
+                replay("crescent-1p1d", number),
                 ("--local-prefill", "off"),
             ),
-            "crescent-1p1d-cond": lambda: _crescent(
+            "crescent-1p1d-cond": lambda number: _crescent(
                 model_dir,
-                workdir / "crescent-cond",
-                replay("crescent-1p1d-cond"),
+                workdir / "crescent-cond" / f"round-{number}",
+                replay("crescent-1p1d-cond", number),
                 ("--local-prefill", str(LOCAL_PREFILL_MAX_TOKENS)),
             ),
-            "crescent-1p1d-auto": lambda: _crescent(
+            "crescent-1p1d-auto": lambda number: _crescent(
                 model_dir,
-                workdir / "crescent-auto",
-                replay("crescent-1p1d-auto"),
+                workdir / "crescent-auto" / f"round-{number}",
+                replay("crescent-1p1d-auto", number),
                 ("--local-prefill", "auto"),
             ),
-            "vllm": lambda: _plain_vllm(model_dir, workdir, replay("vllm")),
-            "vllm-2x-rr": lambda: _plain_vllm(
-                model_dir, workdir, replay("vllm-2x-rr"), num_servers=2
+            "vllm": lambda number: _plain_vllm(
+                model_dir, workdir / "vllm" / f"round-{number}", replay("vllm", number)
             ),
-            "crescent-2p2d-faults": lambda: _crescent(
+            "vllm-2x-rr": lambda number: _plain_vllm(
                 model_dir,
-                workdir / "crescent-faults",
-                replay("crescent-2p2d-faults"),
+                workdir / "vllm-2x-rr" / f"round-{number}",
+                replay("vllm-2x-rr", number),
+                num_servers=2,
+            ),
+            "crescent-2p2d-faults": lambda number: _crescent(
+                model_dir,
+                workdir / "crescent-faults" / f"round-{number}",
+                replay("crescent-2p2d-faults", number),
                 ("--local-prefill", "auto"),
                 num_workers=2,
                 faults=CRESCENT_FAULTS,
             ),
-            "crescent-2p2d-infra-faults": lambda: _crescent(
+            "crescent-2p2d-infra-faults": lambda number: _crescent(
                 model_dir,
-                workdir / "crescent-infra-faults",
-                replay("crescent-2p2d-infra-faults"),
+                workdir / "crescent-infra-faults" / f"round-{number}",
+                replay("crescent-2p2d-infra-faults", number),
                 ("--local-prefill", "auto"),
                 num_workers=2,
                 faults=INFRA_FAULTS,
             ),
-            "vllm-2x-rr-faults": lambda: _plain_vllm(
+            "vllm-2x-rr-faults": lambda number: _plain_vllm(
                 model_dir,
-                workdir / "vllm-faults",
-                replay("vllm-2x-rr-faults"),
+                workdir / "vllm-faults" / f"round-{number}",
+                replay("vllm-2x-rr-faults", number),
                 num_servers=2,
                 faults=VLLM_FAULTS,
             ),
         }
-        rows = {name: runners[name]() for name in cases}
-    cases = [{"case": name, **row} for name, row in rows.items()]
+        rows: dict[str, list[dict]] = {name: [] for name in cases}
+        for round_number, order in enumerate(round_orders(cases, rounds)):
+            for name in order:
+                rows[name].append(runners[name](round_number))
     return {
         "bench": "aiperf",
-        "cases": cases,
+        "cases": [{"case": name, **combine_rounds(case_rows)} for name, case_rows in rows.items()],
+        "ratios": ratios(rows),
         "config": {
+            "rounds": rounds,
             "trace": str(trace),
             "requests": num_requests,
             "max_input_tokens": max_input_tokens,
@@ -374,3 +399,67 @@ def run_aiperf_bench(
             "cpu_threads": os.cpu_count(),
         },
     }
+
+
+def round_orders(cases: tuple[str, ...], rounds: int) -> list[tuple[str, ...]]:
+    """The order of the cases in each round: as given, then reversed, and so on."""
+    return [cases if number % 2 == 0 else cases[::-1] for number in range(rounds)]
+
+
+def combine_rounds(rows: list[dict]) -> dict:
+    """One case's row over its rounds: each latency percentile the median of the rounds', each
+    count their sum, and each listed item (an error kind, a fault injected) with its round."""
+    if len(rows) == 1:
+        return rows[0]
+    combined: dict = {"rounds": len(rows)}
+    for key, value in rows[0].items():
+        if isinstance(value, list):  # error kinds, faults injected: each with its round
+            continue
+        values = [row[key] for row in rows]
+        if key.split("_")[-1] in ("p50", "p90", "p99"):
+            combined[key] = round(statistics.median(values), 1)
+        else:
+            combined[key] = round(sum(values), 3)
+    for key in dict.fromkeys(k for row in rows for k, v in row.items() if isinstance(v, list)):
+        combined[key] = [
+            f"round {number}: {item}"
+            for number, row in enumerate(rows)
+            for item in row.get(key, [])
+        ]
+    return combined
+
+
+RATIO_METRICS = ("ttft_ms_p50", "itl_ms_p50")
+
+
+def ratios(rows: dict[str, list[dict]]) -> list[dict]:
+    """Each Crescent case ÷ each plain vLLM case of the run, faulted with faulted: per metric,
+    round by round (`*_ratios`), their median (the paired reading: each round's two replays ran
+    minutes apart, so a slow stretch of the machine divides out), and the ratio of the two
+    cases' medians (`*_of_medians`)."""
+    pairs = [
+        (ours, theirs)
+        for ours in rows
+        if ours.startswith("crescent")
+        for theirs in rows
+        if theirs.startswith("vllm") and ("faults" in ours) == ("faults" in theirs)
+    ]
+    result = []
+    for ours, theirs in pairs:
+        ratio: dict = {"case": f"{ours}/{theirs}"}
+        for metric in RATIO_METRICS:
+            by_round = [
+                round(a[metric] / b[metric], 3)
+                for a, b in zip(rows[ours], rows[theirs], strict=True)
+                if b[metric] > 0
+            ]
+            if by_round:
+                ratio[metric] = round(statistics.median(by_round), 3)
+                ratio[f"{metric}_of_medians"] = round(
+                    statistics.median(a[metric] for a in rows[ours])
+                    / statistics.median(b[metric] for b in rows[theirs]),
+                    3,
+                )
+                ratio[f"{metric}_ratios"] = by_round
+        result.append(ratio)
+    return result

@@ -141,6 +141,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(CASES),
         help=f"comma-separated cases to run (default: all of {','.join(CASES)})",
     )
+    aiperf.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every case this many times, the order reversed each round; figures are the "
+        "rounds' medians and ratios are taken round by round (default 1)",
+    )
     lag = benches.add_parser(
         "replay-lag", help="crescent replay's own scheduling lag at 50 requests/s"
     )
@@ -332,6 +339,7 @@ def run(args: argparse.Namespace) -> int:
                 args.aiperf,
                 workdir=args.workdir,
                 cases=tuple(args.cases.split(",")),
+                rounds=args.rounds,
             )
         except AiperfError as exc:
             print(f"crescent bench aiperf: error: {exc}", file=sys.stderr)
@@ -385,26 +393,30 @@ def run(args: argparse.Namespace) -> int:
 
 def format_table(result: dict) -> str:
     """One row per case, a column per scalar figure; lists (such as the kinds of a case's
-    errors) follow the table, a line per item."""
-    cases = result["cases"]
+    errors) follow the table, a line per item. A bench's ratios, where it has them, follow as
+    a table of their own."""
+    lines = [f"{result['bench']}", *_rows(result["cases"])]
+    if result.get("ratios"):
+        lines += ["ratios", *_rows(result["ratios"])]
+    return "\n".join(lines)
+
+
+def _rows(rows: list[dict]) -> list[str]:
     metrics = list(
         dict.fromkeys(
-            k for case in cases for k, v in case.items() if k != "case" and not isinstance(v, list)
+            k for row in rows for k, v in row.items() if k != "case" and not isinstance(v, list)
         )
     )
-    width = max([16] + [len(case["case"]) for case in cases])
-    lines = [
-        f"{result['bench']}",
-        "  ".join(["case".ljust(width)] + [m.rjust(13) for m in metrics]),
-    ]
-    for case in cases:
+    width = max([16] + [len(row["case"]) for row in rows])
+    lines = ["  ".join(["case".ljust(width)] + [m.rjust(13) for m in metrics])]
+    for row in rows:
         cells = [
-            f"{case[m]:13.3f}" if isinstance(case.get(m), float) else str(case.get(m, "")).rjust(13)
+            f"{row[m]:13.3f}" if isinstance(row.get(m), float) else str(row.get(m, "")).rjust(13)
             for m in metrics
         ]
-        lines.append("  ".join([case["case"].ljust(width)] + cells))
-    for case in cases:
-        for key, value in case.items():
+        lines.append("  ".join([row["case"].ljust(width)] + cells))
+    for row in rows:
+        for key, value in row.items():
             if isinstance(value, list):
-                lines.extend(f"{case['case']} {key}: {item}" for item in value)
-    return "\n".join(lines)
+                lines.extend(f"{row['case']} {key}: {item}" for item in value)
+    return lines
