@@ -146,6 +146,40 @@ def test_a_draining_or_silent_instance_leaves_as_its_key_goes():
     assert view.snapshot("decode", "m", clock.now) == []
 
 
+def test_an_instance_whose_key_went_before_its_draining_telemetry_came_leaves_with_it():
+    """A stopping instance says it drains (NATS), then revokes its lease (etcd): the key can
+    arrive gone first, while its last telemetry still says it serves."""
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    register(view, "decode", "d0")
+    view.apply_load(load("decode", "d0"))
+    view.apply_registry(MirrorEvent("/crescent/c/instances/decode/d0", None))
+    assert ("decode", "d0") in view.instances  # kept: heard serving a moment ago
+    gone = view.apply_load(
+        load("decode", "d0", is_accepting=False, not_accepting_reason="draining")
+    )
+    assert gone == ("decode", "d0")
+    assert ("decode", "d0") not in view.instances and view.started_at("decode", "d0") is None
+
+
+def test_an_instance_that_leaves_by_its_draining_telemetry_takes_its_corrections_along():
+    from crescent.conductor.scheduler import Scheduler
+    from crescent.conductor.settings import ConductorSettings
+
+    clock = Clock()
+    view = ClusterView(clock=clock)
+    scheduler = Scheduler(ConductorSettings(), view, clock)
+    key = "/crescent/c/instances/decode/d0"
+    info = InstanceInfo(role="decode", instance_id="d0", node="n", model="m")
+    scheduler.apply_registry_event(MirrorEvent(key, encode(info)))
+    scheduler.apply_load(load("decode", "d0"))
+    scheduler.pricing.correction.observe("d0", "decode", 0.01, 0.02)
+    scheduler.apply_registry_event(MirrorEvent(key, None))  # kept: heard serving
+    assert scheduler.pricing.correction.has_samples("d0", "decode")
+    scheduler.apply_load(load("decode", "d0", is_accepting=False, not_accepting_reason="draining"))
+    assert not scheduler.pricing.correction.has_samples("d0", "decode")
+
+
 def test_contradictory_or_unknown_telemetry_is_ignored_and_logged_once_per_instance(caplog):
     clock = Clock()
     view = ClusterView(clock=clock)

@@ -93,6 +93,16 @@ async def until_drained(num_held: Callable[[], int], timeout_s: float) -> int:
     return num_held()
 
 
+def as_published(load: InstanceLoad, status: ServiceStatus) -> InstanceLoad:
+    """The report a service in `status` sends: a draining or stopped one says it takes no new
+    work ("draining"), whatever else its load says. Stopped counts too: the telemetry task can
+    report once more while the service closes, its lease already revoked, and a report that
+    said it accepts would keep a conductor sending it work."""
+    if status in (ServiceStatus.DRAINING, ServiceStatus.STOPPED):
+        return msgspec.structs.replace(load, is_accepting=False, not_accepting_reason="draining")
+    return load
+
+
 class Runtime:
     """The connections and chores a service gets from the platform."""
 
@@ -182,13 +192,8 @@ class Runtime:
             await asyncio.sleep(self.settings.telemetry_period_s)
 
     async def publish_load(self, load: Callable[[], InstanceLoad]) -> None:
-        """One telemetry message; a draining instance says it takes no new work, whatever else
-        its load says."""
-        message = load()
-        if self.status is ServiceStatus.DRAINING:
-            message = msgspec.structs.replace(
-                message, is_accepting=False, not_accepting_reason="draining"
-            )
+        """One telemetry message, as `as_published` makes it."""
+        message = as_published(load(), self.status)
         record_load(message)
         await self.bus.publish(self.subjects.telemetry(self.role, self.instance_id), message)
 

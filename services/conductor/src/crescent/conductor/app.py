@@ -152,7 +152,7 @@ class Conductor:
         )
 
     def _on_load(self, load: InstanceLoad) -> None:
-        self.view.apply_load(load)
+        self.scheduler.apply_load(load)
         for source_node, bytes_per_s in load.bandwidth.items():
             if bytes_per_s > 0:
                 self.scheduler.bandwidth.set(source_node, load.node, bytes_per_s)

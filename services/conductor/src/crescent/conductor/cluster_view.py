@@ -13,7 +13,9 @@ slow disk, a paused process) expires every lease at once when it resumes, and ea
 registers again a second or so later; meanwhile the cluster would have no instance at all
 (404 for every model, 503s). So a key that goes while its instance's telemetry is fresh, and
 the instance is not draining (a deliberate stop), leaves the instance in place, *unregistered*,
-until it registers again or goes silent (`drop_unregistered`).
+until it registers again or goes silent (`drop_unregistered`). A stopping instance says it
+drains (telemetry, NATS) and then revokes its lease (etcd); the two arrive in either order, so
+an unregistered instance whose telemetry says it drains leaves at once.
 
 Silence is judged against what the conductor heard from the others: when its own loop stalls
 (a busy machine), every instance's telemetry waits unread in the NATS client and all of them
@@ -211,13 +213,15 @@ class ClusterView:
             self._remove(key, "its lease ended and it went silent")
         return dropped
 
-    def apply_load(self, load: InstanceLoad) -> None:
+    def apply_load(self, load: InstanceLoad) -> tuple[str, str] | None:
+        """A telemetry report; the (role, id) of an instance it removed from the view: one
+        kept after its lease ended that now says it drains."""
         state = self.instances.get((load.role, load.instance_id))
         if state is None:
             log.debug(
                 "telemetry from an unregistered instance", extra={"instance_id": load.instance_id}
             )
-            return
+            return None
         contradiction = _contradiction(load, state.info)
         if contradiction:
             if not state.is_contradiction_logged:
@@ -230,7 +234,7 @@ class ClusterView:
                         "contradiction": contradiction,
                     },
                 )
-            return
+            return None
         if state.kv_capacity_tokens != load.kv_capacity_tokens:
             self._kv_capacity.clear()
         state.load = load
@@ -254,7 +258,10 @@ class ClusterView:
                     ),
                 },
             )
+        if state.unregistered_at is not None and not self._is_heard_serving(state):
+            return self._remove(key, "its lease ended and it drains")
         self._mark(key)
+        return None
 
     def _period_s(self, state: InstanceState | None) -> float:
         """The instance's telemetry period (the default until it has reported)."""

@@ -21,7 +21,7 @@ from crescent.common.block_index import BlockIndex, apply_block_change
 from crescent.common.errors import ConfigError
 from crescent.common.etcd import MirrorEvent
 from crescent.common.hashing import block_hashes
-from crescent.common.messages import PrefillResult
+from crescent.common.messages import InstanceLoad, PrefillResult
 from crescent.conductor import metrics
 from crescent.conductor.cluster_view import ClusterView
 from crescent.conductor.feedback import Feedback
@@ -127,6 +127,12 @@ class Scheduler:
     def apply_registry_event(self, event: MirrorEvent) -> None:
         """A change under instances/<role>/<id>: an instance gone takes its corrections along."""
         gone = self.view.apply_registry(event)
+        if gone is not None:
+            self.pricing.correction.forget(gone[1])
+
+    def apply_load(self, load: InstanceLoad) -> None:
+        """A telemetry report: an instance it takes out of the view takes its corrections along."""
+        gone = self.view.apply_load(load)
         if gone is not None:
             self.pricing.correction.forget(gone[1])
 
