@@ -173,9 +173,9 @@ class DisaggregatedCluster:
         if instance.is_draining and instance.drain_announced_s is None:
             instance.drain_announced_s = self.loop.now
         if self.config.telemetry_delay_s > 0:
-            self.loop.after(self.config.telemetry_delay_s, self.view.apply_load, load)
+            self.loop.after(self.config.telemetry_delay_s, self.scheduler.apply_load, load)
         else:
-            self.view.apply_load(load)
+            self.scheduler.apply_load(load)
         if self.num_open:
             self.loop.after(self.config.telemetry_period_s, self._telemetry, instance)
 
