@@ -64,7 +64,9 @@ from crescent.common.ports import free_port
 ENV = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "VLLM_LOGGING_LEVEL": "WARNING"}
 HUB_NAME = "local/tiny-llama"
 HASH_BLOCK_TOKENS = 512  # the Mooncake traces' block size
-ERROR_MESSAGE_CHARS = 200  # of each kind of error aiperf saw, in the row
+# Of each kind of error aiperf saw, in the row: enough for a 429's message, which names every
+# decode instance that refused the request and why.
+ERROR_MESSAGE_CHARS = 600
 METRICS = {
     "ttft_ms": "time_to_first_token",
     "itl_ms": "inter_token_latency",
