@@ -130,7 +130,7 @@ class DisaggregatedCluster:
             max_model_len=MAX_SEQUENCE_TOKENS,
             kv_capacity_tokens=capacity,
         )
-        self.view.apply_registry(
+        self.scheduler.apply_registry_event(
             MirrorEvent(f"/crescent/sim/instances/{role}/{instance.instance_id}", encode(info))
         )
 
@@ -237,7 +237,7 @@ class DisaggregatedCluster:
     def _retire(self, instance: PrefillInstance | DecodeInstance) -> None:
         role = "prefill" if isinstance(instance, PrefillInstance) else "decode"
         del self._instances(role)[instance.instance_id]
-        self.view.apply_registry(
+        self.scheduler.apply_registry_event(
             MirrorEvent(f"/crescent/sim/instances/{role}/{instance.instance_id}", None)
         )
 
