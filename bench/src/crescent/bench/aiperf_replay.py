@@ -327,66 +327,49 @@ def run_aiperf_bench(
         cut = workdir / "trace.jsonl"
         num_requests = cut_trace(trace, cut, limit, max_input_tokens)
 
-        def replay(name: str, round_number: int):
-            out_dir = workdir / "aiperf" / name / f"round-{round_number}"
-            return lambda url: run_aiperf(aiperf, url, model_dir.name, cut, out_dir, hf_home)
-
+        # Each runner starts its system in `where` (this round's directory of that case) and
+        # replays the trace against it with `run`.
         runners = {
-            "crescent-1p1d": lambda number: _crescent(
-                model_dir,
-                workdir / "crescent" / f"round-{number}",
-                replay("crescent-1p1d", number),
-                ("--local-prefill", "off"),
+            "crescent-1p1d": lambda where, run: _crescent(
+                model_dir, where, run, ("--local-prefill", "off")
             ),
-            "crescent-1p1d-cond": lambda number: _crescent(
-                model_dir,
-                workdir / "crescent-cond" / f"round-{number}",
-                replay("crescent-1p1d-cond", number),
-                ("--local-prefill", str(LOCAL_PREFILL_MAX_TOKENS)),
+            "crescent-1p1d-cond": lambda where, run: _crescent(
+                model_dir, where, run, ("--local-prefill", str(LOCAL_PREFILL_MAX_TOKENS))
             ),
-            "crescent-1p1d-auto": lambda number: _crescent(
-                model_dir,
-                workdir / "crescent-auto" / f"round-{number}",
-                replay("crescent-1p1d-auto", number),
-                ("--local-prefill", "auto"),
+            "crescent-1p1d-auto": lambda where, run: _crescent(
+                model_dir, where, run, ("--local-prefill", "auto")
             ),
-            "vllm": lambda number: _plain_vllm(
-                model_dir, workdir / "vllm" / f"round-{number}", replay("vllm", number)
-            ),
-            "vllm-2x-rr": lambda number: _plain_vllm(
+            "vllm": lambda where, run: _plain_vllm(model_dir, where, run),
+            "vllm-2x-rr": lambda where, run: _plain_vllm(model_dir, where, run, num_servers=2),
+            "crescent-2p2d-faults": lambda where, run: _crescent(
                 model_dir,
-                workdir / "vllm-2x-rr" / f"round-{number}",
-                replay("vllm-2x-rr", number),
-                num_servers=2,
-            ),
-            "crescent-2p2d-faults": lambda number: _crescent(
-                model_dir,
-                workdir / "crescent-faults" / f"round-{number}",
-                replay("crescent-2p2d-faults", number),
+                where,
+                run,
                 ("--local-prefill", "auto"),
                 num_workers=2,
                 faults=CRESCENT_FAULTS,
             ),
-            "crescent-2p2d-infra-faults": lambda number: _crescent(
+            "crescent-2p2d-infra-faults": lambda where, run: _crescent(
                 model_dir,
-                workdir / "crescent-infra-faults" / f"round-{number}",
-                replay("crescent-2p2d-infra-faults", number),
+                where,
+                run,
                 ("--local-prefill", "auto"),
                 num_workers=2,
                 faults=INFRA_FAULTS,
             ),
-            "vllm-2x-rr-faults": lambda number: _plain_vllm(
-                model_dir,
-                workdir / "vllm-faults" / f"round-{number}",
-                replay("vllm-2x-rr-faults", number),
-                num_servers=2,
-                faults=VLLM_FAULTS,
+            "vllm-2x-rr-faults": lambda where, run: _plain_vllm(
+                model_dir, where, run, num_servers=2, faults=VLLM_FAULTS
             ),
         }
+
+        def replay(out_dir: Path):
+            return lambda url: run_aiperf(aiperf, url, model_dir.name, cut, out_dir, hf_home)
+
         rows: dict[str, list[dict]] = {name: [] for name in cases}
         for round_number, order in enumerate(round_orders(cases, rounds)):
             for name in order:
-                rows[name].append(runners[name](round_number))
+                where = workdir / name / f"round-{round_number}"
+                rows[name].append(runners[name](where, replay(where / "aiperf")))
     return {
         "bench": "aiperf",
         "cases": [{"case": name, **combine_rounds(case_rows)} for name, case_rows in rows.items()],
