@@ -5,16 +5,21 @@ NATS and keeps sending them work, so no request fails in that gap (it was 404 "m
 exist" and 503 "no live prefill instance" until they registered again).
 
 The leases are ended here by revoking them, which deletes the keys as an expiry does and leaves
-the instances to find out at their next keep-alive: with a 15 s TTL, up to 5 s later."""
+the instances to find out at their next keep-alive: with a 15 s TTL, up to 5 s later. In that
+gap an instance may also go unheard for a moment (etcd's return sets off a storm of renewals
+on a busy host): it is then stale, not gone, until unheard for the lease's TTL."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import time
 
 import aiohttp
 import pytest
 from expected import expected_text
+from scrape import metric_total
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.etcd import connect_etcd
@@ -42,15 +47,18 @@ def cluster(tmp_path_factory):
 
 
 async def end_leases(cluster: LocalCluster, roles: tuple[str, ...]) -> int:
-    """Revoke the leases the instances of `roles` registered under; how many were revoked."""
+    """Revoke the leases the instances of `roles` registered under, once each role has one
+    registered (a test before may have ended them); how many were revoked."""
     etcd = await connect_etcd(cluster.etcd_url)
     try:
-        keys = Keys(cluster.spec.cluster)
-        leases = {
-            entry.lease
-            for role in roles
-            for entry in await etcd.get_prefix(f"{keys.instances()}{role}/".encode())
-        }
+        prefixes = [f"{Keys(cluster.spec.cluster).instances()}{role}/".encode() for role in roles]
+        async with asyncio.timeout(LEASE_TTL_S):
+            while True:
+                entries = [await etcd.get_prefix(prefix) for prefix in prefixes]
+                if all(entries):
+                    break
+                await asyncio.sleep(0.2)
+        leases = {entry.lease for role_entries in entries for entry in role_entries}
         for lease in leases:
             await etcd.revoke_lease(lease)
         return len(leases)
@@ -90,3 +98,53 @@ async def test_instances_whose_leases_ended_keep_serving_until_they_register_aga
         assert (status, text) == (200, expected_text(prompt, MAX_TOKENS))
     assert "lease ended while it is still heard" in conductor.log_tail(400)
     await asyncio.to_thread(cluster.wait_serving, 10)
+
+
+async def stream(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, seen):
+    """(status, text) of one streamed completion; `seen` is set at its first token."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    async with session.post(f"{url}/v1/completions", json=body) as response:
+        if response.status != 200:
+            return response.status, await response.text()
+        pieces = []
+        async for line in response.content:
+            line = line.decode().strip()
+            if line.startswith("data: {"):
+                pieces.append(json.loads(line[6:])["choices"][0]["text"])
+                seen.set()
+        return 200, "".join(pieces)
+
+
+async def test_a_decode_unheard_for_a_moment_before_it_registers_again_keeps_its_streams(cluster):
+    """Its lease ended, then it went unheard for 2 s (longer than the stale window, shorter than
+    the TTL) before it could register again: its streams wait for it and none is moved (they
+    were, when an unregistered instance left at the stale window)."""
+    conductor, decode = cluster.process("conductor-0"), cluster.process("decode-0")
+    max_tokens = 1000  # ~10 s of emulated decode: past the registration (<= 5 s) and the pause
+    prompts = [f"unheard {i} {time.monotonic_ns()} " + "x" * 200 for i in range(3)]
+    moved_before = metric_total(cluster.api_url, "crescent_request_migrations_total")
+    timeout = aiohttp.ClientTimeout(total=60)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        seen = [asyncio.Event() for _ in prompts]
+        streams = [
+            asyncio.create_task(stream(session, cluster.api_url, prompt, max_tokens, event))
+            for prompt, event in zip(prompts, seen)
+        ]
+        async with asyncio.timeout(20):
+            await asyncio.gather(*(event.wait() for event in seen))
+        logged_before = len(conductor.log_path.read_text())
+        assert await end_leases(cluster, ("decode",)) == 1
+        async with asyncio.timeout(10):  # the conductor has seen the key go and kept decode-0
+            while "still heard" not in conductor.log_path.read_text()[logged_before:]:
+                await asyncio.sleep(0.05)
+        decode.signal(signal.SIGSTOP)
+        try:
+            await asyncio.sleep(2.0)
+        finally:
+            decode.signal(signal.SIGCONT)
+        answers = await asyncio.gather(*streams)
+    for prompt, answer in zip(prompts, answers):
+        assert answer == (200, expected_text(prompt, max_tokens))
+    assert metric_total(cluster.api_url, "crescent_request_migrations_total") == moved_before
+    assert "instance gone" not in conductor.log_path.read_text()[logged_before:]
+    await asyncio.to_thread(cluster.wait_serving, 20)

@@ -43,7 +43,11 @@ class Conductor:
     def __init__(self, settings: ConductorSettings) -> None:
         self.settings = settings
         self.tokenizer = HfTokenizer(settings.tokenizer) if settings.tokenizer else ByteTokenizer()
-        self.view = ClusterView(clock=time.monotonic, outage_allowance_s=settings.nats_outage_s)
+        self.view = ClusterView(
+            clock=time.monotonic,
+            outage_allowance_s=settings.nats_outage_s,
+            lease_ttl_s=settings.lease_ttl_s,
+        )
         self.scheduler = Scheduler(settings, self.view, time.monotonic)
         self.ratio = (
             RatioLoop(settings, self.view, self.scheduler) if settings.ratio_window_s > 0 else None

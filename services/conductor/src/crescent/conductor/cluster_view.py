@@ -13,9 +13,13 @@ slow disk, a paused process) expires every lease at once when it resumes, and ea
 registers again a second or so later; meanwhile the cluster would have no instance at all
 (404 for every model, 503s). So a key that goes while its instance's telemetry is fresh, and
 the instance is not draining (a deliberate stop), leaves the instance in place, *unregistered*,
-until it registers again or goes silent (`drop_unregistered`). A stopping instance says it
-drains (telemetry, NATS) and then revokes its lease (etcd); the two arrive in either order, so
-an unregistered instance whose telemetry says it drains leaves at once.
+until it registers again or is unheard for the lease's TTL (`drop_unregistered`): the silence
+etcd itself gives an instance before it counts as dead. Not the stale window: etcd's return
+sets off a storm (every lease renewed, every store's block keys put again) that delays some
+instances' telemetry past it on a busy host, and those instances were dropped, their requests
+moved and new ones turned away, a second before they registered again. A stopping instance
+says it drains (telemetry, NATS) and then revokes its lease (etcd); the two arrive in either
+order, so an unregistered instance whose telemetry says it drains leaves at once.
 
 Silence is judged against what the conductor heard from the others: when its own loop stalls
 (a busy machine), every instance's telemetry waits unread in the NATS client and all of them
@@ -109,6 +113,7 @@ class ClusterView:
     clock: Callable[[], float]
     stale_periods: int = STALE_PERIODS
     default_period_s: float = 0.25
+    lease_ttl_s: float = 5.0  # the instances' etcd lease TTL: how long one unheard is dead
     instances: dict[tuple[str, str], InstanceState] = field(default_factory=dict)
     last_heard_any: float = 0.0  # when the newest telemetry from any instance was received
     outage_allowance_s: float = 45.0  # how much of one outage heard_clock skips
@@ -144,7 +149,7 @@ class ClusterView:
                     state.unregistered_at = self.clock()
                     log.warning(
                         "instance's lease ended while it is still heard; kept until it "
-                        "registers again or goes silent",
+                        "registers again, drains or is unheard for the lease's TTL",
                         extra={"role": role, "instance_id": instance_id},
                     )
                 return None
@@ -202,12 +207,15 @@ class ClusterView:
         return key
 
     def drop_unregistered(self) -> list[tuple[str, str]]:
-        """Remove the instances kept after their lease ended that went silent or began to
-        drain since; called every telemetry period. Returns their (role, id)."""
+        """Remove the instances kept after their lease ended that have been unheard for the
+        lease's TTL since (one that says it drains leaves at once, in `apply_load`); called
+        every telemetry period. Returns their (role, id)."""
+        now = self.clock()
         dropped = [
             key
             for key, state in self.instances.items()
-            if state.unregistered_at is not None and not self._is_heard_serving(state)
+            if state.unregistered_at is not None
+            and now - self._last_heard(state) > self.lease_ttl_s
         ]
         for key in dropped:
             self._remove(key, "its lease ended and it went silent")
@@ -271,9 +279,13 @@ class ClusterView:
         """How long the instance may go unheard before it is stale."""
         return self.stale_periods * self._period_s(self.instances.get((role, instance_id)))
 
+    @staticmethod
+    def _last_heard(state: InstanceState) -> float:
+        return state.load_received_at if state.load else state.registered_at
+
     def is_live(self, state: InstanceState, now: float) -> bool:
         period = self._period_s(state)
-        last_heard = state.load_received_at if state.load else state.registered_at
+        last_heard = self._last_heard(state)
         window = self.stale_periods * period
         if now - last_heard <= window:
             return True
@@ -302,7 +314,7 @@ class ClusterView:
             is_live = self.is_live(state, now)
             if is_live != state.was_live:
                 state.was_live = is_live
-                last_heard = state.load_received_at if state.load else state.registered_at
+                last_heard = self._last_heard(state)
                 if is_live:
                     log.info("instance back", extra={"role": role, "instance_id": instance_id})
                 else:
