@@ -150,10 +150,15 @@ def test_ratios_are_taken_round_by_round_against_each_plain_vllm_case_alike():
         "crescent-1p1d-auto": [_row(300.0, 4.0), _row(500.0, 5.0), _row(280.0, 4.5)],
         "vllm": [_row(200.0, 8.0), _row(600.0, 10.0), _row(400.0, 9.0)],
         "crescent-2p2d-faults": [_row(900.0, 6.0)] * 3,
+        "crescent-2p2d-infra-pauses": [_row(900.0, 6.0)] * 3,
         "vllm-2x-rr-faults": [_row(1800.0, 12.0)] * 3,
     }
     by_case = {ratio["case"]: ratio for ratio in ratios(rows)}
-    assert set(by_case) == {"crescent-1p1d-auto/vllm", "crescent-2p2d-faults/vllm-2x-rr-faults"}
+    assert set(by_case) == {
+        "crescent-1p1d-auto/vllm",
+        "crescent-2p2d-faults/vllm-2x-rr-faults",
+        "crescent-2p2d-infra-pauses/vllm-2x-rr-faults",
+    }
     auto = by_case["crescent-1p1d-auto/vllm"]
     # per round 1.5, 0.833, 0.7: the median of the ratios, not the ratio of the medians
     assert auto["ttft_ms_p50_ratios"] == [1.5, 0.833, 0.7]

@@ -16,6 +16,9 @@ by side in one run, on the same model, trace and load.
                        as `crescent up` restarts them (CRESCENT_FAULTS)
   crescent-2p2d-infra-faults  the same cluster while the store, then the NATS server, then etcd
                        are killed and restarted (INFRA_FAULTS)
+  crescent-2p2d-infra-pauses  the same cluster while the store (5 s, the lease's TTL), then the
+                       NATS server (4 s), then etcd (6 s, past every lease) are stopped (SIGSTOP)
+                       and resumed: slow, not dead (INFRA_PAUSES)
   vllm-2x-rr-faults    vllm-2x-rr while one server is stopped for 10 s and the other killed and
                        restarted (VLLM_FAULTS)
 
@@ -183,7 +186,17 @@ CASES = (
     "vllm-2x-rr",
     "crescent-2p2d-faults",
     "crescent-2p2d-infra-faults",
+    "crescent-2p2d-infra-pauses",
     "vllm-2x-rr-faults",
+)
+# Cases with faults injected: their ratios pair them with each other, not with calm replays.
+FAULTED = frozenset(
+    {
+        "crescent-2p2d-faults",
+        "crescent-2p2d-infra-faults",
+        "crescent-2p2d-infra-pauses",
+        "vllm-2x-rr-faults",
+    }
 )
 # Within the first 30 s of the replay, which the default trace's 200 requests span.
 CRESCENT_FAULTS = (
@@ -195,6 +208,11 @@ INFRA_FAULTS = (
     Fault(8.0, "kill", "store-node0"),  # the one node's store: every worker's KV pool
     Fault(16.0, "kill", "nats"),
     Fault(24.0, "kill", "etcd"),
+)
+INFRA_PAUSES = (
+    Fault(6.0, "pause", "store-node0", pause_s=5.0),
+    Fault(14.0, "pause", "nats", pause_s=4.0),
+    Fault(22.0, "pause", "etcd", pause_s=6.0),  # every lease ends as it resumes
 )
 VLLM_FAULTS = (Fault(10.0, "pause", "vllm-0", pause_s=10.0), Fault(23.0, "kill", "vllm-1"))
 
@@ -357,6 +375,14 @@ def run_aiperf_bench(
                 num_workers=2,
                 faults=INFRA_FAULTS,
             ),
+            "crescent-2p2d-infra-pauses": lambda where, run: _crescent(
+                model_dir,
+                where,
+                run,
+                ("--local-prefill", "auto"),
+                num_workers=2,
+                faults=INFRA_PAUSES,
+            ),
             "vllm-2x-rr-faults": lambda where, run: _plain_vllm(
                 model_dir, where, run, num_servers=2, faults=VLLM_FAULTS
             ),
@@ -427,7 +453,7 @@ def ratios(rows: dict[str, list[dict]]) -> list[dict]:
         for ours in rows
         if ours.startswith("crescent")
         for theirs in rows
-        if theirs.startswith("vllm") and ("faults" in ours) == ("faults" in theirs)
+        if theirs.startswith("vllm") and (ours in FAULTED) == (theirs in FAULTED)
     ]
     result = []
     for ours, theirs in pairs:
