@@ -187,3 +187,79 @@ def test_fewer_than_one_round_is_refused(tmp_path):
 
     with pytest.raises(AiperfError, match="rounds must be at least 1, got 0"):
         run_aiperf_bench(tmp_path / "t.jsonl", cases=("vllm",), workdir=tmp_path, rounds=0)
+
+
+def test_a_faster_replay_divides_the_arrival_times(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    rows = [
+        {"timestamp": t, "input_length": 10, "output_length": 1, "hash_ids": [1]}
+        for t in (0, 5, 1001)
+    ]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "cut.jsonl"
+    cut_trace(trace, out, limit=3, max_input_tokens=2048, speed=4.0)
+    assert [json.loads(line)["timestamp"] for line in out.read_text().splitlines()] == [0, 1, 250]
+
+
+def test_with_slos_aiperf_is_asked_for_goodput_and_the_row_counts_the_good_requests():
+    from crescent.bench.aiperf_replay import Slo
+
+    slo = Slo(2000, 100)
+    assert slo.aiperf_goodput() == "time_to_first_token:2000 inter_token_latency:100"
+    assert slo.conductor_args() == ("--ttft-slo-s", "2", "--tbt-slo-s", "0.1")
+    stats = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
+    export = {
+        "request_count": {"avg": 200.0},
+        "time_to_first_token": stats,
+        "inter_token_latency": stats,
+        "request_latency": stats,
+        "good_request_count": {"avg": 150.0},
+    }
+    assert summarize(export, slo)["good_requests"] == 150
+    assert "good_requests" not in summarize(export)
+
+
+def test_slos_without_aiperf_counting_good_requests_is_an_error():
+    import pytest
+
+    from crescent.bench.aiperf_replay import AiperfError, Slo
+
+    stats = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
+    export = {
+        "request_count": {"avg": 200.0},
+        "time_to_first_token": stats,
+        "inter_token_latency": stats,
+        "request_latency": stats,
+    }
+    with pytest.raises(AiperfError, match="good_request_count"):
+        summarize(export, Slo(2000, 100))
+
+
+def test_good_requests_are_a_ratio_like_the_latencies():
+    from crescent.bench.aiperf_replay import ratios
+
+    rows = {
+        "crescent-1p1d-auto": [
+            _row(300.0, 4.0, good_requests=180),
+            _row(300.0, 4.0, good_requests=150),
+        ],
+        "vllm": [_row(200.0, 8.0, good_requests=120), _row(200.0, 8.0, good_requests=100)],
+    }
+    (ratio,) = ratios(rows)
+    assert ratio["good_requests_ratios"] == [1.5, 1.5]
+    assert ratio["good_requests"] == 1.5
+
+
+def test_bad_speed_or_slos_are_refused_with_a_message(tmp_path, capsys):
+    import pytest
+
+    from crescent.bench.aiperf_replay import AiperfError, run_aiperf_bench
+    from crescent.cli.main import main
+
+    with pytest.raises(AiperfError, match="speed must be positive, got 0"):
+        run_aiperf_bench(tmp_path / "t.jsonl", cases=("vllm",), workdir=tmp_path, speed=0)
+    for bad in ("2000", "2000,x", "0,100"):
+        with pytest.raises(SystemExit) as stop:
+            main(["bench", "aiperf", "--slo", bad, "--json", str(tmp_path / "out.json")])
+        assert stop.value.code == 2
+        assert "--slo" in capsys.readouterr().err

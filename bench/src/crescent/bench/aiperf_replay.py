@@ -29,6 +29,12 @@ long as its trace row says); its tokenizer is the model's, which this module pla
 private Hugging Face cache under a hub-style name, as aiperf's loader expects. Prompts are cut
 to `max_input_tokens` (keeping the leading hash ids) so the trace fits a small model.
 
+`speed` replays the trace faster (arrivals at its times × 1/speed), to see each system past
+its capacity. `slo` (TTFT and inter-token latency, ms) makes aiperf count the requests that met
+both (`good_requests`, its goodput: an error or a 429 is not good) and gives Crescent's
+conductor the same SLOs to schedule and admit by (`--ttft-slo-s`, `--tbt-slo-s`), as its user
+would; plain vLLM has no such setting.
+
 With `rounds` > 1 every case runs that many times, the order of the cases reversed every
 round, so that a slow minute of the machine falls on each of them alike. A case's latency
 percentiles are then the medians of its rounds' and its counts (requests, errors, ...) their
@@ -49,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from crescent.bench.conductor_metrics import (
@@ -81,8 +88,28 @@ class AiperfError(RuntimeError):
     """aiperf is missing or did not finish."""
 
 
-def cut_trace(trace: Path, out: Path, limit: int, max_input_tokens: int) -> int:
-    """The first `limit` requests with prompts of at most `max_input_tokens`; returns the count."""
+@dataclass(frozen=True)
+class Slo:
+    """The latency a request must meet to count as good (aiperf's goodput)."""
+
+    ttft_ms: float
+    itl_ms: float
+
+    def aiperf_goodput(self) -> str:
+        return f"time_to_first_token:{self.ttft_ms:g} inter_token_latency:{self.itl_ms:g}"
+
+    def conductor_args(self) -> tuple[str, ...]:
+        return (
+            "--ttft-slo-s",
+            f"{self.ttft_ms / 1000:g}",
+            "--tbt-slo-s",
+            f"{self.itl_ms / 1000:g}",
+        )
+
+
+def cut_trace(trace: Path, out: Path, limit: int, max_input_tokens: int, speed: float = 1.0) -> int:
+    """The first `limit` requests with prompts of at most `max_input_tokens`, arriving at the
+    trace's times × 1/speed; returns the count."""
     count = 0
     with trace.open() as source, out.open("w") as sink:
         for line in source:
@@ -90,6 +117,7 @@ def cut_trace(trace: Path, out: Path, limit: int, max_input_tokens: int) -> int:
                 break
             request = json.loads(line)
             request["input_length"] = min(request["input_length"], max_input_tokens)
+            request["timestamp"] = round(request["timestamp"] / speed)
             request["hash_ids"] = request["hash_ids"][
                 : math.ceil(request["input_length"] / HASH_BLOCK_TOKENS)
             ]
@@ -112,7 +140,13 @@ def hub_cache(model_dir: Path, hf_home: Path) -> None:
 
 
 def run_aiperf(
-    aiperf: str, url: str, model: str, trace: Path, out_dir: Path, hf_home: Path
+    aiperf: str,
+    url: str,
+    model: str,
+    trace: Path,
+    out_dir: Path,
+    hf_home: Path,
+    slo: Slo | None = None,
 ) -> dict:
     argv = [
         aiperf,
@@ -139,6 +173,8 @@ def run_aiperf(
         "--artifact-dir",
         str(out_dir),
     ]
+    if slo is not None:
+        argv += ["--goodput", slo.aiperf_goodput()]
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with (out_dir.parent / f"{out_dir.name}.log").open("w") as log:
@@ -150,14 +186,19 @@ def run_aiperf(
         raise AiperfError(
             f"aiperf exited with {done.returncode}; see {out_dir.parent / out_dir.name}.log"
         )
-    return summarize(json.loads(export.read_text()))
+    return summarize(json.loads(export.read_text()), slo)
 
 
-def summarize(export: dict) -> dict:
-    """Requests, errors and latency percentiles from aiperf's profile_export_aiperf.json."""
+def summarize(export: dict, slo: Slo | None = None) -> dict:
+    """Requests, errors and latency percentiles from aiperf's profile_export_aiperf.json; with
+    `slo`, the requests that met it."""
     summary = export.get("error_summary") or []
     errors = sum(int(entry.get("count", 1)) for entry in summary)
     row: dict = {"requests": int(export["request_count"]["avg"]), "errors": errors}
+    if slo is not None:
+        if "good_request_count" not in export:
+            raise AiperfError("aiperf was given SLOs but reported no good_request_count")
+        row["good_requests"] = int(export["good_request_count"]["avg"])
     if summary:  # what went wrong, as aiperf saw it: the count is not the whole story
         row["error_kinds"] = [_error_kind(entry) for entry in summary]
     for name, key in METRICS.items():
@@ -321,6 +362,8 @@ def run_aiperf_bench(
     workdir: Path | None = None,
     cases: tuple[str, ...] = CASES,
     rounds: int = 1,
+    speed: float = 1.0,
+    slo: Slo | None = None,
 ) -> dict:
     """The cases in turn, `rounds` times (the module's docstring); aiperf's artifacts and the
     servers' logs stay in `workdir` when given."""
@@ -331,6 +374,10 @@ def run_aiperf_bench(
         )
     if rounds < 1:
         raise AiperfError(f"rounds must be at least 1, got {rounds}")
+    if not speed > 0:
+        raise AiperfError(f"speed must be positive, got {speed}")
+    if slo is not None and not (slo.ttft_ms > 0 and slo.itl_ms > 0):
+        raise AiperfError(f"SLOs must be positive, got TTFT {slo.ttft_ms} ms, ITL {slo.itl_ms} ms")
     if shutil.which(aiperf) is None:
         raise AiperfError(
             f"{aiperf!r} not found: pip install aiperf (in a virtual environment of its own) "
@@ -343,45 +390,37 @@ def run_aiperf_bench(
         hf_home = workdir / "hf"
         hub_cache(model_dir, hf_home)
         cut = workdir / "trace.jsonl"
-        num_requests = cut_trace(trace, cut, limit, max_input_tokens)
+        num_requests = cut_trace(trace, cut, limit, max_input_tokens, speed)
+        slo_args = slo.conductor_args() if slo is not None else ()
+
+        def crescent(where, run, local_prefill, num_workers=1, faults=()):
+            return _crescent(
+                model_dir,
+                where,
+                run,
+                ("--local-prefill", local_prefill, *slo_args),
+                num_workers,
+                faults,
+            )
 
         # Each runner starts its system in `where` (this round's directory of that case) and
         # replays the trace against it with `run`.
         runners = {
-            "crescent-1p1d": lambda where, run: _crescent(
-                model_dir, where, run, ("--local-prefill", "off")
+            "crescent-1p1d": lambda where, run: crescent(where, run, "off"),
+            "crescent-1p1d-cond": lambda where, run: crescent(
+                where, run, str(LOCAL_PREFILL_MAX_TOKENS)
             ),
-            "crescent-1p1d-cond": lambda where, run: _crescent(
-                model_dir, where, run, ("--local-prefill", str(LOCAL_PREFILL_MAX_TOKENS))
-            ),
-            "crescent-1p1d-auto": lambda where, run: _crescent(
-                model_dir, where, run, ("--local-prefill", "auto")
-            ),
+            "crescent-1p1d-auto": lambda where, run: crescent(where, run, "auto"),
             "vllm": lambda where, run: _plain_vllm(model_dir, where, run),
             "vllm-2x-rr": lambda where, run: _plain_vllm(model_dir, where, run, num_servers=2),
-            "crescent-2p2d-faults": lambda where, run: _crescent(
-                model_dir,
-                where,
-                run,
-                ("--local-prefill", "auto"),
-                num_workers=2,
-                faults=CRESCENT_FAULTS,
+            "crescent-2p2d-faults": lambda where, run: crescent(
+                where, run, "auto", num_workers=2, faults=CRESCENT_FAULTS
             ),
-            "crescent-2p2d-infra-faults": lambda where, run: _crescent(
-                model_dir,
-                where,
-                run,
-                ("--local-prefill", "auto"),
-                num_workers=2,
-                faults=INFRA_FAULTS,
+            "crescent-2p2d-infra-faults": lambda where, run: crescent(
+                where, run, "auto", num_workers=2, faults=INFRA_FAULTS
             ),
-            "crescent-2p2d-infra-pauses": lambda where, run: _crescent(
-                model_dir,
-                where,
-                run,
-                ("--local-prefill", "auto"),
-                num_workers=2,
-                faults=INFRA_PAUSES,
+            "crescent-2p2d-infra-pauses": lambda where, run: crescent(
+                where, run, "auto", num_workers=2, faults=INFRA_PAUSES
             ),
             "vllm-2x-rr-faults": lambda where, run: _plain_vllm(
                 model_dir, where, run, num_servers=2, faults=VLLM_FAULTS
@@ -389,7 +428,7 @@ def run_aiperf_bench(
         }
 
         def replay(out_dir: Path):
-            return lambda url: run_aiperf(aiperf, url, model_dir.name, cut, out_dir, hf_home)
+            return lambda url: run_aiperf(aiperf, url, model_dir.name, cut, out_dir, hf_home, slo)
 
         rows: dict[str, list[dict]] = {name: [] for name in cases}
         for round_number, order in enumerate(round_orders(cases, rounds)):
@@ -402,6 +441,9 @@ def run_aiperf_bench(
         "ratios": ratios(rows),
         "config": {
             "rounds": rounds,
+            "speed": speed,
+            "slo_ttft_ms": slo.ttft_ms if slo is not None else None,
+            "slo_itl_ms": slo.itl_ms if slo is not None else None,
             "trace": str(trace),
             "requests": num_requests,
             "max_input_tokens": max_input_tokens,
@@ -440,14 +482,15 @@ def combine_rounds(rows: list[dict]) -> dict:
     return combined
 
 
-RATIO_METRICS = ("ttft_ms_p50", "itl_ms_p50")
+RATIO_METRICS = ("ttft_ms_p50", "itl_ms_p50", "good_requests")
 
 
 def ratios(rows: dict[str, list[dict]]) -> list[dict]:
     """Each Crescent case ÷ each plain vLLM case of the run, faulted with faulted: per metric,
     round by round (`*_ratios`), their median (the paired reading: each round's two replays ran
     minutes apart, so a slow stretch of the machine divides out), and the ratio of the two
-    cases' medians (`*_of_medians`)."""
+    cases' medians (`*_of_medians`). The metrics: TTFT and ITL p50 (lower is better) and, with
+    SLOs, the good requests (higher is better)."""
     pairs = [
         (ours, theirs)
         for ours in rows
@@ -462,7 +505,7 @@ def ratios(rows: dict[str, list[dict]]) -> list[dict]:
             by_round = [
                 round(a[metric] / b[metric], 3)
                 for a, b in zip(rows[ours], rows[theirs], strict=True)
-                if b[metric] > 0
+                if metric in a and b.get(metric, 0) > 0
             ]
             if by_round:
                 ratio[metric] = round(statistics.median(by_round), 3)

@@ -148,6 +148,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run every case this many times, the order reversed each round; figures are the "
         "rounds' medians and ratios are taken round by round (default 1)",
     )
+    aiperf.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="arrivals at the trace's times × 1/speed (default 1; 4: four times its rate)",
+    )
+    aiperf.add_argument(
+        "--slo",
+        type=_slo_pair,
+        default=None,
+        metavar="TTFT_MS,ITL_MS",
+        help="count the requests that met both (good_requests, aiperf's goodput) and give "
+        "Crescent's conductor the same SLOs (default: none)",
+    )
     lag = benches.add_parser(
         "replay-lag", help="crescent replay's own scheduling lag at 50 requests/s"
     )
@@ -268,6 +282,19 @@ def _at_least_two(text: str) -> int:
     return value
 
 
+def _slo_pair(text: str) -> tuple[float, float]:
+    """TTFT_MS,ITL_MS: both positive."""
+    try:
+        ttft_ms, itl_ms = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected TTFT_MS,ITL_MS (e.g. 2000,100), got {text!r}"
+        ) from None
+    if not (ttft_ms > 0 and itl_ms > 0):
+        raise argparse.ArgumentTypeError(f"both SLOs must be positive, got {text!r}")
+    return ttft_ms, itl_ms
+
+
 def _trace(args: argparse.Namespace) -> Path | None:
     """--trace, or the repository's slice where it was not given; None (after saying why) when
     neither is there."""
@@ -329,7 +356,7 @@ def run(args: argparse.Namespace) -> int:
             repeat=args.repeat, admission=args.admission, num_inflight=args.inflight
         )
     elif args.bench == "aiperf":
-        from crescent.bench.aiperf_replay import AiperfError, run_aiperf_bench
+        from crescent.bench.aiperf_replay import AiperfError, Slo, run_aiperf_bench
 
         try:
             result = run_aiperf_bench(
@@ -340,6 +367,8 @@ def run(args: argparse.Namespace) -> int:
                 workdir=args.workdir,
                 cases=tuple(args.cases.split(",")),
                 rounds=args.rounds,
+                speed=args.speed,
+                slo=Slo(*args.slo) if args.slo else None,
             )
         except AiperfError as exc:
             print(f"crescent bench aiperf: error: {exc}", file=sys.stderr)
