@@ -201,20 +201,25 @@ def test_a_faster_replay_divides_the_arrival_times(tmp_path):
     assert [json.loads(line)["timestamp"] for line in out.read_text().splitlines()] == [0, 1, 250]
 
 
+def _export(**extra) -> dict:
+    """A profile_export_aiperf.json of 200 requests, every latency alike."""
+    stats = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
+    return {
+        "request_count": {"avg": 200.0},
+        "time_to_first_token": stats,
+        "inter_token_latency": stats,
+        "request_latency": stats,
+        **extra,
+    }
+
+
 def test_with_slos_aiperf_is_asked_for_goodput_and_the_row_counts_the_good_requests():
     from crescent.bench.aiperf_replay import Slo
 
     slo = Slo(2000, 100)
     assert slo.aiperf_goodput() == "time_to_first_token:2000 inter_token_latency:100"
     assert slo.conductor_args() == ("--ttft-slo-s", "2", "--tbt-slo-s", "0.1")
-    stats = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
-    export = {
-        "request_count": {"avg": 200.0},
-        "time_to_first_token": stats,
-        "inter_token_latency": stats,
-        "request_latency": stats,
-        "good_request_count": {"avg": 150.0},
-    }
+    export = _export(good_request_count={"avg": 150.0})
     assert summarize(export, slo)["good_requests"] == 150
     assert "good_requests" not in summarize(export)
 
@@ -224,15 +229,8 @@ def test_slos_without_aiperf_counting_good_requests_is_an_error():
 
     from crescent.bench.aiperf_replay import AiperfError, Slo
 
-    stats = {"p50": 1.0, "p90": 2.0, "p99": 3.0}
-    export = {
-        "request_count": {"avg": 200.0},
-        "time_to_first_token": stats,
-        "inter_token_latency": stats,
-        "request_latency": stats,
-    }
     with pytest.raises(AiperfError, match="good_request_count"):
-        summarize(export, Slo(2000, 100))
+        summarize(_export(), Slo(2000, 100))
 
 
 def test_good_requests_are_a_ratio_like_the_latencies():
