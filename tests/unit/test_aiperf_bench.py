@@ -106,6 +106,33 @@ def test_store_lookup_waits_are_summed_over_stores():
     }
 
 
+def test_predictions_within_half_are_counted_as_admission_used_them():
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from crescent.bench.conductor_metrics import PREDICTION_ERROR_METRIC, predictions_of
+    from crescent.conductor.metrics import PREDICTION_ERROR_BUCKETS
+
+    registry = CollectorRegistry()
+    errors = Histogram(
+        PREDICTION_ERROR_METRIC,
+        "errors",
+        ["kind", "prediction"],
+        buckets=PREDICTION_ERROR_BUCKETS,
+        registry=registry,
+    )
+    for error in (0.1, 0.5, 0.7, 3.0):
+        errors.labels("tbt", "corrected").observe(error)
+    errors.labels("tbt", "published").observe(0.1)  # not what admission used
+    errors.labels("ttft", "corrected").observe(0.2)
+    errors.labels("ttft_queue", "corrected").observe(0.2)  # one term of the TTFT
+    assert predictions_of(generate_latest(registry).decode()) == {
+        "ttft_predictions": 1,
+        "ttft_predictions_within_half": 1,
+        "tbt_predictions": 4,
+        "tbt_predictions_within_half": 2,
+    }
+
+
 def test_rounds_reverse_the_order_of_the_cases_each_time():
     from crescent.bench.aiperf_replay import round_orders
 

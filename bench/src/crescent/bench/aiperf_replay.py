@@ -61,6 +61,7 @@ from pathlib import Path
 from crescent.bench.conductor_metrics import (
     num_moved,
     num_prefilled_on_decode,
+    prediction_counts,
     request_outcomes,
 )
 from crescent.bench.plain_vllm import bench_model, vllm_server_argv
@@ -290,6 +291,7 @@ def _crescent(
         outcomes = request_outcomes(cluster.api_url)
         row.update({f"conductor_{outcome}": count for outcome, count in outcomes.items()})
         row["conductor_moved"] = num_moved(cluster.api_url)
+        row.update(prediction_counts(cluster.api_url))
         waits = lookup_waits(cluster.api_url)
         row.update({f"store_{name}": value for name, value in waits.items()})
         return row

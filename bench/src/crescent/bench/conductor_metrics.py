@@ -9,7 +9,9 @@ from prometheus_client.parser import text_string_to_metric_families
 ON_DECODE_METRIC = "crescent_prefill_on_decode_total"
 REQUESTS_METRIC = "crescent_requests_total"
 MIGRATIONS_METRIC = "crescent_request_migrations_total"
+PREDICTION_ERROR_METRIC = "crescent_prediction_abs_error_ratio"
 OUTCOMES = ("ok", "rejected", "error")
+PREDICTION_BOUND = "0.5"  # a bucket of the conductor's prediction-error histogram
 
 
 def _page(api_url: str) -> str:
@@ -50,4 +52,29 @@ def outcomes_of(text: str) -> dict[str, int]:
     for sample in _samples(text, REQUESTS_METRIC):
         outcome = sample.labels["outcome"]
         counts[outcome] = counts.get(outcome, 0) + round(sample.value)
+    return counts
+
+
+def prediction_counts(api_url: str) -> dict[str, int]:
+    """predictions_of the conductor at `api_url`."""
+    return predictions_of(_page(api_url))
+
+
+def predictions_of(text: str) -> dict[str, int]:
+    """How many TTFT and TBT predictions, as admission used them (corrected online), the
+    conductor checked against what the request took, and how many of those were within half
+    of it (|predicted − measured| ≤ 0.5 × measured): counts, not shares, so that rounds add."""
+    counts = {}
+    for kind in ("ttft", "tbt"):
+        labels = {"kind": kind, "prediction": "corrected"}
+        total = [
+            s for s in _samples(text, f"{PREDICTION_ERROR_METRIC}_count") if s.labels == labels
+        ]
+        within = [
+            s
+            for s in _samples(text, f"{PREDICTION_ERROR_METRIC}_bucket")
+            if s.labels == {**labels, "le": PREDICTION_BOUND}
+        ]
+        counts[f"{kind}_predictions"] = round(sum(s.value for s in total))
+        counts[f"{kind}_predictions_within_half"] = round(sum(s.value for s in within))
     return counts
