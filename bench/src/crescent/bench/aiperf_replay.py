@@ -58,12 +58,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from crescent.bench.conductor_metrics import (
-    num_moved,
-    num_prefilled_on_decode,
-    prediction_counts,
-    request_outcomes,
-)
+from crescent.bench.conductor_metrics import replay_figures
 from crescent.bench.plain_vllm import bench_model, vllm_server_argv
 from crescent.bench.replay_faults import Fault, run_with_faults
 from crescent.bench.store_metrics import lookup_waits
@@ -286,12 +281,8 @@ def _crescent(
         row = run_with_faults(
             lambda: run(cluster.api_url), faults, cluster.process, cluster.supervise
         )
-        row["prefilled_on_decode"] = num_prefilled_on_decode(cluster.api_url)
         # aiperf counts a stream that ended with an error event as served; the conductor does not
-        outcomes = request_outcomes(cluster.api_url)
-        row.update({f"conductor_{outcome}": count for outcome, count in outcomes.items()})
-        row["conductor_moved"] = num_moved(cluster.api_url)
-        row.update(prediction_counts(cluster.api_url))
+        row.update(replay_figures(cluster.api_url))
         waits = lookup_waits(cluster.api_url)
         row.update({f"store_{name}": value for name, value in waits.items()})
         return row

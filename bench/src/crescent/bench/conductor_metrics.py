@@ -28,20 +28,31 @@ def _samples(text: str, name: str) -> list:
     ]
 
 
+def _total(text: str, name: str) -> int:
+    return round(sum(sample.value for sample in _samples(text, name)))
+
+
 def num_prefilled_on_decode(api_url: str) -> int:
     """How many prompts the conductor at `api_url` had decode instances compute themselves."""
-    return round(sum(sample.value for sample in _samples(_page(api_url), ON_DECODE_METRIC)))
+    return _total(_page(api_url), ON_DECODE_METRIC)
 
 
 def num_moved(api_url: str) -> int:
     """How often the conductor at `api_url` moved a request to another instance (every stage
     and cause): each move computes the prompt again, and a decode move the tokens streamed."""
-    return round(sum(sample.value for sample in _samples(_page(api_url), MIGRATIONS_METRIC)))
+    return _total(_page(api_url), MIGRATIONS_METRIC)
 
 
-def request_outcomes(api_url: str) -> dict[str, int]:
-    """outcomes_of the conductor at `api_url`."""
-    return outcomes_of(_page(api_url))
+def replay_figures(api_url: str) -> dict[str, int]:
+    """What a replay's row reports of the conductor at `api_url`, from one read of its page:
+    prompts computed on decode, requests by outcome (`conductor_*`), moves, and predictions."""
+    text = _page(api_url)
+    return {
+        "prefilled_on_decode": _total(text, ON_DECODE_METRIC),
+        **{f"conductor_{outcome}": count for outcome, count in outcomes_of(text).items()},
+        "conductor_moved": _total(text, MIGRATIONS_METRIC),
+        **predictions_of(text),
+    }
 
 
 def outcomes_of(text: str) -> dict[str, int]:
@@ -53,11 +64,6 @@ def outcomes_of(text: str) -> dict[str, int]:
         outcome = sample.labels["outcome"]
         counts[outcome] = counts.get(outcome, 0) + round(sample.value)
     return counts
-
-
-def prediction_counts(api_url: str) -> dict[str, int]:
-    """predictions_of the conductor at `api_url`."""
-    return predictions_of(_page(api_url))
 
 
 def predictions_of(text: str) -> dict[str, int]:
