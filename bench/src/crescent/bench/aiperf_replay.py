@@ -91,6 +91,12 @@ class Slo:
     ttft_ms: float
     itl_ms: float
 
+    def __post_init__(self) -> None:
+        if not (self.ttft_ms > 0 and self.itl_ms > 0):
+            raise ValueError(
+                f"SLOs must be positive, got TTFT {self.ttft_ms:g} ms, ITL {self.itl_ms:g} ms"
+            )
+
     def aiperf_goodput(self) -> str:
         return f"time_to_first_token:{self.ttft_ms:g} inter_token_latency:{self.itl_ms:g}"
 
@@ -369,8 +375,6 @@ def run_aiperf_bench(
         raise AiperfError(f"rounds must be at least 1, got {rounds}")
     if not speed > 0:
         raise AiperfError(f"speed must be positive, got {speed}")
-    if slo is not None and not (slo.ttft_ms > 0 and slo.itl_ms > 0):
-        raise AiperfError(f"SLOs must be positive, got TTFT {slo.ttft_ms} ms, ITL {slo.itl_ms} ms")
     if shutil.which(aiperf) is None:
         raise AiperfError(
             f"{aiperf!r} not found: pip install aiperf (in a virtual environment of its own) "

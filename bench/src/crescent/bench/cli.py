@@ -6,6 +6,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crescent.bench.aiperf_replay import Slo
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -156,7 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     aiperf.add_argument(
         "--slo",
-        type=_slo_pair,
+        type=_slo,
         default=None,
         metavar="TTFT_MS,ITL_MS",
         help="count the requests that met both (good_requests, aiperf's goodput) and give "
@@ -282,17 +286,20 @@ def _at_least_two(text: str) -> int:
     return value
 
 
-def _slo_pair(text: str) -> tuple[float, float]:
-    """TTFT_MS,ITL_MS: both positive."""
+def _slo(text: str) -> Slo:
+    """TTFT_MS,ITL_MS as the aiperf bench's Slo, which checks both are positive."""
+    from crescent.bench.aiperf_replay import Slo
+
     try:
         ttft_ms, itl_ms = (float(part) for part in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"expected TTFT_MS,ITL_MS (e.g. 2000,100), got {text!r}"
         ) from None
-    if not (ttft_ms > 0 and itl_ms > 0):
-        raise argparse.ArgumentTypeError(f"both SLOs must be positive, got {text!r}")
-    return ttft_ms, itl_ms
+    try:
+        return Slo(ttft_ms, itl_ms)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _trace(args: argparse.Namespace) -> Path | None:
@@ -356,7 +363,7 @@ def run(args: argparse.Namespace) -> int:
             repeat=args.repeat, admission=args.admission, num_inflight=args.inflight
         )
     elif args.bench == "aiperf":
-        from crescent.bench.aiperf_replay import AiperfError, Slo, run_aiperf_bench
+        from crescent.bench.aiperf_replay import AiperfError, run_aiperf_bench
 
         try:
             result = run_aiperf_bench(
@@ -368,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
                 cases=tuple(args.cases.split(",")),
                 rounds=args.rounds,
                 speed=args.speed,
-                slo=Slo(*args.slo) if args.slo else None,
+                slo=args.slo,
             )
         except AiperfError as exc:
             print(f"crescent bench aiperf: error: {exc}", file=sys.stderr)
