@@ -9,7 +9,6 @@ already streamed.
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 
@@ -18,6 +17,7 @@ import nats
 import pytest
 from expected import expected_text
 from prometheus_client.parser import text_string_to_metric_families
+from sse_client import stream
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.codec import decode
@@ -53,35 +53,6 @@ def process(cluster: LocalCluster, name: str):
 def prompt(i: int) -> str:
     head = f"fault request {i} at {time.monotonic_ns()}: "
     return head + "x" * (PROMPT_BYTES - len(head))
-
-
-async def stream(
-    session: aiohttp.ClientSession,
-    url: str,
-    text: str,
-    max_tokens: int = MAX_TOKENS,
-    on_token=None,
-    logprobs: int | None = None,
-) -> tuple[int, str, str | None]:
-    """(HTTP status, streamed text, finish reason) of one streaming completion."""
-    body = {"model": MODEL, "prompt": text, "max_tokens": max_tokens, "stream": True}
-    if logprobs is not None:
-        body["logprobs"] = logprobs
-    async with session.post(f"{url}/v1/completions", json=body) as response:
-        if response.status != 200:
-            return response.status, await response.text(), None
-        pieces, finish = [], None
-        async for line in response.content:
-            line = line.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            pieces.append(event["choices"][0]["text"])
-            finish = event["choices"][0]["finish_reason"] or finish
-            if on_token is not None:
-                on_token()
-        return 200, "".join(pieces), finish
 
 
 async def load_with_fault(
@@ -309,7 +280,10 @@ async def test_nats_restart_mid_prefill_computes_no_prompt_again(cluster):
     texts = [f"mid-prefill {i} {time.monotonic_ns()} {long_prompt}" for i in range(4)]
     before = await _metrics(cluster)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        tasks = [asyncio.create_task(stream(session, cluster.api_url, text)) for text in texts]
+        tasks = [
+            asyncio.create_task(stream(session, cluster.api_url, text, MAX_TOKENS))
+            for text in texts
+        ]
         await asyncio.sleep(0.3)
         await restart_nats(cluster)
         results = await asyncio.gather(*tasks)

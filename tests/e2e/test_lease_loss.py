@@ -12,7 +12,6 @@ on a busy host): it is then stale, not gone, until unheard for the lease's TTL."
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 
@@ -20,6 +19,7 @@ import aiohttp
 import pytest
 from expected import expected_text
 from scrape import metric_total
+from sse_client import stream
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.etcd import connect_etcd
@@ -100,21 +100,6 @@ async def test_instances_whose_leases_ended_keep_serving_until_they_register_aga
     await asyncio.to_thread(cluster.wait_serving, 10)
 
 
-async def stream(session: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int, seen):
-    """(status, text) of one streamed completion; `seen` is set at its first token."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True}
-    async with session.post(f"{url}/v1/completions", json=body) as response:
-        if response.status != 200:
-            return response.status, await response.text()
-        pieces = []
-        async for line in response.content:
-            line = line.decode().strip()
-            if line.startswith("data: {"):
-                pieces.append(json.loads(line[6:])["choices"][0]["text"])
-                seen.set()
-        return 200, "".join(pieces)
-
-
 async def test_a_decode_unheard_for_a_moment_before_it_registers_again_keeps_its_streams(cluster):
     """Its lease ended, then it went unheard for 2 s (longer than the stale window, shorter than
     the TTL) before it could register again: its streams wait for it and none is moved (they
@@ -127,7 +112,7 @@ async def test_a_decode_unheard_for_a_moment_before_it_registers_again_keeps_its
     async with aiohttp.ClientSession(timeout=timeout) as session:
         seen = [asyncio.Event() for _ in prompts]
         streams = [
-            asyncio.create_task(stream(session, cluster.api_url, prompt, max_tokens, event))
+            asyncio.create_task(stream(session, cluster.api_url, prompt, max_tokens, event.set))
             for prompt, event in zip(prompts, seen)
         ]
         async with asyncio.timeout(20):
@@ -144,7 +129,7 @@ async def test_a_decode_unheard_for_a_moment_before_it_registers_again_keeps_its
             decode.signal(signal.SIGCONT)
         answers = await asyncio.gather(*streams)
     for prompt, answer in zip(prompts, answers):
-        assert answer == (200, expected_text(prompt, max_tokens))
+        assert answer == (200, expected_text(prompt, max_tokens), "length")
     assert metric_total(cluster.api_url, "crescent_request_migrations_total") == moved_before
     assert "instance gone" not in conductor.log_path.read_text()[logged_before:]
     await asyncio.to_thread(cluster.wait_serving, 20)
