@@ -241,11 +241,12 @@ def _export(**extra) -> dict:
 
 
 def test_with_slos_aiperf_is_asked_for_goodput_and_the_row_counts_the_good_requests():
-    from crescent.bench.aiperf_replay import Slo
+    from crescent.bench.aiperf_replay import aiperf_goodput, conductor_slo_args
+    from crescent.bench.slo import SloTargets
 
-    slo = Slo(2000, 100)
-    assert slo.aiperf_goodput() == "time_to_first_token:2000 inter_token_latency:100"
-    assert slo.conductor_args() == ("--ttft-slo-s", "2", "--tbt-slo-s", "0.1")
+    slo = SloTargets(2.0, 0.1)
+    assert aiperf_goodput(slo) == "time_to_first_token:2000 inter_token_latency:100"
+    assert conductor_slo_args(slo) == ("--ttft-slo-s", "2", "--tbt-slo-s", "0.1")
     export = _export(good_request_count={"avg": 150.0})
     assert summarize(export, slo)["good_requests"] == 150
     assert "good_requests" not in summarize(export)
@@ -254,10 +255,11 @@ def test_with_slos_aiperf_is_asked_for_goodput_and_the_row_counts_the_good_reque
 def test_slos_without_aiperf_counting_good_requests_is_an_error():
     import pytest
 
-    from crescent.bench.aiperf_replay import AiperfError, Slo
+    from crescent.bench.aiperf_replay import AiperfError
+    from crescent.bench.slo import SloTargets
 
     with pytest.raises(AiperfError, match="good_request_count"):
-        summarize(_export(), Slo(2000, 100))
+        summarize(_export(), SloTargets(2.0, 0.1))
 
 
 def test_good_requests_are_a_ratio_like_the_latencies():

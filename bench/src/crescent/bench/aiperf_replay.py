@@ -30,7 +30,8 @@ private Hugging Face cache under a hub-style name, as aiperf's loader expects. P
 to `max_input_tokens` (keeping the leading hash ids) so the trace fits a small model.
 
 `speed` replays the trace faster (arrivals at its times × 1/speed), to see each system past
-its capacity. `slo` (TTFT and inter-token latency, ms) makes aiperf count the requests that met
+its capacity. `slo` (TTFT and TBT, the latter as aiperf's inter-token latency: each request's
+mean gap, not the paper's mean of its longest tenth) makes aiperf count the requests that met
 both (`good_requests`, its goodput: an error or a 429 is not good) and gives Crescent's
 conductor the same SLOs to schedule and admit by (`--ttft-slo-s`, `--tbt-slo-s`), as its user
 would; plain vLLM has no such setting.
@@ -55,12 +56,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from crescent.bench.conductor_metrics import replay_figures
 from crescent.bench.plain_vllm import bench_model, vllm_server_argv
 from crescent.bench.replay_faults import Fault, run_with_faults
+from crescent.bench.slo import SloTargets
 from crescent.bench.store_metrics import lookup_waits
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.cluster.processes import ManagedProcess, ProcessSpec, restart_exited
@@ -84,29 +85,15 @@ class AiperfError(RuntimeError):
     """aiperf is missing or did not finish."""
 
 
-@dataclass(frozen=True)
-class Slo:
-    """The latency a request must meet to count as good (aiperf's goodput)."""
+def aiperf_goodput(slo: SloTargets) -> str:
+    """aiperf's --goodput for `slo`: its TTFT and its inter-token latency (the request's mean
+    gap, aiperf's per-request ITL), in ms."""
+    return f"time_to_first_token:{slo.ttft_s * 1000:g} inter_token_latency:{slo.tbt_s * 1000:g}"
 
-    ttft_ms: float
-    itl_ms: float
 
-    def __post_init__(self) -> None:
-        if not (self.ttft_ms > 0 and self.itl_ms > 0):
-            raise ValueError(
-                f"SLOs must be positive, got TTFT {self.ttft_ms:g} ms, ITL {self.itl_ms:g} ms"
-            )
-
-    def aiperf_goodput(self) -> str:
-        return f"time_to_first_token:{self.ttft_ms:g} inter_token_latency:{self.itl_ms:g}"
-
-    def conductor_args(self) -> tuple[str, ...]:
-        return (
-            "--ttft-slo-s",
-            f"{self.ttft_ms / 1000:g}",
-            "--tbt-slo-s",
-            f"{self.itl_ms / 1000:g}",
-        )
+def conductor_slo_args(slo: SloTargets) -> tuple[str, ...]:
+    """The conductor's arguments that set `slo` as the one it schedules and admits by."""
+    return ("--ttft-slo-s", f"{slo.ttft_s:g}", "--tbt-slo-s", f"{slo.tbt_s:g}")
 
 
 def cut_trace(trace: Path, out: Path, limit: int, max_input_tokens: int, speed: float = 1.0) -> int:
@@ -148,7 +135,7 @@ def run_aiperf(
     trace: Path,
     out_dir: Path,
     hf_home: Path,
-    slo: Slo | None = None,
+    slo: SloTargets | None = None,
 ) -> dict:
     argv = [
         aiperf,
@@ -176,7 +163,7 @@ def run_aiperf(
         str(out_dir),
     ]
     if slo is not None:
-        argv += ["--goodput", slo.aiperf_goodput()]
+        argv += ["--goodput", aiperf_goodput(slo)]
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with (out_dir.parent / f"{out_dir.name}.log").open("w") as log:
@@ -191,7 +178,7 @@ def run_aiperf(
     return summarize(json.loads(export.read_text()), slo)
 
 
-def summarize(export: dict, slo: Slo | None = None) -> dict:
+def summarize(export: dict, slo: SloTargets | None = None) -> dict:
     """Requests, errors and latency percentiles from aiperf's profile_export_aiperf.json; with
     `slo`, the requests that met it."""
     summary = export.get("error_summary") or []
@@ -362,7 +349,7 @@ def run_aiperf_bench(
     cases: tuple[str, ...] = CASES,
     rounds: int = 1,
     speed: float = 1.0,
-    slo: Slo | None = None,
+    slo: SloTargets | None = None,
 ) -> dict:
     """The cases in turn, `rounds` times (the module's docstring); aiperf's artifacts and the
     servers' logs stay in `workdir` when given."""
@@ -388,7 +375,7 @@ def run_aiperf_bench(
         hub_cache(model_dir, hf_home)
         cut = workdir / "trace.jsonl"
         num_requests = cut_trace(trace, cut, limit, max_input_tokens, speed)
-        slo_args = slo.conductor_args() if slo is not None else ()
+        slo_args = conductor_slo_args(slo) if slo is not None else ()
 
         def crescent(where, run, local_prefill, num_workers=1, faults=()):
             return _crescent(
@@ -439,8 +426,8 @@ def run_aiperf_bench(
         "config": {
             "rounds": rounds,
             "speed": speed,
-            "slo_ttft_ms": slo.ttft_ms if slo is not None else None,
-            "slo_itl_ms": slo.itl_ms if slo is not None else None,
+            "slo_ttft_ms": slo.ttft_s * 1000 if slo is not None else None,
+            "slo_itl_ms": slo.tbt_s * 1000 if slo is not None else None,
             "trace": str(trace),
             "requests": num_requests,
             "max_input_tokens": max_input_tokens,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from crescent.bench.aiperf_replay import Slo
+    from crescent.bench.slo import SloTargets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -286,9 +286,9 @@ def _at_least_two(text: str) -> int:
     return value
 
 
-def _slo(text: str) -> Slo:
-    """TTFT_MS,ITL_MS as the aiperf bench's Slo, which checks both are positive."""
-    from crescent.bench.aiperf_replay import Slo
+def _slo(text: str) -> SloTargets:
+    """TTFT_MS,ITL_MS as SloTargets, which checks both are positive."""
+    from crescent.bench.slo import SloTargets
 
     try:
         ttft_ms, itl_ms = (float(part) for part in text.split(","))
@@ -297,7 +297,7 @@ def _slo(text: str) -> Slo:
             f"expected TTFT_MS,ITL_MS (e.g. 2000,100), got {text!r}"
         ) from None
     try:
-        return Slo(ttft_ms, itl_ms)
+        return SloTargets(ttft_ms / 1000, itl_ms / 1000)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
