@@ -14,7 +14,8 @@ import signal
 import aiohttp
 import pytest
 from scrape import metric_total
-from test_faults import assert_all_correct, load_while_decoding, prompt, stream
+from sse_client import stream
+from test_faults import MAX_TOKENS, assert_all_correct, load_while_decoding, prompt
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.ports import free_port
@@ -55,7 +56,9 @@ async def test_streams_wait_out_a_nats_stall_longer_than_the_token_timeout(clust
     prompts = [prompt(i) for i in range(4)]
     nats_server = cluster.process("nats")
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        tasks = [asyncio.create_task(stream(session, cluster.api_url, p)) for p in prompts]
+        tasks = [
+            asyncio.create_task(stream(session, cluster.api_url, p, MAX_TOKENS)) for p in prompts
+        ]
         await asyncio.sleep(0.6)
         nats_server.signal(signal.SIGSTOP)
         try:

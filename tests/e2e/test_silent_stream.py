@@ -9,7 +9,8 @@ import signal
 
 import aiohttp
 import pytest
-from test_faults import assert_all_correct, prompt, stream, watch_decode_starts
+from sse_client import stream
+from test_faults import MAX_TOKENS, assert_all_correct, prompt, watch_decode_starts
 
 from crescent.cluster.local import ClusterSpec, LocalCluster
 from crescent.common.ports import free_port
@@ -37,7 +38,10 @@ async def test_a_stream_silent_past_the_token_timeout_goes_on_elsewhere(cluster)
     prompts = [prompt(i) for i in range(6)]
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-            tasks = [asyncio.create_task(stream(session, cluster.api_url, p)) for p in prompts]
+            tasks = [
+                asyncio.create_task(stream(session, cluster.api_url, p, MAX_TOKENS))
+                for p in prompts
+            ]
             await asyncio.sleep(0.6)
             paused = cluster.process(max(starts, key=starts.__getitem__))
             paused.signal(signal.SIGSTOP)
